@@ -1,0 +1,1 @@
+"""Scenario YAML files (quickstart, paper reproductions, sweeps) and their schema and loader."""

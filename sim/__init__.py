@@ -1,0 +1,1 @@
+"""The SimPy model of multi-GPU training hardware. Never imports torch."""

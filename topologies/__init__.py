@@ -1,0 +1,1 @@
+"""The topology library: YAML presets, their schema, loader, generators and routing."""
