@@ -1,0 +1,287 @@
+"""Generators for what-if machines: a PCIe tree, an NVLink mesh, an NVSwitch system, a cluster of N nodes.
+
+Each generator takes validated parameters and returns an explicit `TopologySpec`, so a generated machine
+goes through the same checks as a hand-written file. From YAML: ``generator: pcie_tree`` plus the
+parameters at the top level of the file (besides ``schema``, ``name``, ``description``, ``sources``).
+From Python::
+
+    from trainsim.topologies.generators import pcie_tree
+    spec = pcie_tree(gpus=8, gpus_per_switch=2, generation=3, sockets=2, gpu="V100")
+    topo = load_topology(spec)                 # or load_topology({"generator": "pcie_tree", ...})
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainsim.errors import TrainsimError, unknown_name
+
+from .links import INTER_SOCKET
+from .schema import SCHEMA, LinkSpec, TopologySpec
+from .validation import validation_error
+
+
+class _Meta(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: Literal["trainsim.topology/1"] = Field(default=SCHEMA, alias="schema")
+    name: str | None = None
+    description: str | None = None
+    sources: list[str] = Field(default_factory=list)
+
+
+class PcieTreeParams(_Meta):
+    """GPUs under PCIe switches (or on the sockets' root ports), sockets joined by an inter-socket link."""
+
+    generator: Literal["pcie_tree"] = "pcie_tree"
+    gpus: int = Field(gt=0)
+    gpu: str = Field(default="V100", min_length=1, description="device spec name")
+    memory_gib: float | None = Field(default=None, gt=0)
+    gpus_per_switch: int = Field(default=2, ge=0, description="0: GPUs on the sockets' root ports")
+    generation: int = Field(default=3, ge=1, le=6, description="PCIe generation")
+    lanes: int = Field(default=16, gt=0, description="lanes of each GPU's link")
+    uplink_lanes: int = Field(default=16, gt=0, description="lanes of each switch's link to its socket")
+    sockets: int = Field(default=1, gt=0)
+    cores: int = Field(default=16, gt=0, description="cores per socket")
+    dram_bandwidth_gbps: float | None = Field(default=None, gt=0)
+    dram_channels: int = Field(default=8, gt=0)
+    dram_mt_s: float = Field(default=3200, gt=0)
+    inter_socket: str = Field(default="skl", description="qpi, skl, spr, emr or amd")
+    nics_per_switch: int = Field(default=0, ge=0)
+    nic_network: Literal["ib", "ethernet"] = "ib"
+    nic_generation: int | str = "hdr"
+    p2p: bool = True
+
+    @field_validator("inter_socket")
+    @classmethod
+    def _known_inter_socket(cls, value: str) -> str:
+        if value.lower() not in INTER_SOCKET:
+            raise ValueError(f"unknown inter-socket link {value!r}; valid choices: {', '.join(INTER_SOCKET)}")
+        return value.lower()
+
+
+class NvlinkMeshParams(PcieTreeParams):
+    """A PCIe tree plus direct NVLink sets between GPUs, from a symmetric link-count matrix."""
+
+    generator: Literal["nvlink_mesh"] = "nvlink_mesh"
+    gpus: int | None = Field(default=None, gt=0, description="defaults to the matrix size")
+    links: list[list[int]]
+    nvlink_generation: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _square(self):
+        n = len(self.links)
+        if self.gpus is None:
+            self.gpus = n
+        if n != self.gpus or any(len(row) != n for row in self.links):
+            raise ValueError(f"links must be a {self.gpus}x{self.gpus} matrix")
+        for i in range(n):
+            for j in range(n):
+                k = self.links[i][j]
+                if k < 0 or k != self.links[j][i] or (i == j and k):
+                    raise ValueError(f"links[{i}][{j}]: must be symmetric, >= 0, 0 on the diagonal")
+        return self
+
+
+class NvswitchParams(PcieTreeParams):
+    """A PCIe tree plus NVSwitch fabrics: every GPU has ``links_per_gpu`` NVLinks into its board's fabric."""
+
+    generator: Literal["nvswitch"] = "nvswitch"
+    links_per_gpu: int = Field(gt=0)
+    nvlink_generation: int = Field(default=3, ge=1)
+    switches: int | None = Field(default=None, gt=0, description="NVSwitch chips per board")
+    boards: int = Field(default=1, gt=0, description="fabrics joined by non-blocking cross-board links")
+    reduce: bool | None = None
+
+    @model_validator(mode="after")
+    def _boards_divide(self):
+        if self.gpus % self.boards:
+            raise ValueError(f"gpus ({self.gpus}) must divide evenly into boards ({self.boards})")
+        return self
+
+
+class ClusterParams(_Meta):
+    """N copies of one machine whose NICs all plug into one non-blocking network switch."""
+
+    generator: Literal["cluster"] = "cluster"
+    node: str | dict[str, Any] = Field(description="preset name, file, or topology mapping of one machine")
+    nodes: int = Field(gt=0, description="number of machines")
+    network: Literal["ib", "ethernet"] = "ib"
+    generation: int | str | None = Field(default=None, description="default: each NIC's own generation")
+    bandwidth_gbps: float | None = Field(default=None, gt=0)
+    latency_us: float | None = Field(default=None, ge=0)
+
+
+DEFAULT_NVSWITCH_CHIPS = {2: 6, 3: 6, 4: 4}
+
+
+def _host(p: PcieTreeParams) -> tuple[list[dict], list[dict]]:
+    """Sockets, PCIe switches, GPUs and NICs of a PCIe tree, as node and link mappings."""
+    nodes: list[dict] = []
+    links: list[dict] = []
+    dram = ({"dram_bandwidth_gbps": p.dram_bandwidth_gbps} if p.dram_bandwidth_gbps
+            else {"dram_channels": p.dram_channels, "dram_mt_s": p.dram_mt_s})
+    cpus = [f"cpu{s}" for s in range(p.sockets)]
+    for cpu in cpus:
+        nodes.append({"name": cpu, "kind": "cpu", "cores": p.cores, **dram})
+    for i, a in enumerate(cpus):
+        for b in cpus[i + 1:]:
+            links.append({"a": a, "b": b, "kind": "upi", "generation": p.inter_socket})
+    gpu_node = {"kind": "gpu", "spec": p.gpu}
+    if p.memory_gib:
+        gpu_node["memory_gib"] = p.memory_gib
+    pcie = {"kind": "pcie", "generation": p.generation}
+    if p.gpus_per_switch:
+        n_switches = math.ceil(p.gpus / p.gpus_per_switch)
+        parents = [f"sw{s}" for s in range(n_switches)]
+        for s, sw in enumerate(parents):
+            nodes.append({"name": sw, "kind": "pcie_switch"})
+            links.append({"a": cpus[s * p.sockets // n_switches], "b": sw, **pcie, "lanes": p.uplink_lanes})
+        parent_of_gpu = [parents[i // p.gpus_per_switch] for i in range(p.gpus)]
+    else:
+        parents = cpus
+        parent_of_gpu = [cpus[i * p.sockets // p.gpus] for i in range(p.gpus)]
+    for i, parent in enumerate(parent_of_gpu):
+        nodes.append({"name": f"gpu{i}", **gpu_node})
+        links.append({"a": parent, "b": f"gpu{i}", **pcie, "lanes": p.lanes})
+    nic = 0
+    for parent in parents:
+        for _ in range(p.nics_per_switch):
+            nodes.append({"name": f"nic{nic}", "kind": "nic", "network": p.nic_network,
+                          "generation": p.nic_generation})
+            links.append({"a": parent, "b": f"nic{nic}", **pcie, "lanes": 16})
+            nic += 1
+    return nodes, links
+
+
+def _spec(p: _Meta, nodes: list[dict], links: list[dict], default_name: str, description: str,
+          p2p: bool = True) -> TopologySpec:
+    return TopologySpec(name=p.name or default_name, description=p.description or description,
+                        sources=p.sources, p2p=p2p, nodes=nodes, links=[LinkSpec(**x) for x in links])
+
+
+def _pcie_words(p: PcieTreeParams) -> str:
+    where = f"{p.gpus_per_switch} per PCIe switch" if p.gpus_per_switch else "on root ports"
+    return f"PCIe Gen{p.generation}, {where}, {p.sockets} socket{'s' if p.sockets > 1 else ''}"
+
+
+def build_pcie_tree(p: PcieTreeParams) -> TopologySpec:
+    nodes, links = _host(p)
+    return _spec(p, nodes, links, f"pcie-tree-{p.gpus}gpu", f"{p.gpus}x {p.gpu}, {_pcie_words(p)}", p.p2p)
+
+
+def build_nvlink_mesh(p: NvlinkMeshParams) -> TopologySpec:
+    nodes, links = _host(p)
+    for i, row in enumerate(p.links):
+        for j in range(i + 1, len(row)):
+            if row[j]:
+                links.append({"a": f"gpu{i}", "b": f"gpu{j}", "kind": "nvlink",
+                              "generation": p.nvlink_generation, "count": row[j]})
+    return _spec(p, nodes, links, f"nvlink-mesh-{p.gpus}gpu",
+                 f"{p.gpus}x {p.gpu}, NVLink {p.nvlink_generation} mesh, {_pcie_words(p)}", p.p2p)
+
+
+def build_nvswitch(p: NvswitchParams) -> TopologySpec:
+    nodes, links = _host(p)
+    chips = p.switches or DEFAULT_NVSWITCH_CHIPS.get(p.nvlink_generation, 1)
+    per_board = p.gpus // p.boards
+    fabrics = [f"nvsw{b}" for b in range(p.boards)]
+    for fabric in fabrics:
+        node = {"name": fabric, "kind": "nvswitch", "nvlink_generation": p.nvlink_generation, "chips": chips}
+        if p.reduce is not None:
+            node["reduce"] = p.reduce
+        nodes.append(node)
+    nvlink = {"kind": "nvlink", "generation": p.nvlink_generation}
+    for i in range(p.gpus):
+        links.append({"a": f"gpu{i}", "b": fabrics[i // per_board], **nvlink, "count": p.links_per_gpu})
+    for i, a in enumerate(fabrics):  # cross-board trunks as wide as a board's GPU links: non-blocking
+        for b in fabrics[i + 1:]:
+            links.append({"a": a, "b": b, **nvlink, "count": p.links_per_gpu * per_board})
+    boards = f" on {p.boards} boards" if p.boards > 1 else ""
+    return _spec(p, nodes, links, f"nvswitch-{p.gpus}gpu",
+                 f"{p.gpus}x {p.gpu}, {chips} NVSwitch chips{boards} x {p.links_per_gpu} NVLink "
+                 f"{p.nvlink_generation} per GPU, {_pcie_words(p)}", p.p2p)
+
+
+def build_cluster(p: ClusterParams, *, base_dir: Path | None = None) -> TopologySpec:
+    from .loader import load_spec  # the node may be any topology, loaded the usual way
+
+    node_spec, _ = load_spec(p.node, base_dir=base_dir)
+    nodes: list[dict] = []
+    links: list[dict] = []
+    switch = "netsw0"
+    for m in range(p.nodes):
+        prefix = f"n{m}."
+        for node in node_spec.nodes:
+            if node.kind == "network_switch" or (node.machine or 0) != 0:
+                raise TrainsimError("a cluster's node must be a single machine (no network switches)",
+                                    field="node")
+            nodes.append({**node.model_dump(exclude_none=True), "name": prefix + node.name, "machine": m})
+        for link in node_spec.links:
+            links.append({**link.model_dump(exclude_none=True), "a": prefix + link.a, "b": prefix + link.b})
+        for node in node_spec.nodes:
+            if node.kind == "nic":
+                link = {"a": prefix + node.name, "b": switch, "kind": p.network,
+                        "generation": p.generation if p.generation is not None else node.generation}
+                if p.bandwidth_gbps:
+                    link["bandwidth_gbps"] = p.bandwidth_gbps
+                if p.latency_us is not None:
+                    link["latency_us"] = p.latency_us
+                links.append(link)
+    if not any(node.kind == "nic" for node in node_spec.nodes):
+        raise TrainsimError(f"machine {node_spec.name!r} has no nic node to reach the network", field="node")
+    nodes.append({"name": switch, "kind": "network_switch", "network": p.network})
+    return _spec(p, nodes, links, f"{node_spec.name}-x{p.nodes}",
+                 f"{p.nodes}x {node_spec.name} on one non-blocking {p.network} switch", node_spec.p2p)
+
+
+GENERATORS = {"pcie_tree": (PcieTreeParams, build_pcie_tree),
+              "nvlink_mesh": (NvlinkMeshParams, build_nvlink_mesh),
+              "nvswitch": (NvswitchParams, build_nvswitch),
+              "cluster": (ClusterParams, build_cluster)}
+
+
+def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None) -> TopologySpec:
+    """Run the generator named by ``data["generator"]`` on the rest of ``data``."""
+    name = data.get("generator")
+    if name not in GENERATORS:
+        raise unknown_name("generator", str(name), GENERATORS, file=file, field="generator")
+    params_model, build = GENERATORS[name]
+    try:
+        params = params_model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, file=file) from None
+    try:
+        if name == "cluster":
+            return build(params, base_dir=base_dir)
+        return build(params)
+    except TrainsimError as exc:
+        if exc.file is None:
+            raise TrainsimError(str(exc), file=file) from None
+        raise
+    except ValidationError as exc:
+        raise validation_error(exc, file=file) from None
+
+
+def pcie_tree(**params) -> TopologySpec:
+    """A PCIe tree machine (see `PcieTreeParams` for the parameters)."""
+    return expand({"generator": "pcie_tree", **params})
+
+
+def nvlink_mesh(links: list[list[int]], **params) -> TopologySpec:
+    """A machine with direct NVLink sets from a link-count matrix (see `NvlinkMeshParams`)."""
+    return expand({"generator": "nvlink_mesh", "links": links, **params})
+
+
+def nvswitch_system(**params) -> TopologySpec:
+    """A machine whose GPUs meet in NVSwitch fabrics (see `NvswitchParams`)."""
+    return expand({"generator": "nvswitch", **params})
+
+
+def cluster(node: str | dict, nodes: int, **params) -> TopologySpec:
+    """``nodes`` machines like ``node`` on one network switch (see `ClusterParams`)."""
+    return expand({"generator": "cluster", "node": node, "nodes": nodes, **params})

@@ -1,0 +1,211 @@
+"""Loading topologies: preset names, YAML files and mappings -> a validated `Topology`.
+
+The graph is a `networkx.DiGraph` with two directed edges per physical link (full duplex). Every cpu
+socket ``X`` also gets a node ``X.dram`` (kind ``dram``) joined to it by a duplex edge pair carrying the
+socket's DRAM bandwidth, so host-memory traffic contends there.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import networkx as nx
+import yaml
+from pydantic import ValidationError
+
+from trainsim.errors import TrainsimError, unknown_name
+
+from . import links as phys
+from .generators import expand
+from .schema import DEFAULT_GPU_MEMORY_GIB, TopologySpec
+from .topology import Topology
+from .validation import validation_error
+
+GIB = 2**30
+
+
+def _preset_dir():
+    return resources.files("trainsim.topologies")
+
+
+def list_presets() -> list[str]:
+    """Names of the built-in topologies (the YAML files shipped in this package)."""
+    return sorted(p.name.removesuffix(".yaml") for p in _preset_dir().iterdir() if p.name.endswith(".yaml"))
+
+
+def read_yaml(path: Path, label: str) -> dict:
+    """Parse a YAML mapping; a syntax error becomes one line with the file and position."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TrainsimError(f"cannot read file: {exc.strerror or exc}", file=label) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise TrainsimError(f"malformed YAML: {problem}", file=label, field=where) from None
+    if not isinstance(data, dict):
+        raise TrainsimError("a topology file must be a YAML mapping", file=label)
+    return data
+
+
+def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, str | None]:
+    """A preset name, YAML path, mapping or TopologySpec -> (explicit spec, label for error messages)."""
+    if isinstance(source, TopologySpec):
+        return source, None
+    if isinstance(source, dict):
+        return spec_from_dict(source, file=None, base_dir=base_dir), None
+    if isinstance(source, str | os.PathLike):
+        text = os.fspath(source)
+        if text in list_presets():
+            label = f"{text}.yaml"
+            return spec_from_dict(read_yaml(Path(str(_preset_dir() / label)), label), file=label), label
+        path = Path(text)
+        if base_dir is not None and not path.is_absolute():  # a file named inside another file
+            path = base_dir / path
+            text = str(path)
+        if path.is_file():
+            return spec_from_dict(read_yaml(path, text), file=text, base_dir=path.parent), text
+        if text.endswith((".yaml", ".yml")) or os.sep in text:
+            raise TrainsimError("file not found", file=text)
+        raise unknown_name("topology", text, list_presets())
+    raise TrainsimError(f"cannot load a topology from a {type(source).__name__}")
+
+
+def spec_from_dict(data: dict, *, file: str | None, base_dir: Path | None = None) -> TopologySpec:
+    """Validate a parsed file: explicit nodes/links, or a generator call expanded to them."""
+    if "generator" in data:
+        return expand(data, file=file, base_dir=base_dir)
+    try:
+        return TopologySpec.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, file=file) from None
+
+
+def load_topology(source) -> Topology:
+    """A `Topology` from a preset name, a path to a YAML file, a mapping (parsed YAML) or a TopologySpec."""
+    spec, label = load_spec(source)
+    topo = Topology(spec, build_graph(spec, file=label), source=label)
+    topo.check_routes()
+    return topo
+
+
+def _gpu_attrs(node, field: str, file) -> dict:
+    memory = node.memory_gib if node.memory_gib is not None else DEFAULT_GPU_MEMORY_GIB.get(node.spec)
+    if memory is None:
+        raise TrainsimError(f"GPU spec {node.spec!r} has no default memory; give memory_gib",
+                            file=file, field=f"{field}.memory_gib")
+    return {"spec": node.spec, "memory": int(memory * GIB)}
+
+
+def _dram(node) -> phys.LinkFigures:
+    derived = (phys.dram_figures(node.dram_channels, node.dram_mt_s)
+               if node.dram_channels and node.dram_mt_s else None)
+    if node.dram_bandwidth_gbps is None:
+        return derived
+    bandwidth = node.dram_bandwidth_gbps * phys.GB
+    raw = derived.raw_bandwidth if derived else bandwidth
+    return phys.LinkFigures(raw, bandwidth, phys.DEFAULT_LATENCY_US["dram"] * phys.US)
+
+
+def _link_figures(link, field: str, file) -> phys.LinkFigures:
+    derived = None
+    if link.generation is not None:
+        try:
+            derived = phys.derive_link(link.kind, link.generation, lanes=link.lanes, count=link.count)
+        except KeyError:
+            valid = phys.valid_generations(link.kind)
+            raise unknown_name(f"{link.kind} generation", str(link.generation), valid, file=file,
+                               field=f"{field}.generation") from None
+        except ValueError as exc:
+            raise TrainsimError(str(exc), file=file, field=f"{field}.generation") from None
+    elif link.bandwidth_gbps is None:
+        raise TrainsimError("give generation (or bandwidth_gbps) to set the bandwidth", file=file,
+                            field=f"{field}.generation")
+    bandwidth = link.bandwidth_gbps * phys.GB if link.bandwidth_gbps else derived.bandwidth
+    raw = (link.raw_bandwidth_gbps * phys.GB if link.raw_bandwidth_gbps
+           else derived.raw_bandwidth if derived else bandwidth)
+    latency = (link.latency_us * phys.US if link.latency_us is not None
+               else phys.DEFAULT_LATENCY_US[link.kind] * phys.US)
+    return phys.LinkFigures(raw, bandwidth, latency)
+
+
+def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
+    """The directed graph of a spec, checking names, endpoints and bandwidths."""
+    graph = nx.DiGraph(name=spec.name)
+    for i, node in enumerate(spec.nodes):
+        field = f"nodes[{i}]"
+        if node.name in graph:
+            raise TrainsimError(f"duplicate node {node.name!r}", file=file, field=f"{field}.name")
+        machine = node.machine if node.machine is not None else (-1 if node.kind == "network_switch" else 0)
+        attrs = {"kind": node.kind, "machine": machine}
+        if node.kind == "gpu":
+            attrs |= _gpu_attrs(node, field, file)
+        elif node.kind == "cpu":
+            dram = _dram(node)
+            attrs |= {"cores": node.cores, "dram_bandwidth": dram.bandwidth, "model": node.model,
+                      "dram": f"{node.name}.dram"}
+        elif node.kind == "nvswitch":
+            reduce = node.reduce if node.reduce is not None else node.nvlink_generation >= 4
+            attrs |= {"reduce": reduce, "chips": node.chips, "nvlink_generation": node.nvlink_generation}
+        elif node.kind in ("nic", "network_switch"):
+            attrs |= {"network": node.network}
+            if node.kind == "nic":
+                attrs["generation"] = node.generation
+        elif node.kind == "pcie_switch":
+            attrs["model"] = node.model
+        graph.add_node(node.name, **attrs)
+        if node.kind == "cpu":
+            dram_node = attrs["dram"]
+            if any(other.name == dram_node for other in spec.nodes):
+                raise TrainsimError(f"node name {dram_node!r} is reserved for the DRAM of {node.name!r}",
+                                    file=file, field=f"{field}.name")
+            graph.add_node(dram_node, kind="dram", machine=machine, cpu=node.name)
+            edge = {"kind": "dram", "bandwidth": dram.bandwidth, "raw_bandwidth": dram.raw_bandwidth,
+                    "latency": dram.latency, "count": 1, "generation": None, "lanes": None}
+            graph.add_edge(node.name, dram_node, **edge)
+            graph.add_edge(dram_node, node.name, **edge)
+    for i, link in enumerate(spec.links):
+        field = f"links[{i}]"
+        for end in ("a", "b"):
+            name = getattr(link, end)
+            if name not in graph or graph.nodes[name]["kind"] == "dram":
+                names = [n for n, k in graph.nodes(data="kind") if k != "dram"]
+                raise unknown_name("node", name, names, file=file, field=f"{field}.{end}")
+        if link.a == link.b:
+            raise TrainsimError(f"a link from {link.a!r} to itself", file=file, field=f"{field}.b")
+        if graph.has_edge(link.a, link.b):
+            raise TrainsimError(f"a second link between {link.a!r} and {link.b!r}; give one link with "
+                                "count: N", file=file, field=field)
+        machines = {graph.nodes[link.a]["machine"], graph.nodes[link.b]["machine"]}
+        if len(machines) > 1 and link.kind not in ("ib", "ethernet"):
+            raise TrainsimError(f"a {link.kind} link cannot join machines {sorted(machines)}; use ib or "
+                                "ethernet", file=file, field=f"{field}.kind")
+        figures = _link_figures(link, field, file)
+        lanes = link.lanes if link.lanes is not None else (16 if link.kind == "pcie" else None)
+        edge = {"kind": link.kind, "bandwidth": figures.bandwidth, "raw_bandwidth": figures.raw_bandwidth,
+                "latency": figures.latency, "count": link.count, "generation": link.generation,
+                "lanes": lanes}
+        graph.add_edge(link.a, link.b, **edge)
+        graph.add_edge(link.b, link.a, **edge)
+    return graph
+
+
+def save_topology(spec: TopologySpec, path: str | os.PathLike) -> Path:
+    """Write a spec as a topology YAML file, atomically (temp file + rename)."""
+    path = Path(path)
+    text = yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False, default_flow_style=None, width=110)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

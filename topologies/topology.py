@@ -1,0 +1,265 @@
+"""`Topology`: the graph of one machine or cluster, with routing and per-node queries.
+
+Routing rules (one transfer = one route = the list of directed edges it uses):
+
+- NVLink first, then PCIe peer-to-peer through switches, then through the host bridge and the
+  inter-socket link: a shortest path on a weight per hop (`HOP_COST`) plus a toll for crossing a cpu.
+- No forwarding through another GPU or through a DRAM node (our copies are not relayed by peers).
+- Inside one machine a route stays in that machine. Between machines it goes GPU -> (PCIe) -> the NIC
+  nearest the GPU -> network -> the NIC nearest the other GPU -> GPU (GPUDirect RDMA); GPUs equally
+  near several NICs are spread over them.
+- Without P2P (``p2p: false``) a GPU-to-GPU copy is staged through host memory: `gpu_copy_legs` returns
+  the transfers (two in a machine, three between machines) and `route` the legs joined.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+
+import networkx as nx
+
+from trainsim.errors import TrainsimError, unknown_name
+
+from .schema import TopologySpec
+
+Edge = tuple[str, str]
+Route = list[Edge]
+
+HOP_COST = {"nvlink": 1, "pcie": 10, "upi": 40, "ib": 100, "ethernet": 100, "dram": 1}
+CPU_TRANSIT_COST = 30  # P2P through the host bridge only when no switch path exists
+NETWORK = -1  # the machine number of network switches: outside every machine
+
+
+def natural_key(name: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+class Topology:
+    """One machine or a cluster: ``graph`` plus routing. Build it with `load_topology`."""
+
+    def __init__(self, spec: TopologySpec, graph: nx.DiGraph, *, source: str | None = None):
+        self.spec = spec
+        self.graph = graph
+        self.name = spec.name
+        self.description = spec.description
+        self.sources = list(spec.sources)
+        self.source = source
+        self.p2p = spec.p2p
+        self._routes: dict[Edge, tuple[Edge, ...]] = {}
+        self._paths: dict[tuple, tuple[Edge, ...]] = {}
+        self._host: dict[str, str] = {}
+        self._nic: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"Topology({self.name!r}, {len(self.gpus)} GPUs, {self.graph.number_of_nodes()} nodes)"
+
+    # ---- nodes -------------------------------------------------------------------------------------------
+    def _of_kind(self, kind: str) -> list[str]:
+        nodes = [n for n, k in self.graph.nodes(data="kind") if k == kind]
+        return sorted(nodes, key=lambda n: (self.graph.nodes[n]["machine"], natural_key(n)))
+
+    @cached_property
+    def gpus(self) -> list[str]:
+        """GPU node names by global GPU index: gpu i is ``gpus[i]``."""
+        return self._of_kind("gpu")
+
+    @cached_property
+    def cpus(self) -> list[str]:
+        return self._of_kind("cpu")
+
+    @cached_property
+    def nics(self) -> list[str]:
+        return self._of_kind("nic")
+
+    @cached_property
+    def machines(self) -> list[int]:
+        """Machine numbers that hold nodes (network switches, machine -1, left out)."""
+        return sorted({m for _, m in self.graph.nodes(data="machine") if m != NETWORK})
+
+    def _node(self, node: str, kind: str | None = None) -> dict:
+        if node not in self.graph or (kind and self.graph.nodes[node]["kind"] != kind):
+            valid = self.gpus if kind == "gpu" else list(self.graph.nodes)
+            raise unknown_name(kind or "node", node, valid, file=self.source)
+        return self.graph.nodes[node]
+
+    def machine_of(self, node: str) -> int:
+        """The machine (node of a cluster) a graph node is in; 0 on single boxes, -1 for network switches."""
+        return self._node(node)["machine"]
+
+    def gpu_spec(self, gpu: str) -> str:
+        return self._node(gpu, "gpu")["spec"]
+
+    def gpu_memory(self, gpu: str) -> int:
+        """Device memory in bytes."""
+        return self._node(gpu, "gpu")["memory"]
+
+    def edge(self, u: str, v: str) -> dict:
+        """The attributes of directed edge u -> v."""
+        return self.graph.edges[u, v]
+
+    def host_memory(self, node: str) -> str:
+        """The DRAM node of the socket nearest ``node`` (a GPU, a cpu, any node of a machine)."""
+        attrs = self._node(node)
+        if attrs["kind"] == "dram":
+            return node
+        if attrs["kind"] == "cpu":
+            return attrs["dram"]
+        if node not in self._host:
+            machine = attrs["machine"]
+            dist = self._distances(node, {machine})
+            cpus = [c for c in self.cpus if c in dist]
+            if not cpus:
+                raise TrainsimError(f"{node!r} reaches no cpu socket, so it has no host memory",
+                                    file=self.source)
+            nearest = min(cpus, key=lambda c: dist[c])
+            self._host[node] = self.graph.nodes[nearest]["dram"]
+        return self._host[node]
+
+    # ---- routing ------------------------------------------------------------------------------------------
+    def _weight(self, dst: str | None, machines: set[int]):
+        nodes = self.graph.nodes
+
+        def weight(u, v, data):
+            if v != dst:
+                if nodes[v]["kind"] in ("gpu", "dram") or nodes[v]["machine"] not in machines:
+                    return None  # no forwarding through GPUs or memory; stay inside the machine(s)
+            cost = HOP_COST[data["kind"]]
+            if nodes[v]["kind"] == "cpu" and v != dst:
+                cost += CPU_TRANSIT_COST
+            return cost
+
+        return weight
+
+    def _distances(self, src: str, machines: set[int]) -> dict[str, float]:
+        return nx.single_source_dijkstra_path_length(self.graph, src, weight=self._weight(None, machines))
+
+    def _path(self, src: str, dst: str, machines: set[int]) -> Route:
+        key = (src, dst, frozenset(machines))
+        if key not in self._paths:  # cached: cross-machine routes share their GPU -> NIC segments
+            try:
+                nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
+            except nx.NetworkXNoPath:
+                raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
+            self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
+        return list(self._paths[key])
+
+    def nic_of(self, node: str) -> str:
+        """The network-attached NIC that traffic of ``node`` leaves its machine through."""
+        if node not in self._nic:
+            machine = self.machine_of(node)
+            nics = [n for n in self.nics if self.graph.nodes[n]["machine"] == machine
+                    and any(self.graph.nodes[x]["machine"] == NETWORK for x in self.graph.successors(n))]
+            if self.graph.nodes[node]["kind"] == "gpu":
+                self._assign_nics(machine, nics)
+            else:
+                dist = self._distances(node, {machine})
+                near = [n for n in nics if n in dist]
+                if near:
+                    self._nic[node] = min(near, key=lambda n: dist[n])
+            if node not in self._nic:
+                raise TrainsimError(f"{node!r} reaches no NIC on a network", file=self.source)
+        return self._nic[node]
+
+    def _assign_nics(self, machine: int, nics: list[str]) -> None:
+        """Each GPU of a machine gets its nearest NIC; GPUs equally near several NICs share them out."""
+        load = dict.fromkeys(nics, 0)
+        for gpu in (g for g in self.gpus if self.graph.nodes[g]["machine"] == machine):
+            dist = self._distances(gpu, {machine})
+            near = [n for n in nics if n in dist]
+            if not near:
+                continue
+            best = min(dist[n] for n in near)
+            choice = min((n for n in near if dist[n] == best), key=lambda n: load[n])
+            load[choice] += 1
+            self._nic[gpu] = choice
+
+    def _direct(self, src: str, dst: str) -> Route:
+        """A single transfer's path (GPUDirect between machines), ignoring the P2P setting."""
+        m_src, m_dst = self.machine_of(src), self.machine_of(dst)
+        if m_src == m_dst or NETWORK in (m_src, m_dst):
+            return self._path(src, dst, {m_src, m_dst})
+        nic_src, nic_dst = self.nic_of(src), self.nic_of(dst)
+        return (self._path(src, nic_src, {m_src}) + self._path(nic_src, nic_dst, {NETWORK})
+                + self._path(nic_dst, dst, {m_dst}))
+
+    def route(self, src: str, dst: str) -> Route:
+        """The directed edges a transfer from ``src`` to ``dst`` uses (see the module docstring)."""
+        key = (src, dst)
+        if key not in self._routes:
+            self._node(src)
+            self._node(dst)
+            if src == dst:
+                route: Route = []
+            elif self._is_gpu(src) and self._is_gpu(dst) and not self.p2p:
+                route = [edge for leg in self.gpu_copy_legs(src, dst) for edge in leg]
+            else:
+                route = self._direct(src, dst)
+            self._routes[key] = tuple(route)
+        return list(self._routes[key])
+
+    def _is_gpu(self, node: str) -> bool:
+        return self.graph.nodes[node]["kind"] == "gpu"
+
+    def gpu_copy_legs(self, a: str, b: str) -> list[Route]:
+        """The transfers of a GPU-to-GPU copy: ``[route]`` with P2P, else staged through host memory.
+
+        Without P2P: ``[a -> host memory of a, host memory -> b]`` in one machine; between machines
+        ``[a -> its host memory, that -> host memory of b, that -> b]``. A copy within one GPU: ``[]``.
+        """
+        self._node(a, "gpu")
+        self._node(b, "gpu")
+        if a == b:
+            return []
+        if self.p2p:
+            return [self.route(a, b)]
+        host_a, host_b = self.host_memory(a), self.host_memory(b)
+        if self.machine_of(a) == self.machine_of(b):
+            return [self._direct(a, host_a), self._direct(host_a, b)]
+        return [self._direct(a, host_a), self._direct(host_a, host_b), self._direct(host_b, b)]
+
+    def route_latency(self, route: Route) -> float:
+        """Seconds: the sum of the edges' latencies."""
+        return sum(self.graph.edges[e]["latency"] for e in route)
+
+    def bottleneck(self, route: Route) -> float:
+        """Bytes/s: the smallest edge bandwidth on the route (infinite for an empty route)."""
+        return min((self.graph.edges[e]["bandwidth"] for e in route), default=float("inf"))
+
+    # ---- checks -------------------------------------------------------------------------------------------
+    def check_routes(self) -> None:
+        """Raise a TrainsimError naming two GPUs that have no route between them, if any."""
+        by_machine: dict[int, list[str]] = {}
+        for gpu in self.gpus:
+            by_machine.setdefault(self.machine_of(gpu), []).append(gpu)
+        for machine, gpus in by_machine.items():
+            self._check_machine(machine, gpus)
+        if len(by_machine) > 1:
+            fabric = self.graph.subgraph(
+                [n for n, d in self.graph.nodes(data=True) if d["kind"] == "nic" or d["machine"] == NETWORK])
+            component = {n: i for i, comp in enumerate(nx.weakly_connected_components(fabric)) for n in comp}
+            first = None
+            for gpu in self.gpus:
+                try:
+                    nic = self.nic_of(gpu)
+                except TrainsimError:
+                    raise TrainsimError(f"{gpu} reaches no NIC on a network, so no route to other machines",
+                                        file=self.source, field="links") from None
+                if first is None:
+                    first = (gpu, component[nic])
+                elif component[nic] != first[1]:
+                    raise TrainsimError(f"no route between {first[0]} and {gpu}: their NICs' networks are "
+                                        "not connected", file=self.source, field="links")
+
+    def _check_machine(self, machine: int, gpus: list[str]) -> None:
+        nodes = self.graph.nodes
+        infra = self.graph.subgraph([n for n, d in nodes(data=True) if d["machine"] == machine
+                                     and d["kind"] not in ("gpu", "dram")])
+        component = {n: i for i, comp in enumerate(nx.weakly_connected_components(infra)) for n in comp}
+        reach = {g: {component[n] for n in self.graph.successors(g) if n in component} for g in gpus}
+        if gpus and set.intersection(*reach.values()):
+            return  # one fabric every GPU touches: every pair has a route
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1:]:
+                if not (reach[a] & reach[b]) and not self.graph.has_edge(a, b):
+                    raise TrainsimError(f"no route between {a} and {b}", file=self.source, field="links")
