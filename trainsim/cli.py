@@ -54,6 +54,362 @@ def version(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         typer.echo(f"trainsim {trainsim.__version__}")
 
 
+# ---- replay: PyTorch profiler (Kineto) traces (logic in trainsim.sim.replay) ----
+
+@app.command("replay")
+def replay_cmd(
+    traces: list[str] = typer.Argument(
+        ..., metavar="TRACE...", help="Kineto trace files (.json or .json.gz), one per rank of one run."),
+    trace_out: str | None = typer.Option(None, "--trace", metavar="OUT.json.gz",
+                                         help="Write the replay as a Chrome/Perfetto trace."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Import PyTorch profiler traces, replay them, and compare replayed with measured step times."""
+    from rich.console import Console
+
+    from trainsim.provenance import provenance
+    from trainsim.sim import replay as rp
+
+    console = Console(stderr=True)
+    with console.status("replaying") as status:
+        result = rp.replay_traces(traces, progress=lambda msg: status.update(msg))
+    prov = provenance(timestamp=False, traces=[str(t) for t in traces])
+    if trace_out:
+        rp.write_chrome_trace(result, trace_out, provenance=prov)
+    if as_json:
+        print_json(result.to_dict(provenance=prov))
+        return
+    for line in rp.report_lines(result):
+        typer.echo(line)
+    if trace_out:
+        typer.echo(f"replay trace written to {trace_out}")
+
+
+# ---- trainsim topo: the topology library ----------------------------------------------------------------
+topo_app = _app(help="Built-in and generated topologies: list them, show one, route a transfer.")
+app.add_typer(topo_app, name="topo")
+
+
+@topo_app.command("list")
+def topo_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+    """List the built-in topologies with their GPU count, GPU type and a one-line description."""
+    from trainsim.topologies.analysis import preset_rows
+    from trainsim.topologies.report import preset_lines
+
+    rows = preset_rows()
+    if as_json:
+        print_json(rows)
+    else:
+        typer.echo("\n".join(preset_lines(rows)))
+
+
+@topo_app.command("show")
+def topo_show(
+    topology: str = typer.Argument(..., help="A preset name (`trainsim topo list`) or a topology YAML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    png: str | None = typer.Option(None, "--png", help="Also draw the topology to this PNG file."),
+):
+    """Nodes, links, per-GPU injection and bisection bandwidth, and the kinds of path between GPUs."""
+    from trainsim.topologies import load_topology
+    from trainsim.topologies.analysis import describe, draw_png
+    from trainsim.topologies.report import show_lines
+
+    topo = load_topology(topology)
+    desc = describe(topo)
+    if png:
+        try:
+            draw_png(topo, png)
+        except OSError as exc:
+            raise TrainsimError(f"cannot write the drawing: {exc.strerror or exc}", file=png) from None
+    if as_json:
+        print_json(desc | ({"png": png} if png else {}))
+    else:
+        typer.echo("\n".join(show_lines(desc)))
+        if png:
+            typer.echo(f"drawing written to {png}")
+
+
+@topo_app.command("route")
+def topo_route(
+    topology: str = typer.Argument(..., help="A preset name or a topology YAML file."),
+    src: str = typer.Argument(..., help="Source node name (e.g. gpu0, n1.gpu3, cpu0.dram) or GPU index."),
+    dst: str = typer.Argument(..., help="Destination node name or GPU index."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """The links a transfer from SRC to DST uses (per leg when staged through host memory)."""
+    from trainsim.topologies import load_topology
+    from trainsim.topologies.analysis import route_report
+    from trainsim.topologies.report import route_lines
+
+    report = route_report(load_topology(topology), src, dst)
+    if as_json:
+        print_json(report)
+    else:
+        typer.echo("\n".join(route_lines(report)))
+
+
+# ---------------------------------------------------------------- calibrate (calibrate/runner.py)
+calibrate_app = _app(help="Measure this box (topology, links, collectives, a model's layers) into a bundle: "
+                          "`trainsim calibrate --model NAME [OPTIONS]`. Ctrl-C leaves a usable partial bundle; "
+                          "--resume continues it.", invoke_without_command=True)
+app.add_typer(calibrate_app, name="calibrate")
+
+
+@calibrate_app.callback()
+def calibrate_run(
+    ctx: typer.Context,
+    model: str = typer.Option(None, "--model", "-m", help="Model from the zoo, e.g. tiny-cnn, resnet18."),
+    device: str = typer.Option("auto", "--device", help="cuda, cpu, or auto (cuda when a GPU is visible)."),
+    batch_sizes: str = typer.Option("8,16,32", "--batch-sizes", help="Per-device batch sizes to profile."),
+    ranks: int = typer.Option(None, "--ranks", help="Ranks for collectives (default: GPUs, or CPU cores)."),
+    out: str = typer.Option("calibration", "--out", "-o", help="Bundle folder to write."),
+    quick: bool = typer.Option(False, "--quick", help="Short sweeps, few repeats (about a minute on CPU)."),
+    resume: bool = typer.Option(False, "--resume", help="Skip the steps the bundle in --out already has."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+):
+    """Calibrate this machine: `trainsim calibrate --model NAME [...]` writes a calibration bundle
+    (topology.yaml, links.json, collectives.json, workload-<model>.json, machine.json, meta.json).
+    Ctrl-C leaves a usable partial bundle; --resume continues it."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        raise TrainsimError("give --model NAME (or a subcommand; see --help)", field="--model")
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trainsim.calibrate import runner
+
+    config = runner.CalibrationConfig(model=model, out=out, device=device, ranks=ranks, quick=quick,
+                                      resume=resume, batch_sizes=runner.parse_batch_sizes(batch_sizes))
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=as_json) as bar:
+        task = bar.add_task("calibrate", total=len(config.steps))
+
+        def report(step: str, detail: str) -> None:
+            bar.update(task, description=f"{step}: {detail}"[:70])
+            if detail in ("done", "done earlier (resumed)"):
+                bar.advance(task)
+
+        try:
+            path = runner.run_calibration(config, progress=report)
+        except runner.CalibrationInterrupted as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(130) from None
+    summary = runner.summarize(path)
+    if as_json:
+        print_json(summary)
+        return
+    typer.echo(f"bundle: {summary['path']} ({summary['status']})")
+    for step, record in summary["steps"].items():
+        typer.echo(f"  {step:<12} {record['seconds']:8.1f} s  {record['headline']}")
+    for note in summary["notes"]:
+        typer.echo(f"  note: {note}")
+
+
+# ---- trainsim calibrate describe / layers: the model zoo, read by torch (calibrate/describe.py, ...) ----
+_MODEL_SET_HELP = "Model option KEY=VALUE (repeatable): image_size, num_classes; GPT: n_layer, n_head, ..."
+
+
+def _print_workload(workload, path, as_json: bool, extra: dict | None = None) -> None:
+    from trainsim.calibrate.describe import layer_rows
+
+    summary = {**workload.summary(), **(extra or {}), "file": str(path) if path else None}
+    if as_json:
+        print_json({**summary, "per_layer": layer_rows(workload)})
+        return
+    for key, value in summary.items():
+        typer.echo(f"{key:<34} {value}")
+    batch = max(p[0] for p in workload.layers[0].forward.points) if workload.measured else None
+    timed = f" {f'fwd ms@{batch}':>11} {f'bwd ms@{batch}':>11}" if batch else ""
+    typer.echo(f"{'layer':<28} {'kind':<10} {'params':>11} {'saved KiB':>10} {'out KiB':>9} "
+               f"{'GFLOP fwd':>10}{timed}")
+    for row in layer_rows(workload):
+        times = (f" {row['forward_s'][batch] * 1e3:>11.4f} {row['backward_s'][batch] * 1e3:>11.4f}"
+                 if batch else "")
+        typer.echo(f"{row['name']:<28} {row['kind']:<10} {row['params']:>11} "
+                   f"{row['saved_kib_per_sample']:>10.1f} {row['output_kib_per_sample']:>9.1f} "
+                   f"{row['gflops_forward_per_sample']:>10.4f}{times}")
+
+
+@calibrate_app.command("describe")
+def calibrate_describe(
+    model: str = typer.Argument(..., help="Model from the zoo: tiny-cnn, alexnet, vgg16, resnet18, resnet50, "
+                                          "googlenet, gpt2-small."),
+    out: str = typer.Option(None, "--out", "-o", help="Write the trainsim.workload/1 JSON here."),
+    settings: list[str] = typer.Option(None, "--set", help=_MODEL_SET_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (summary and one row per layer)."),
+):
+    """Per-layer shapes, bytes and FLOPs of a zoo model, read off torch (no timing).
+
+    Parameter, saved-activation and output bytes and FLOPs per layer, as a trainsim.workload/1 file; runs
+    on torch's meta device, so it takes seconds even for GPT-2."""
+    from trainsim.calibrate.describe import describe, parse_overrides
+    from trainsim.sim.workload import save_workload
+
+    workload = describe(model, **parse_overrides(settings))
+    path = save_workload(workload, out) if out else None
+    _print_workload(workload, path, as_json)
+
+
+@calibrate_app.command("layers")
+def calibrate_layers(
+    model: str = typer.Argument(..., help="Model from the zoo (see `calibrate describe --help`)."),
+    device: str = typer.Option("auto", "--device", help="cuda, cuda:N, cpu, or auto."),
+    batch_sizes: str = typer.Option("8,16,32", "--batch-sizes", help="Per-device batch sizes, e.g. 8,16,32."),
+    repeats: int = typer.Option(10, "--repeats", help="Measured iterations per batch size."),
+    warmup: int = typer.Option(3, "--warmup", help="Unmeasured iterations per batch size."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum 0.9), adam or adamw."),
+    threads: int = typer.Option(None, "--threads", help="torch.set_num_threads (default: torch's choice)."),
+    settings: list[str] = typer.Option(None, "--set", help=_MODEL_SET_HELP),
+    out: str = typer.Option(None, "--out", "-o", help="Write the measured trainsim.workload/1 JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (summary and one row per layer)."),
+):
+    """Measure a zoo model's per-layer forward/backward times at several batch sizes.
+
+    Also the optimizer step, the whole iteration (and the time no layer accounts for) and the input
+    preparation: the `layers` step of `trainsim calibrate`, alone."""
+    from rich.console import Console
+
+    from trainsim.calibrate.describe import parse_overrides
+    from trainsim.calibrate.layer_profile import profile_layers
+    from trainsim.calibrate.runner import parse_batch_sizes
+    from trainsim.sim.workload import save_workload
+
+    console = Console(stderr=True)
+    with console.status("profiling") as status:
+        workload = profile_layers(model, device, parse_batch_sizes(batch_sizes), repeats=repeats,
+                                  warmup=warmup, optimizer=optimizer, threads=threads,
+                                  progress=status.update, **parse_overrides(settings))
+    for item in workload.provenance.model_extra.get("skipped", []):
+        console.print(f"note: batch {item['batch']} not measured: {item['reason']}")
+    path = save_workload(workload, out) if out else None
+    iteration = workload.provenance.model_extra["iteration"]
+    extra = {"iteration_s": {b: round(t, 6) for b, t, _ in iteration["plain"]},
+             "unattributed_s": {b: round(t, 6) for b, t in iteration["unattributed"]}}
+    _print_workload(workload, path, as_json, extra)
+
+
+# ---- trainsim workload / device: per-layer workloads, device specs, roofline (sim/workload.py, ...) ----
+workload_app = _app(help="Per-layer workloads: list the built-ins, show or generate one, time one.")
+app.add_typer(workload_app, name="workload")
+
+
+@workload_app.command("list")
+def workload_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+    """List the built-in workloads with their parameters and forward GFLOPs per sample."""
+    from trainsim.sim.workload import list_workloads, load_workload
+
+    rows = [load_workload(name).summary() for name in list_workloads()]
+    if as_json:
+        print_json([row["name"] for row in rows])
+        return
+    for row in rows:
+        typer.echo(f"{row['name']:<12} {row['layers']:4d} layers {row['params'] / 1e6:9.2f} M params "
+                   f"{row['gflops_forward_per_sample']:9.3f} GFLOP/sample fwd")
+
+
+@workload_app.command("show")
+def workload_show(
+    workload: str = typer.Argument(..., help="A built-in name (`trainsim workload list`) or a JSON file."),
+    layers: bool = typer.Option(False, "--layers", help="Also list every layer."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (the summary; with --layers the file)."),
+):
+    """Headline figures of a workload: parameters, FLOPs, saved activations, where its times come from."""
+    from trainsim.sim.workload import load_workload
+
+    wl = load_workload(workload)
+    if as_json:
+        print_json(wl.to_json_dict() if layers else wl.summary())
+        return
+    for key, value in wl.summary().items():
+        typer.echo(f"{key:<34} {value}")
+    if layers:
+        for layer in wl.layers:
+            typer.echo(f"  {layer.name:<36} {layer.kind:<10} params {layer.param_bytes:>11d} B  "
+                       f"fwd {layer.flops_forward_per_sample / 1e6:10.2f} MFLOP  "
+                       f"saved {layer.saved_activation_bytes_per_sample:>10d} B/sample")
+
+
+@workload_app.command("generate")
+def workload_generate(
+    model: str = typer.Argument(..., help="alexnet, vgg16, resnet18, resnet50, googlenet, tiny-cnn, gpt..."),
+    options: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                      help="Model option, e.g. image_size=64, num_classes=10, n_layer=24."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Write the workload JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Generate an analytic workload (shapes, bytes, FLOPs; no torch) from a model's layer arithmetic."""
+    from trainsim.sim.analytic_models import build_analytic, parse_options
+    from trainsim.sim.workload import save_workload
+
+    wl = build_analytic(model, **parse_options(options))
+    if out:
+        save_workload(wl, out)
+    if as_json:
+        print_json(wl.summary() | ({"out": out} if out else {}))
+        return
+    typer.echo(f"{wl.name}: {wl.num_params:,} params, {wl.flops_forward_per_sample / 1e9:.3f} GFLOP/sample "
+               f"forward, {len(wl.layers)} layers" + (f"; written to {out}" if out else ""))
+
+
+@workload_app.command("times")
+def workload_times(
+    workload: str = typer.Argument(..., help="A built-in name or a workload JSON file."),
+    device: str = typer.Option(..., "--device", "-d", help="Device spec (`trainsim device list`)."),
+    batch: int = typer.Option(32, "--batch", "-b", help="Per-device batch size."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, fp16 or bf16."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Per-layer forward/backward time on a device: measured, retargeted from another device, or roofline."""
+    from trainsim.sim.roofline import times_report
+    from trainsim.sim.workload import load_workload
+
+    report = times_report(load_workload(workload), device, batch, precision)
+    if as_json:
+        print_json(report)
+        return
+    for layer in report["layers"]:
+        typer.echo(f"  {layer['name']:<36} {layer['forward_s'] * 1e3:9.3f} ms "
+                   f"{layer['backward_s'] * 1e3:9.3f} ms  {layer['source']}")
+    typer.echo(f"{report['workload']} on {report['device']} ({precision}, batch {batch}): forward "
+               f"{report['forward_s'] * 1e3:.2f} ms, backward {report['backward_s'] * 1e3:.2f} ms")
+
+
+device_app = _app(help="GPU device specs (peak FLOP/s, memory bandwidth and size) used by the roofline.")
+app.add_typer(device_app, name="device")
+
+
+@device_app.command("list")
+def device_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+    """List the built-in device specs."""
+    from trainsim.sim.devices import DEVICES
+
+    if as_json:
+        print_json([spec.to_json_dict() for spec in DEVICES.values()])
+        return
+    for spec in DEVICES.values():
+        peaks = ", ".join(f"{k} {v / 1e12:g}" for k, v in spec.peak_flops.items())
+        typer.echo(f"{spec.name:<10} {spec.memory_bytes / 2**30:5.0f} GiB "
+                   f"{spec.memory_bandwidth / 1e9:6.0f} GB/s  TFLOP/s: {peaks}")
+
+
+@device_app.command("show")
+def device_show(
+    name: str = typer.Argument(..., help="A device name or alias, e.g. v100, a100-80gb, h100."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """One device spec, with its source."""
+    from trainsim.sim.devices import get_device
+
+    record = get_device(name).to_json_dict()
+    if as_json:
+        print_json(record)
+        return
+    for key, value in record.items():
+        typer.echo(f"{key:<22} {value}")
+
+
 def main() -> None:
     app(prog_name="trainsim")
 

@@ -1,0 +1,173 @@
+"""Collective microbenchmarks across all local devices: all-reduce, broadcast, all-gather, reduce-scatter.
+
+Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes of the whole array, as
+nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
+time per operation is the sample, and the median of the repeats is the point, with its interquartile range.
+
+Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
+all-reduce, (n-1)/n for all-gather and reduce-scatter (S = the whole gathered / reduced array) and 1 for
+broadcast. busbw is the figure comparable with a link's bandwidth whatever the rank count. Each collective
+gets an alpha-beta fit ``t = alpha + S / beta`` (beta is the asymptotic algbw; its busbw is beta x F).
+
+A backend without some collective (older gloo has no reduce-scatter) records the reason and skips it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trainsim.calibrate.alphabeta import AlphaBeta, fit_alpha_beta
+from trainsim.calibrate.launch import RankContext, launch
+from trainsim.calibrate.sampling import iterations_for, median_spread
+from trainsim.errors import TrainsimError
+
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw factor for ``collective`` on ``nranks`` ranks."""
+    n = nranks
+    factors = {
+        "all_reduce": 2.0 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "broadcast": 1.0,
+        "reduce": 1.0,
+    }
+    if collective not in factors:
+        raise TrainsimError(f"unknown collective {collective!r}; valid choices: {', '.join(sorted(factors))}")
+    return factors[collective]
+
+
+@dataclass
+class CollectiveResult:
+    """One collective on one group size: the raw points, bandwidths and the fit (or why it was skipped)."""
+
+    collective: str
+    ranks: int
+    backend: str
+    points: list[dict] = field(default_factory=list)  # bytes, time_s, spread_s, algbw_gbps, busbw_gbps
+    fit: AlphaBeta | None = None
+    skipped: str | None = None
+
+    def to_json(self) -> dict:
+        fit = None
+        if self.fit is not None:
+            fit = {
+                **self.fit.to_json(),
+                "busbw_gbps": self.fit.bandwidth_gbps * bus_factor(self.collective, self.ranks),
+            }
+        return {
+            "collective": self.collective,
+            "ranks": self.ranks,
+            "backend": self.backend,
+            "bus_factor": bus_factor(self.collective, self.ranks),
+            "points": self.points,
+            "fit": fit,
+            "skipped": self.skipped,
+        }
+
+
+def _operation(name: str, size_bytes: int, ctx: RankContext) -> Callable[[], None]:
+    """A closure running one ``name`` collective on a float32 array of ``size_bytes`` (whole array)."""
+    import torch
+    import torch.distributed as dist
+
+    n = ctx.world_size
+    numel = max(n, size_bytes // 4 // n * n)  # divisible by n so all-gather/reduce-scatter chunks are equal
+    full = torch.ones(numel, dtype=torch.float32, device=ctx.device)
+    if name == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if name == "broadcast":
+        return lambda: dist.broadcast(full, src=0)
+    chunk = torch.ones(numel // n, dtype=torch.float32, device=ctx.device)
+    if name == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, chunk)
+    if name == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(chunk, full)
+    raise TrainsimError(f"unknown collective {name!r}; valid choices: {', '.join(COLLECTIVES)}")
+
+
+def _timed(op: Callable[[], None], k: int, ctx: RankContext) -> float:
+    """Seconds per operation for k back-to-back operations: the slowest rank's, all ranks agreeing."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = ctx.device.startswith("cuda")
+    dist.barrier()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(k):
+        op()
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item()) / k
+
+
+def bench_rank(
+    ctx: RankContext, collectives: tuple[str, ...], sizes: list[int], repeats: int, target_s: float
+) -> list[dict]:
+    """What every rank runs (via ``launch``); rank 0's return value is the report."""
+    import torch.distributed as dist
+
+    out = []
+    for name in collectives:
+        entry = {"collective": name, "points": [], "skipped": None}
+        for size in sizes:
+            op = _operation(name, size, ctx)
+            try:
+                op()  # warm-up: connections, algorithm selection, first touch
+            except (RuntimeError, NotImplementedError, ValueError) as exc:
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                entry["skipped"] = f"{ctx.backend} cannot run {name}: {text}"
+                dist.barrier()
+                break
+            # Every rank must use the same k, so the estimate is agreed through a collective too.
+            k = iterations_for(_timed(op, 1, ctx), target_s, cap=1000)
+            samples = [_timed(op, k, ctx) for _ in range(repeats)]
+            med, spread = median_spread(samples)
+            numel = max(ctx.world_size, size // 4 // ctx.world_size * ctx.world_size)
+            entry["points"].append({"bytes": numel * 4, "time_s": med, "spread_s": spread})
+        out.append(entry)
+    return out
+
+
+def measure_collectives(
+    device: str,
+    nranks: int,
+    sizes: list[int],
+    *,
+    repeats: int = 3,
+    target_s: float = 0.005,
+    collectives: tuple[str, ...] = COLLECTIVES,
+    timeout_s: float = 900.0,
+) -> list[CollectiveResult]:
+    """Launch ``nranks`` ranks on ``device`` and benchmark ``collectives`` over ``sizes``."""
+    for name in collectives:
+        bus_factor(name, max(nranks, 1))  # validates the name
+    if nranks < 2:
+        raise TrainsimError(f"collectives need at least 2 ranks, got {nranks}", field="ranks")
+    backend = "nccl" if device == "cuda" else "gloo"
+    report = launch(
+        bench_rank,
+        nranks,
+        args=(tuple(collectives), list(sizes), repeats, target_s),
+        device=device,
+        timeout_s=timeout_s,
+    )[0]
+    results = []
+    for entry in report:
+        res = CollectiveResult(entry["collective"], nranks, backend, skipped=entry["skipped"])
+        factor = bus_factor(res.collective, nranks)
+        for p in entry["points"]:
+            algbw = p["bytes"] / p["time_s"] / 1e9
+            res.points.append({**p, "algbw_gbps": algbw, "busbw_gbps": algbw * factor})
+        if res.skipped is None and len({p["bytes"] for p in res.points}) >= 2:
+            res.fit = fit_alpha_beta([p["bytes"] for p in res.points], [p["time_s"] for p in res.points])
+        results.append(res)
+    return results

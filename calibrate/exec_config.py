@@ -1,0 +1,391 @@
+"""What the real executor runs: `ExecConfig`, validated, and its mapping from a scenario.
+
+No torch at import time (the zoo, imported to validate the model name, brings it in).
+
+A scenario YAML (``trainsim.scenario/1``, optionally with ``variants:``) describes the same run for the
+simulator and for the executor. `exec_config_from_scenario(scenario, variant)` merges a variant over the
+base scenario and reads the fields the executor needs:
+
+- ``workload`` (zoo name or ``{name: tiny-cnn, image_size: 32}``) -> model, model_cfg
+- ``strategy.name`` / ``bucket_cap_mb`` / easgd's ``variant``, ``tau``, ``rho``, ``lr`` -> strategy options
+- ``batch_size`` (global), ``gpus`` (a count or a list of indices) -> ranks
+- ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
+- ``host.pinned``, ``host.data_workers`` -> pinned host batches, prefetch threads
+- ``optimizations.preload`` (bool or ``{depth: 2}``), ``cpu_batch_split`` (bool), ``param_compression``
+  (none|fp16|bf16|powersgd or ``{name: powersgd, rank: 2}``), ``offload_activations``
+  (none|save_on_cpu|prefetch or ``{mode: prefetch, distance: 2}``)
+- ``executor:`` (executor-only): ``device`` (cpu|cuda), ``seed`` and ``data:`` (the synthetic pipeline's
+  per-sample cost: ``augment_repeats``, ``source_size``, ``pool_size``, ``compress``).
+
+Fields the executor has no use for (topology, description, the simulator's collective options) are ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from trainsim.errors import TrainsimError, unknown_name
+
+DEVICES = ("cpu", "cuda")
+STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "easgd")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+PRECISIONS = ("fp32", "fp16", "bf16")
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+OFFLOADS = ("none", "save_on_cpu", "prefetch")
+EASGD_VARIANTS = ("sync", "original")
+
+
+def _positive_int(value, name: str, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TrainsimError(f"must be an integer >= {minimum}, got {value!r}", field=name)
+
+
+def _choice(value, valid: tuple[str, ...], kind: str, name: str) -> None:
+    if value not in valid:
+        raise unknown_name(kind, str(value), valid, field=name)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The synthetic input pipeline. Its per-sample CPU cost grows with ``augment_repeats`` and
+    ``source_size`` (the stored image side that is randomly cropped down to the model's image size)."""
+
+    augment_repeats: int = 1  # times the crop/flip/convert/normalise chain runs per sample
+    source_size: int | None = None  # stored uint8 image side; default: the model's image size + 8
+    pool_size: int = 64  # distinct stored samples, cycled (their content is the same on every rank)
+    compress: bool = True  # samples are stored zlib-compressed and decoded per sample, like JPEG files
+    workers: int = 1  # background threads preparing batches when preload is on
+
+    def __post_init__(self):
+        _positive_int(self.augment_repeats, "data.augment_repeats")
+        _positive_int(self.pool_size, "data.pool_size")
+        _positive_int(self.workers, "data.workers")
+        if self.source_size is not None:
+            _positive_int(self.source_size, "data.source_size")
+
+
+@dataclass(frozen=True)
+class EasgdConfig:
+    """Elastic averaging SGD: every ``tau`` local steps each worker meets the centre with moving rate
+    alpha = lr * rho (worker W_i -= alpha (W_i - C); centre C += alpha sum_i (W_i - C))."""
+
+    variant: str = "sync"  # sync: all-reduce, every rank keeps the centre | original: round-robin via rank 0
+    tau: int = 1
+    rho: float = 0.1
+    lr: float | None = None  # eta of the elastic term; default: the optimizer's lr
+
+    def __post_init__(self):
+        _choice(self.variant, EASGD_VARIANTS, "easgd variant", "easgd.variant")
+        _positive_int(self.tau, "easgd.tau")
+        if not (isinstance(self.rho, int | float) and self.rho > 0):
+            raise TrainsimError(f"must be > 0, got {self.rho!r}", field="easgd.rho")
+        if self.lr is not None and not (isinstance(self.lr, int | float) and self.lr > 0):
+            raise TrainsimError(f"must be > 0, got {self.lr!r}", field="easgd.lr")
+
+
+@dataclass(frozen=True)
+class OptimizationsConfig:
+    preload: int = 0  # batches prepared ahead by background threads (0: off); on CUDA also async H2D copies
+    cpu_batch_split: bool = False  # dp-gpu0: each rank loads its own shard instead of rank 0 scattering
+    param_compression: str = "none"  # ddp comm hook: none | fp16 | bf16 | powersgd
+    powersgd_rank: int = 1  # PowerSGD matrix approximation rank
+    offload_activations: str = "none"  # none | save_on_cpu | prefetch
+    prefetch_distance: int = 1  # prefetch: saved activations of this many layers ahead are brought back
+
+    def __post_init__(self):
+        _positive_int(self.preload, "optimizations.preload", minimum=0)
+        if not isinstance(self.cpu_batch_split, bool):
+            raise TrainsimError(f"must be true or false, got {self.cpu_batch_split!r}",
+                                field="optimizations.cpu_batch_split")
+        _choice(self.param_compression, COMPRESSIONS, "compression", "optimizations.param_compression")
+        _positive_int(self.powersgd_rank, "optimizations.param_compression.rank")
+        _choice(self.offload_activations, OFFLOADS, "offload mode", "optimizations.offload_activations")
+        _positive_int(self.prefetch_distance, "optimizations.offload_activations.distance")
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    """One real run: a zoo model trained for ``warmup + iterations`` steps on ``ranks`` devices."""
+
+    model: str = "tiny-cnn"
+    model_cfg: dict = field(default_factory=dict)  # zoo options, e.g. {"image_size": 32}
+    device: str = "cpu"
+    ranks: int = 1
+    strategy: str = "single"
+    bucket_cap_mb: float = 25.0  # ddp
+    easgd: EasgdConfig = field(default_factory=EasgdConfig)
+    batch_size: int = 32  # global: samples per iteration over all ranks
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    precision: str = "fp32"  # fp16/bf16: autocast (fp16 with a GradScaler)
+    iterations: int = 10  # measured
+    warmup: int = 2  # run first, excluded from the figures
+    pinned: bool = True  # CUDA: input batches in pinned host memory
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
+    seed: int = 0
+    capture_params: bool = False  # return every rank's final flat parameters (tests, correctness checks)
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        from trainsim.calibrate.zoo import canonical_name, model_config  # zoo validates names and options
+
+        object.__setattr__(self, "model", canonical_name(self.model))
+        model_config(self.model, **self.model_cfg)
+        _choice(self.device, DEVICES, "device", "device")
+        _positive_int(self.ranks, "ranks")
+        _choice(self.strategy, STRATEGIES, "strategy", "strategy")
+        if self.strategy == "single" and self.ranks != 1:
+            raise TrainsimError(f"strategy single runs on one rank, got ranks={self.ranks}", field="ranks")
+        if not (isinstance(self.bucket_cap_mb, int | float) and self.bucket_cap_mb > 0):
+            raise TrainsimError(f"must be > 0, got {self.bucket_cap_mb!r}", field="bucket_cap_mb")
+        _positive_int(self.batch_size, "batch_size")
+        if self.batch_size % self.ranks:
+            raise TrainsimError(f"global batch {self.batch_size} does not divide over {self.ranks} ranks",
+                                field="batch_size")
+        _choice(self.optimizer, OPTIMIZERS, "optimizer", "optimizer")
+        if not (isinstance(self.lr, int | float) and self.lr > 0):
+            raise TrainsimError(f"must be > 0, got {self.lr!r}", field="lr")
+        _choice(self.precision, PRECISIONS, "precision", "precision")
+        _positive_int(self.iterations, "iterations")
+        _positive_int(self.warmup, "warmup", minimum=0)
+        opts = self.optimizations
+        if opts.param_compression != "none" and self.strategy != "ddp":
+            raise TrainsimError("parameter compression is a DDP communication hook; use strategy ddp",
+                                field="optimizations.param_compression")
+        if opts.param_compression == "powersgd" and self.warmup < 2:
+            raise TrainsimError("PowerSGD runs plain all-reduce for its first 2 iterations; give warmup >= 2",
+                                field="warmup")
+        if opts.cpu_batch_split and self.strategy != "dp-gpu0":
+            raise TrainsimError("cpu_batch_split changes dp-gpu0's input flow; other strategies already load "
+                                "per-rank shards", field="optimizations.cpu_batch_split")
+        if self.precision == "fp16" and self.strategy in ("dp-gpu0", "parameter-server"):
+            raise TrainsimError("fp16 needs a loss scaler per stepping rank; use bf16 with "
+                                f"{self.strategy}", field="precision")
+
+    @property
+    def local_batch(self) -> int:
+        return self.batch_size // self.ranks
+
+    @property
+    def easgd_alpha(self) -> float:
+        """The elastic moving rate alpha = eta * rho."""
+        return (self.easgd.lr if self.easgd.lr is not None else self.lr) * self.easgd.rho
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- what this box can run
+
+
+def infeasible_reason(cfg: ExecConfig) -> str | None:
+    """Why this box cannot run ``cfg`` (None: it can). The executor skips such variants, reporting this."""
+    if cfg.device == "cuda":
+        try:
+            import torch
+        except ImportError:
+            return "needs CUDA, but torch is not installed"
+        if not torch.cuda.is_available():
+            return "needs CUDA, and no CUDA GPU is available here"
+        if cfg.ranks > torch.cuda.device_count():
+            return f"needs {cfg.ranks} GPUs, this box has {torch.cuda.device_count()}"
+        if cfg.precision == "bf16" and not torch.cuda.is_bf16_supported():
+            return "bf16 is not supported by this GPU"
+    else:
+        cores = len(os.sched_getaffinity(0))
+        if cfg.ranks > cores:
+            return f"needs {cfg.ranks} CPU ranks, each on its own core, but only {cores} cores are available"
+        if cfg.precision == "fp16":
+            return "fp16 autocast with a loss scaler is a CUDA path; CPU ranks run fp32 or bf16"
+        if cfg.optimizations.param_compression == "bf16":
+            return "gloo (CPU ranks) cannot all-reduce bf16; use fp16 or powersgd compression"
+    return None
+
+
+# ---------------------------------------------------------------- scenario -> ExecConfig
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    """``overrides`` deep-merged over ``base`` (mappings merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def scenario_variants(scenario: dict) -> list[str]:
+    """The variant names of a scenario, in file order (empty: the base scenario is the only run)."""
+    return list((scenario.get("variants") or {}).keys())
+
+
+def resolve_variant(scenario: dict, variant: str | None) -> dict:
+    """The base scenario with ``variant``'s overrides merged in (``variants`` removed)."""
+    base = {k: v for k, v in scenario.items() if k != "variants"}
+    variants = scenario.get("variants") or {}
+    if variant is None:
+        return base
+    if variant not in variants:
+        raise unknown_name("variant", variant, variants, field="variants")
+    return merge(base, variants[variant] or {})
+
+
+def _get(mapping: Any, key: str, where: str) -> Any:
+    if mapping is None:
+        return None
+    if not isinstance(mapping, dict):
+        raise TrainsimError(f"must be a mapping, got {type(mapping).__name__}", field=where)
+    return mapping.get(key)
+
+
+def _build(cls, values: dict, prefix: str):
+    names = {f.name for f in fields(cls)}
+    extra = sorted(set(values) - names)
+    if extra:
+        raise TrainsimError(f"unknown field; valid: {', '.join(sorted(names))}", field=f"{prefix}.{extra[0]}")
+    return cls(**values)
+
+
+def _optimizations(block: Any) -> OptimizationsConfig:
+    if block is None:
+        return OptimizationsConfig()
+    if not isinstance(block, dict):
+        raise TrainsimError("must be a mapping", field="optimizations")
+    known = {"preload", "cpu_batch_split", "param_compression", "offload_activations"}
+    extra = sorted(set(block) - known)
+    if extra:
+        raise TrainsimError(f"unknown optimization; valid: {', '.join(sorted(known))}",
+                            field=f"optimizations.{extra[0]}")
+    values: dict[str, Any] = {}
+    preload = block.get("preload")
+    if isinstance(preload, dict):
+        values["preload"] = preload.get("depth", 2) if preload.get("enabled", True) else 0
+    elif isinstance(preload, bool):
+        values["preload"] = 2 if preload else 0
+    elif preload is not None:
+        values["preload"] = preload
+    if "cpu_batch_split" in block:
+        values["cpu_batch_split"] = block["cpu_batch_split"]
+    comp = block.get("param_compression")
+    if isinstance(comp, dict):
+        values["param_compression"] = comp.get("name", "none")
+        if "rank" in comp:
+            values["powersgd_rank"] = comp["rank"]
+    elif comp is not None:
+        values["param_compression"] = "none" if comp is False else comp
+    off = block.get("offload_activations")
+    if isinstance(off, dict):
+        values["offload_activations"] = off.get("mode", "prefetch")
+        if "distance" in off:
+            values["prefetch_distance"] = off["distance"]
+    elif off is not None:
+        values["offload_activations"] = "none" if off is False else off
+    return OptimizationsConfig(**values)
+
+
+def _ranks(gpus: Any) -> int:
+    if gpus is None:
+        return 1
+    if isinstance(gpus, list):
+        return len(gpus)
+    return gpus
+
+
+def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, file: str | None = None,
+                              **overrides) -> ExecConfig:
+    """The ExecConfig for ``variant`` of ``scenario`` (a parsed scenario mapping); ``overrides`` are
+    ExecConfig fields that win (e.g. ``iterations=3`` for a quick run). Bad fields -> TrainsimError."""
+    try:
+        s = resolve_variant(scenario, variant)
+        workload = s.get("workload", "tiny-cnn")
+        if isinstance(workload, dict):
+            model = workload.get("name")
+            model_cfg = {k: v for k, v in workload.items() if k != "name"}
+        else:
+            model, model_cfg = workload, {}
+        if not isinstance(model, str):
+            raise TrainsimError("give a zoo model name", field="workload")
+        strategy = s.get("strategy") or {}
+        if isinstance(strategy, str):
+            strategy = {"name": strategy}
+        easgd_keys = {"variant", "tau", "rho", "lr"}
+        easgd = EasgdConfig(**{k: strategy[k] for k in easgd_keys if k in strategy})
+        executor = s.get("executor") or {}
+        if not isinstance(executor, dict):
+            raise TrainsimError("must be a mapping", field="executor")
+        extra = sorted(set(executor) - {"device", "seed", "data", "timeout_s"})
+        if extra:
+            raise TrainsimError("unknown field; valid: data, device, seed, timeout_s",
+                                field=f"executor.{extra[0]}")
+        data_values = dict(executor.get("data") or {})
+        workers = _get(s.get("host"), "data_workers", "host")
+        if workers is not None and "workers" not in data_values:
+            data_values["workers"] = workers
+        values: dict[str, Any] = dict(
+            model=model, model_cfg=model_cfg,
+            device=executor.get("device", "cpu"),
+            ranks=_ranks(s.get("gpus")),
+            strategy=strategy.get("name", "single"),
+            bucket_cap_mb=strategy.get("bucket_cap_mb", 25.0),
+            easgd=easgd,
+            batch_size=s.get("batch_size", 32),
+            optimizer=_get(s.get("optimizer"), "name", "optimizer") or "sgd",
+            lr=_get(s.get("optimizer"), "lr", "optimizer") or 0.01,
+            precision=s.get("precision", "fp32"),
+            iterations=s.get("iterations", 10),
+            warmup=s.get("warmup_iterations", 2),
+            pinned=_get(s.get("host"), "pinned", "host") if _get(s.get("host"), "pinned", "host") is not None
+            else True,
+            data=_build(DataConfig, data_values, "executor.data"),
+            optimizations=_optimizations(s.get("optimizations")),
+            seed=executor.get("seed", 0),
+            timeout_s=executor.get("timeout_s", 600.0),
+        )
+        if values["precision"] == "tf32":
+            values["precision"] = "fp32"  # TF32 is a matmul mode of fp32 training, not a different dtype
+        values.update(overrides)
+        return ExecConfig(**values)
+    except TrainsimError as exc:
+        if file and exc.file is None:
+            where = f"variants.{variant}" if variant else None
+            raise TrainsimError(str(exc), file=file, field=where) from None
+        raise
+    except TypeError as exc:  # e.g. an unexpected keyword in a block
+        raise TrainsimError(str(exc), file=file) from None
+
+
+def load_scenario_dict(path: str) -> dict:
+    """Parse a scenario YAML into a mapping (the executor reads more fields than the simulator's schema has).
+    ``path`` may also be the name of a scenario shipped in trainsim's scenarios folder."""
+    from pathlib import Path
+
+    import yaml
+
+    candidate = Path(path)
+    if not candidate.exists():
+        import trainsim.scenarios as scen_pkg
+
+        shipped = Path(scen_pkg.__file__).parent
+        for option in (shipped / path, shipped / f"{path}.yaml"):
+            if option.exists():
+                candidate = option
+                break
+        else:
+            names = sorted(p.stem for p in shipped.glob("*.yaml"))
+            raise unknown_name("scenario", path, names, field=None)
+    try:
+        data = yaml.safe_load(candidate.read_text())
+    except yaml.YAMLError as exc:
+        raise TrainsimError(f"not valid YAML: {str(exc).splitlines()[0]}", file=str(candidate)) from None
+    except OSError as exc:
+        raise TrainsimError(f"cannot read: {exc.strerror}", file=str(candidate)) from None
+    if not isinstance(data, dict):
+        raise TrainsimError("a scenario must be a mapping", file=str(candidate))
+    return data
+

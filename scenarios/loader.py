@@ -1,0 +1,193 @@
+"""Loading scenarios: a name of a shipped scenario or a YAML path, plus ``--set a.b=c`` overrides and variants.
+
+    from trainsim.scenarios.loader import load_scenario
+    scenario = load_scenario("ddp-resnet50-dgx-a100", ["batch_size=512", "strategy.bucket_cap_mb=50"])
+
+Overrides are applied to the parsed YAML before validation, so a bad value is reported like a bad file
+field. An override path that names no field lists the valid keys at that level.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+
+from .schema import SCHEMA, Scenario
+
+
+def _scenario_dir():
+    return resources.files("trainsim.scenarios")
+
+
+def list_scenarios() -> dict[str, str]:
+    """Shipped scenarios: name -> description."""
+    out = {}
+    for entry in sorted(_scenario_dir().iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            try:
+                data = yaml.safe_load(entry.read_text()) or {}
+            except yaml.YAMLError:
+                data = {}
+            out[entry.name.removesuffix(".yaml")] = str(data.get("description", "")) if isinstance(data, dict) else ""
+    return out
+
+
+def _read_yaml(text: str, label: str) -> dict:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise TrainsimError(f"malformed YAML: {problem}", file=label, field=where) from None
+    if not isinstance(data, dict):
+        raise TrainsimError("a scenario file must be a YAML mapping", file=label)
+    return data
+
+
+def read_scenario_data(source: str | os.PathLike) -> tuple[dict, str, Path | None]:
+    """(parsed mapping, label for messages, folder for relative paths) of a shipped name or a YAML path."""
+    text = os.fspath(source)
+    path = Path(text)
+    if path.is_file():
+        try:
+            return _read_yaml(path.read_text(), text), text, path.resolve().parent
+        except OSError as exc:
+            raise TrainsimError(f"cannot read file: {exc.strerror or exc}", file=text) from None
+    names = list_scenarios()
+    if text in names:
+        label = f"{text}.yaml"
+        return _read_yaml((_scenario_dir() / label).read_text(), label), label, None
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        raise TrainsimError("file not found", file=text)
+    raise unknown_name("scenario", text, names)
+
+
+# ---- overrides --------------------------------------------------------------------------------------------
+
+def _model_of(annotation) -> type[BaseModel] | None:
+    """The pydantic model inside a field annotation (``str | WorkloadRef`` -> WorkloadRef), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _keys(model: type[BaseModel]) -> dict[str, Any]:
+    """Field names as written in YAML (aliases) -> annotation."""
+    return {(info.alias or name): info.annotation for name, info in model.model_fields.items()}
+
+
+def set_path(data: dict, dotted: str, value: Any, *, label: str | None = None) -> None:
+    """Set ``data[a][b][c] = value`` for ``a.b.c``, checking each key against the scenario schema."""
+    parts = dotted.split(".")
+    if not all(parts):
+        raise TrainsimError(f"bad override path {dotted!r}", field=dotted)
+    model: type[BaseModel] | None = Scenario
+    node = data
+    for depth, key in enumerate(parts):
+        here = ".".join(parts[:depth]) or "top level"
+        annotation = None
+        if model is not None and model.model_config.get("extra") != "allow":
+            keys = _keys(model)
+            if key not in keys:
+                raise unknown_name(f"key at {here}", key, keys, file=label, field=dotted)
+            annotation = keys[key]
+        elif model is not None:
+            annotation = _keys(model).get(key)
+        if depth == len(parts) - 1:
+            node[key] = value
+            return
+        child_model = _model_of(annotation) if annotation is not None else None
+        child = node.get(key)
+        if child is None:
+            child = {}
+        elif not isinstance(child, dict):
+            if child_model is not None and "name" in _keys(child_model):
+                child = {"name": child}  # workload: resnet50 -> {name: resnet50, image_size: ...}
+            else:
+                raise TrainsimError(f"{'.'.join(parts[:depth + 1])} is not a mapping", file=label, field=dotted)
+        node[key] = child
+        node = child
+        model = child_model
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> ("a.b", YAML-parsed value)."""
+    if "=" not in text:
+        raise TrainsimError(f"an override must look like key.path=value, got {text!r}", field="--set")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def validate_scenario(data: dict, *, label: str | None = None) -> Scenario:
+    if "schema" in data and data["schema"] != SCHEMA:
+        raise TrainsimError(f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=label,
+                            field="schema")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, file=label) from None
+
+
+def apply_variant(data: dict, variant: str, *, label: str | None = None) -> dict:
+    """The scenario with variant ``variant`` merged over it (the variants themselves dropped)."""
+    variants = data.get("variants") or {}
+    if variant not in variants:
+        raise unknown_name("variant", variant, variants, file=label, field="variants")
+    merged = _merge({k: v for k, v in data.items() if k != "variants"}, variants[variant])
+    merged["name"] = f"{data.get('name', 'scenario')}[{variant}]"
+    return merged
+
+
+def load_scenario(source: str | os.PathLike | dict | Scenario, overrides: list[str] | tuple[str, ...] = (),
+                  *, variant: str | None = None) -> Scenario:
+    """A validated `Scenario` from a shipped name, a YAML path or a mapping, with overrides applied.
+
+    Every variant is checked too (merged over the base), so a broken variant fails at load time.
+    """
+    if isinstance(source, Scenario):
+        source = source.model_dump(by_alias=True, exclude_defaults=False)
+    if isinstance(source, dict):
+        data, label, base_dir = copy.deepcopy(source), None, None
+    else:
+        data, label, base_dir = read_scenario_data(source)
+    for name in (data.get("variants") or {}) if isinstance(data.get("variants"), dict) else ():
+        if not isinstance(data["variants"][name], dict):
+            raise TrainsimError("a variant must be a mapping of overrides", file=label, field=f"variants.{name}")
+        validate_scenario(apply_variant(data, name, label=label), label=f"{label or 'scenario'} variant {name}")
+    if variant is not None:
+        data = apply_variant(data, variant, label=label)
+    for text in overrides:
+        key, value = parse_override(text)
+        set_path(data, key, value, label=label)
+    scenario = validate_scenario(data, label=label)
+    scenario._source = label
+    scenario._base_dir = str(base_dir) if base_dir else None
+    return scenario

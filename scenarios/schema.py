@@ -1,0 +1,114 @@
+"""The scenario file format `trainsim.scenario/1`: pydantic models, unknown fields rejected.
+
+A scenario names what to simulate: a topology (preset, file or generator mapping), a workload (built-in name,
+JSON path, or ``{name: resnet50, image_size: 32}`` for an analytic model with config overrides), a parallel
+strategy with its options, the global batch size, which GPUs, how many iterations (warm-up excluded from the
+figures), the optimizer, the precision, the host's data pipeline, an ``optimizations:`` block (no switches
+yet) and optional named ``variants`` (partial scenarios merged over this one).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+SCHEMA = "trainsim.scenario/1"
+STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class WorkloadRef(BaseModel):
+    """A built-in analytic model with config overrides: ``{name: resnet50, image_size: 32}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class StrategySpec(_Strict):
+    """The parallel strategy and its options (an option another strategy ignores is harmless)."""
+
+    name: Literal["single", "dp-gpu0", "ddp", "parameter-server"]
+    bucket_cap_mb: float = Field(default=25.0, gt=0, description="DDP gradient bucket size (MiB, as PyTorch)")
+    first_bucket_cap_mb: float | None = Field(
+        default=None, gt=0, description="DDP's first bucket (PyTorch: 1 MiB); default bucket_cap_mb")
+    collectives: Literal["flow", "analytic"] = Field(
+        default="flow", description="flow: collectives decomposed into flows; analytic: alpha-beta time")
+    collective_algo: str = Field(default="auto", description="ring, tree, nvls or auto")
+    ps_cores: int | None = Field(default=None, ge=1,
+                                 description="parameter server: cores updating (default: all of its socket)")
+    ps_socket: int = Field(default=0, ge=0, description="parameter server: index of its cpu socket")
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["sgd", "momentum", "adam"] = "sgd"
+
+
+class HostSpec(_Strict):
+    pinned: bool = Field(default=True, description="input batches in pinned (page-locked) host memory")
+    data_workers: int = Field(default=4, ge=1, description="DataLoader worker processes per rank")
+
+
+class Optimizations(_Strict):
+    """Data-movement optimizations (TECHNIQUES.md). None yet: unknown keys are rejected."""
+
+
+class Scenario(_Strict):
+    schema_: Literal["trainsim.scenario/1"] = Field(default=SCHEMA, alias="schema")
+    name: str = Field(default="scenario", min_length=1)
+    description: str = ""
+    topology: str | dict[str, Any]
+    workload: str | WorkloadRef
+    strategy: StrategySpec
+    batch_size: int = Field(gt=0, description="global batch size (samples per iteration)")
+    gpus: list[int] | int | None = Field(default=None, description="GPU indices, a count, or all (default)")
+    iterations: int = Field(default=3, ge=1, description="measured iterations")
+    warmup_iterations: int = Field(default=1, ge=0, description="simulated first, excluded from figures")
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    precision: Literal["fp32", "tf32", "fp16", "bf16"] = "fp32"
+    host: HostSpec = Field(default_factory=HostSpec)
+    optimizations: Optimizations = Field(default_factory=Optimizations)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # where the file came from (relative topology/workload paths resolve against its folder)
+    _source: str | None = PrivateAttr(default=None)
+    _base_dir: str | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> str | None:
+        return self._source
+
+    @property
+    def base_dir(self) -> str | None:
+        return self._base_dir
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, gpus):
+        if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus < 1:
+            raise ValueError("a GPU count must be >= 1")
+        if isinstance(gpus, list):
+            if not gpus:
+                raise ValueError("give at least one GPU index")
+            if any(g < 0 for g in gpus):
+                raise ValueError("GPU indices must be >= 0")
+            if len(set(gpus)) != len(gpus):
+                raise ValueError("a GPU index appears twice")
+        return gpus
+
+    @model_validator(mode="after")
+    def _single(self):
+        if self.strategy.name == "single" and isinstance(self.gpus, list) and len(self.gpus) != 1:
+            raise ValueError("strategy single runs on one GPU; give gpus: [index] or gpus: 1")
+        if self.strategy.name == "single" and isinstance(self.gpus, int) and self.gpus != 1:
+            raise ValueError("strategy single runs on one GPU; give gpus: 1")
+        return self

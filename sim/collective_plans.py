@@ -1,0 +1,239 @@
+"""What a collective moves where: a `Plan` of transfers, shared by the flow-level and the analytic paths.
+
+A plan is a set of *lanes* (NCCL channels, or the two trees of a double binary tree) that run concurrently;
+each lane is a sequence of *phases*; a phase is a set of concurrent transfers (a route, a share of the
+collective's size S, a latency) repeated ``repeat`` times, one after another. The flow path starts every
+transfer of a phase as a flow and starts the next phase of that lane when they are all done; the analytic
+path (`alpha_beta`) sums, phase by phase, the largest latency plus the most loaded edge's bytes over its
+bandwidth. Because every transfer of a phase carries the same bytes per lane and fair sharing freezes the
+most loaded edge's flows first, the two agree wherever lanes are balanced.
+
+Algorithms (nccl-tests' S = the whole array):
+
+- ring: all-reduce = 2(n-1) steps of S/n per rank per channel; reduce-scatter and all-gather n-1 steps;
+  broadcast / reduce = a pipelined chain from / to the root (every hop streams S once: in steady state all
+  hops of a pipeline are busy at once, and the last byte lands after the chain's latency).
+- tree (all-reduce): NCCL's double binary tree between machines, a chain inside each machine; each tree
+  carries S/2 up (reduce) and down (broadcast), pipelined, so every tree edge streams S/2 each way.
+- nvls (NVSwitch in-network reduction, all-reduce / reduce-scatter / all-gather): GPU r owns shard r (S/n).
+  Reduce-scatter: the switch reads every shard from every GPU (``multimem.ld_reduce``; the owner's own copy
+  also goes through the switch), reduces and returns S/n to the owner: per GPU S up, S/n down. All-gather:
+  each owner stores its shard once (``multimem.st``), the switch multicasts it to all: S/n up, S down.
+  All-reduce pipelines both: S(n+1)/n each way on every GPU's switch link.
+- p2p: all-to-all = every rank sends S/n to every other at once; send/recv = gpus[i] sends S to gpus[i+1]
+  (one flow for two GPUs; a chain of boundary exchanges for more).
+
+Latency (NCCL's cost model, REFERENCE): a base of 8.4 us per collective plus, per step, NCCL's per-hop
+protocol latency (Simple: NVLink 3.4, PCIe 5.7, network 9.6 us) and the route's own link latencies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from trainsim.topologies import Topology
+
+from .rings import Channel, build_channels
+
+US = 1e-6
+BASE_LATENCY = 8.4 * US  # NCCL Simple protocol, per collective
+HOP_LATENCY = {"nvlink": 3.4 * US, "pcie": 5.7 * US, "network": 9.6 * US}  # NCCL Simple, per step
+
+Edge = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    route: tuple[Edge, ...]
+    share: float  # bytes = share x S
+    latency: float  # seconds before the first byte moves
+
+
+@dataclass(frozen=True)
+class Phase:
+    transfers: tuple[Transfer, ...]
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    op: str
+    algo: str
+    gpus: tuple[str, ...]
+    lanes: tuple[tuple[Phase, ...], ...]
+    base_latency: float = BASE_LATENCY
+
+    @property
+    def flows(self) -> int:
+        """Flows one run starts."""
+        return sum(len(p.transfers) * p.repeat for lane in self.lanes for p in lane)
+
+
+def hop_class(topo: Topology, route) -> str:
+    kinds = {topo.graph.edges[e]["kind"] for e in route}
+    if kinds & {"ib", "ethernet"}:
+        return "network"
+    if kinds and kinds <= {"nvlink"}:
+        return "nvlink"
+    return "pcie"  # PCIe, the inter-socket link, host memory
+
+
+def _transfer(topo: Topology, a: str, b: str, share: float, extra_latency: float = 0.0) -> Transfer:
+    route = tuple(topo.route(a, b))
+    latency = topo.route_latency(route) + HOP_LATENCY[hop_class(topo, route)] + extra_latency
+    return Transfer(route, share, latency)
+
+
+# ---- ring -------------------------------------------------------------------------------------------------
+
+def ring_plan(topo: Topology, op: str, gpus: list[str]) -> Plan:
+    n = len(gpus)
+    channels = build_channels(topo, gpus)
+    lanes = []
+    for channel in channels:
+        if op in ("allreduce", "reduce_scatter", "allgather"):
+            steps = 2 * (n - 1) if op == "allreduce" else n - 1
+            hops = tuple(_transfer(topo, a, b, channel.weight / n) for a, b in channel.hops())
+            lanes.append((Phase(hops, steps),))
+        else:  # broadcast / reduce: a pipelined chain along the ring, from / to gpus[0]
+            lanes.append((Phase(_chain(topo, channel, gpus[0], to_root=op == "reduce")),))
+    return Plan(op, "ring", tuple(gpus), tuple(lanes))
+
+
+def _chain(topo: Topology, channel: Channel, root: str, *, to_root: bool) -> tuple[Transfer, ...]:
+    order = list(channel.order)
+    k = order.index(root)
+    order = order[k:] + order[:k]  # root first
+    if to_root:
+        order = order[1:] + order[:1]  # root last: data flows towards it
+    transfers = []
+    arrived = 0.0  # a hop's first byte leaves once the previous hops delivered theirs
+    for a, b in zip(order, order[1:], strict=False):
+        t = _transfer(topo, a, b, channel.weight, arrived)
+        arrived = t.latency
+        transfers.append(t)
+    # The chain finishes when its last byte lands: every hop waits for the whole chain's fill latency,
+    # so the phase latency (the largest) is the chain's.
+    return tuple(Transfer(t.route, t.share, arrived) for t in transfers)
+
+
+# ---- tree -------------------------------------------------------------------------------------------------
+
+def btree_parent(rank: int, nranks: int) -> int:
+    """Parent of ``rank`` in NCCL's binary tree over 0..nranks-1 (-1 for the root, rank 0)."""
+    if rank == 0:
+        return -1
+    bit = 1
+    while not bit & rank:
+        bit <<= 1
+    up = (rank ^ bit) | (bit << 1)
+    return rank ^ bit if up >= nranks else up
+
+
+def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
+    """NCCL's double binary tree: the second tree mirrors the first (even nranks) or shifts it by one (odd),
+    so a rank that is a leaf in one tree is an inner node in the other."""
+    first = [btree_parent(r, nranks) for r in range(nranks)]
+    if nranks % 2 == 0:
+        mirror = [nranks - 1 - r for r in range(nranks)]
+        second = [-1] * nranks
+        for r in range(nranks):
+            p = first[r]
+            second[mirror[r]] = -1 if p < 0 else mirror[p]
+    else:
+        second = [-1] * nranks
+        for r in range(nranks):
+            p = first[r]
+            second[(r + 1) % nranks] = -1 if p < 0 else (p + 1) % nranks
+    return first, second
+
+
+def tree_plan(topo: Topology, gpus: list[str]) -> Plan:
+    machines = sorted({topo.machine_of(g) for g in gpus})
+    local = [[g for g in gpus if topo.machine_of(g) == m] for m in machines]
+    lanes = []
+    for t, parents in enumerate(dtree_parents(len(machines))):
+        # Tree 0 enters every machine at its first GPU, tree 1 at its last (chain reversed), so the two
+        # trees leave by different NICs and use both directions of the chain links.
+        chains = [lst if t == 0 else lst[::-1] for lst in local]
+        edges = [(c[i + 1], c[i]) for c in chains for i in range(len(c) - 1)]  # child -> parent
+        edges += [(chains[m][0], chains[p][0]) for m, p in enumerate(parents) if p >= 0]
+        up = [_transfer(topo, a, b, 0.5) for a, b in edges]
+        down = [_transfer(topo, b, a, 0.5) for a, b in edges]
+        # NCCL's tree latency: up and down the depth (intra-machine chain, then log2 of the machines).
+        intra = max((x.latency for x in up if hop_class(topo, x.route) != "network"), default=0.0)
+        inter = max((x.latency for x in up if hop_class(topo, x.route) == "network"), default=0.0)
+        depth = max(len(c) for c in chains) - 1
+        latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
+        lanes.append((Phase(tuple(Transfer(x.route, x.share, latency) for x in up + down)),))
+    return Plan("allreduce", "tree", tuple(gpus), tuple(lanes))
+
+
+# ---- nvls -------------------------------------------------------------------------------------------------
+
+def nvls_switch(topo: Topology, gpus: list[str]) -> str | None:
+    """The NVSwitch with in-switch reduction that every GPU of the group links to directly, if any."""
+    common = None
+    for g in gpus:
+        switches = {s for s in topo.graph.successors(g) if topo.graph.nodes[s]["kind"] == "nvswitch"
+                    and topo.graph.nodes[s].get("reduce")}
+        common = switches if common is None else common & switches
+    return min(common) if common else None
+
+
+def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str) -> Plan:
+    n = len(gpus)
+    up, down = {"allreduce": ((n + 1) / n, (n + 1) / n), "reduce_scatter": (1.0, 1 / n),
+                "allgather": (1 / n, 1.0)}[op]
+    stages = 2 if op == "allreduce" else 1  # reduce then multicast, each a trip through the switch
+    transfers = []
+    for g in gpus:
+        for route, share in (((g, switch),), up), (((switch, g),), down):
+            trip = topo.route_latency([(g, switch), (switch, g)]) + HOP_LATENCY["nvlink"]
+            transfers.append(Transfer(route, share, stages * trip))
+    return Plan(op, "nvls", tuple(gpus), ((Phase(tuple(transfers)),),))
+
+
+# ---- point to point -----------------------------------------------------------------------------------------
+
+def p2p_plan(topo: Topology, op: str, gpus: list[str]) -> Plan:
+    n = len(gpus)
+    if op == "alltoall":
+        transfers = [_transfer(topo, a, b, 1 / n) for a in gpus for b in gpus if a != b]
+    else:
+        transfers = [_transfer(topo, a, b, 1.0) for a, b in zip(gpus, gpus[1:], strict=False)]
+    return Plan(op, "p2p", tuple(gpus), ((Phase(tuple(transfers)),),))
+
+
+# ---- the analytic path ------------------------------------------------------------------------------------
+
+def alpha_beta(topo: Topology, plan: Plan) -> tuple[float, float]:
+    """(alpha seconds, beta seconds per byte of S): t(S) = alpha + beta x S.
+
+    Phase k of every lane runs at the same time: its latency is the largest of its transfers', and its
+    bandwidth term the most loaded edge's (sum of the shares crossing it) / bandwidth, so links shared by
+    several ring hops, channels or trees count once per user.
+    """
+    if not plan.lanes:
+        return 0.0, 0.0
+    n_phases = {len(lane) for lane in plan.lanes}
+    if len(n_phases) != 1:
+        raise ValueError("the lanes of a plan must have the same number of phases")
+    alpha = plan.base_latency
+    beta = 0.0
+    for k in range(n_phases.pop()):
+        phases = [lane[k] for lane in plan.lanes]
+        repeat = max(p.repeat for p in phases)
+        load: dict[Edge, float] = defaultdict(float)
+        latency = 0.0
+        for phase in phases:
+            scale = phase.repeat / repeat
+            for t in phase.transfers:
+                latency = max(latency, t.latency)
+                for e in t.route:
+                    load[e] += t.share * scale
+        alpha += repeat * latency
+        beta += repeat * max((x / topo.graph.edges[e]["bandwidth"] for e, x in load.items()), default=0.0)
+    return alpha, beta

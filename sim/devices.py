@@ -1,0 +1,226 @@
+"""Device specs: peak FLOP/s per precision, memory bandwidth and capacity of the GPUs the simulator knows.
+
+Figures are dense (no structured sparsity) peaks at boost clock, per GPU. Where REFERENCE.md (the project's
+hardware table) has them they come from there; the rest are NVIDIA's datasheets / architecture whitepapers,
+cited next to each entry. ``fp16``/``bf16``/``tf32`` are tensor-core peaks with fp32 accumulation (what
+PyTorch's matmuls and cuDNN convolutions use); a precision a device lacks is simply absent.
+
+A calibrated box's CPU is a device too (:func:`cpu_device`), filled from measurement and stored as JSON
+(``"schema": "trainsim.device/1"``) inside the calibration bundle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+GIB = 2**30
+TERA = 1e12
+GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device. Units: FLOP/s, bytes/s, bytes."""
+
+    name: str
+    peak_flops: dict[str, float]  # precision -> FLOP/s
+    memory_bandwidth: float  # bytes/s, HBM/GDDR (or DRAM for a CPU)
+    memory_bytes: int
+    kind: Literal["gpu", "cpu"] = "gpu"
+    sm_count: int | None = None  # streaming multiprocessors (cores for a CPU)
+    source: str = ""  # where the figures come from
+    aliases: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self):
+        if not self.name:
+            raise TrainsimError("a device needs a name", field="name")
+        if "fp32" not in self.peak_flops:
+            raise TrainsimError("every device needs an fp32 peak", field="peak_flops.fp32")
+        for precision, value in self.peak_flops.items():
+            if precision not in PRECISIONS:
+                raise unknown_name("precision", precision, PRECISIONS, field="peak_flops")
+            if not (value > 0 and math.isfinite(value)):
+                raise TrainsimError(f"must be > 0, got {value}", field=f"peak_flops.{precision}")
+        if not (self.memory_bandwidth > 0 and math.isfinite(self.memory_bandwidth)):
+            raise TrainsimError(f"must be > 0, got {self.memory_bandwidth}", field="memory_bandwidth")
+        if self.memory_bytes <= 0:
+            raise TrainsimError(f"must be > 0, got {self.memory_bytes}", field="memory_bytes")
+
+    def peak(self, precision: str = "fp32") -> float:
+        """Peak FLOP/s at ``precision``; a precision the device lacks lists the ones it has."""
+        try:
+            return self.peak_flops[precision]
+        except KeyError:
+            raise unknown_name(f"precision on {self.name}", precision, self.peak_flops,
+                               field="precision") from None
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOPs per byte above which an fp32 kernel is compute-bound."""
+        return self.peak("fp32") / self.memory_bandwidth
+
+    def to_json_dict(self) -> dict:
+        """The JSON form (units in field names), e.g. for a calibration bundle."""
+        return DeviceFile(
+            name=self.name, kind=self.kind,
+            peak_tflops={k: v / TERA for k, v in self.peak_flops.items()},
+            memory_bandwidth_gbps=self.memory_bandwidth / GIGA, memory_bytes=self.memory_bytes,
+            sm_count=self.sm_count, source=self.source or None,
+        ).model_dump(mode="json", by_alias=True)
+
+    def summary(self) -> dict:
+        record = asdict(self)
+        record.pop("aliases")
+        return record
+
+
+class DeviceFile(BaseModel):
+    """The JSON form of a :class:`DeviceSpec` (``"schema": "trainsim.device/1"``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: Literal["trainsim.device/1"] = Field(default="trainsim.device/1", alias="schema")
+    name: str = Field(min_length=1)
+    kind: Literal["gpu", "cpu"] = "gpu"
+    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16"], float]
+    memory_bandwidth_gbps: float = Field(gt=0)
+    memory_bytes: int = Field(gt=0)
+    sm_count: int | None = Field(default=None, ge=1)
+    source: str | None = None
+
+
+def device_from_json(data: dict, *, file: str | None = None) -> DeviceSpec:
+    """A :class:`DeviceSpec` from its JSON form; bad input names the file and field."""
+    try:
+        parsed = DeviceFile.model_validate(data)
+    except ValidationError as exc:
+        error = from_validation_error(exc, file=file)
+        if error.field and error.field.endswith(".[key]"):  # pydantic's loc for a bad dict key
+            field = error.field.removesuffix(".[key]")
+            message = str(error).removeprefix(f"{file}: " if file else "").removeprefix(f"{error.field}: ")
+            raise TrainsimError(message, file=file, field=field) from None
+        raise error from None
+    try:
+        return DeviceSpec(name=parsed.name, kind=parsed.kind,
+                          peak_flops={k: v * TERA for k, v in parsed.peak_tflops.items()},
+                          memory_bandwidth=parsed.memory_bandwidth_gbps * GIGA,
+                          memory_bytes=parsed.memory_bytes, sm_count=parsed.sm_count,
+                          source=parsed.source or "")
+    except TrainsimError as exc:
+        # name the field as the JSON spells it
+        field = exc.field.replace("peak_flops", "peak_tflops") if exc.field else None
+        raise TrainsimError(str(exc).removeprefix(f"{exc.field}: "), file=file, field=field) from None
+
+
+def cpu_device(cores: int, flops_per_core: float, mem_bandwidth: float, *, name: str = "cpu",
+               memory_bytes: int | None = None, source: str = "measured") -> DeviceSpec:
+    """The CPU of a calibrated box as a device: ``cores`` x ``flops_per_core`` fp32 FLOP/s, DRAM bandwidth."""
+    if cores < 1:
+        raise TrainsimError(f"must be >= 1, got {cores}", field="cores")
+    if memory_bytes is None:
+        try:
+            import os
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            memory_bytes = 16 * GIB
+    return DeviceSpec(name=name, kind="cpu", peak_flops={"fp32": cores * flops_per_core},
+                      memory_bandwidth=mem_bandwidth, memory_bytes=memory_bytes, sm_count=cores,
+                      source=source)
+
+
+def _gpu(name, fp32, bandwidth_gbps, memory_gib, sm_count, source, *, aliases=(), **tensor_tflops):
+    peaks = {"fp32": fp32 * TERA, **{k: v * TERA for k, v in tensor_tflops.items()}}
+    return DeviceSpec(name=name, peak_flops=peaks, memory_bandwidth=bandwidth_gbps * GIGA,
+                      memory_bytes=int(memory_gib * GIB), sm_count=sm_count, source=source,
+                      aliases=tuple(aliases))
+
+
+_REF = "REFERENCE.md"
+_SPECS = [
+    # K80 is two GK210s on one board; one GK210 is one CUDA device: 4.37 TFLOP/s boost, 240 GB/s, 12 GB
+    # (NVIDIA Tesla K80 datasheet: 8.73 TFLOP/s, 480 GB/s, 24 GB per board). No fast fp16.
+    _gpu("k80", 4.37, 240, 12, 13, f"{_REF}; Tesla K80 datasheet (per GK210)", aliases=("tesla k80",)),
+    # P100 SXM2: 10.6 fp32, 21.2 fp16 (no tensor cores), 732 GB/s, 16 GB; 56 SMs (P100 whitepaper)
+    _gpu("p100", 10.6, 732, 16, 56, f"{_REF}; Tesla P100 datasheet (SXM2)", fp16=21.2,
+         aliases=("p100-sxm2", "tesla p100")),
+    # V100 SXM2: 15.7 fp32, 125 fp16 tensor, 900 GB/s, 16/32 GB, 80 SMs (V100 datasheet)
+    _gpu("v100-16gb", 15.7, 900, 16, 80, f"{_REF}; Tesla V100 SXM2 datasheet", fp16=125,
+         aliases=("v100", "v100-sxm2-16gb")),
+    _gpu("v100-32gb", 15.7, 900, 32, 80, f"{_REF}; Tesla V100 SXM2 datasheet", fp16=125,
+         aliases=("v100-sxm2-32gb",)),
+    # A100 SXM4: 19.5 fp32, 156 tf32, 312 fp16/bf16; 40 GB at 1555 GB/s, 80 GB at 2039 GB/s; 108 SMs
+    _gpu("a100-40gb", 19.5, 1555, 40, 108, f"{_REF}; A100 datasheet (SXM4 40GB)", tf32=156, fp16=312,
+         bf16=312, aliases=("a100", "a100-sxm4-40gb")),
+    _gpu("a100-80gb", 19.5, 2039, 80, 108, f"{_REF}; A100 datasheet (SXM4 80GB)", tf32=156, fp16=312,
+         bf16=312, aliases=("a100-sxm4-80gb",)),
+    # H100 SXM5: 67 fp32, 495 tf32 (989 with sparsity), 990 fp16/bf16 dense, 3.35 TB/s, 80 GB, 132 SMs
+    _gpu("h100-sxm", 67, 3350, 80, 132, f"{_REF}; H100 datasheet (SXM5)", tf32=495, fp16=990, bf16=990,
+         aliases=("h100", "h100-sxm5", "h100-80gb")),
+    # H100 PCIe: 51 fp32, 378 tf32, 756 fp16/bf16 dense, 2.0 TB/s, 80 GB, 114 SMs (H100 datasheet)
+    _gpu("h100-pcie", 51, 2000, 80, 114, "H100 datasheet (PCIe)", tf32=378, fp16=756, bf16=756),
+    # H200 SXM: H100's compute with 141 GB HBM3e at 4.8 TB/s (H200 datasheet)
+    _gpu("h200", 67, 4800, 141, 132, "H200 datasheet (SXM)", tf32=495, fp16=990, bf16=990,
+         aliases=("h200-sxm",)),
+    # RTX 4090: 82.6 fp32; tensor with fp32 accumulate 82.6 tf32, 165.2 fp16/bf16 (Ada whitepaper,
+    # Appendix A); 1008 GB/s GDDR6X, 24 GB, 128 SMs
+    _gpu("rtx4090", 82.6, 1008, 24, 128, "NVIDIA Ada GPU architecture whitepaper, RTX 4090", tf32=82.6,
+         fp16=165.2, bf16=165.2, aliases=("geforce rtx 4090", "4090")),
+    # RTX 3090: 35.6 fp32; tensor with fp32 accumulate 35.6 tf32, 71 fp16/bf16 (Ampere GA102 whitepaper);
+    # 936 GB/s GDDR6X, 24 GB, 82 SMs
+    _gpu("rtx3090", 35.6, 936, 24, 82, "NVIDIA Ampere GA102 whitepaper, RTX 3090", tf32=35.6, fp16=71,
+         bf16=71, aliases=("geforce rtx 3090", "3090")),
+    # T4: 8.1 fp32, 65 fp16 tensor (mixed), 320 GB/s, 16 GB, 40 SMs (T4 datasheet); no tf32/bf16 (Turing)
+    _gpu("t4", 8.1, 320, 16, 40, "Tesla T4 datasheet", fp16=65, aliases=("tesla t4",)),
+]
+
+DEVICES: dict[str, DeviceSpec] = {spec.name: spec for spec in _SPECS}
+_ALIASES = {alias.lower(): spec.name for spec in _SPECS for alias in (spec.name, *spec.aliases)}
+
+
+def list_devices() -> list[str]:
+    """Canonical names of the built-in device specs."""
+    return list(DEVICES)
+
+
+def get_device(name: str | DeviceSpec) -> DeviceSpec:
+    """A built-in spec by name or alias, case-insensitive (a ``DeviceSpec`` passes through)."""
+    if isinstance(name, DeviceSpec):
+        return name
+    key = str(name).strip().lower()
+    if key in _ALIASES:
+        return DEVICES[_ALIASES[key]]
+    raise unknown_name("device", str(name), DEVICES, field="device")
+
+
+def match_cuda_name(cuda_name: str, memory_bytes: int | None = None) -> DeviceSpec | None:
+    """The built-in spec for a name as ``torch.cuda.get_device_name`` reports it, or None.
+
+    E.g. "NVIDIA A100-SXM4-80GB" -> a100-80gb, "Tesla V100-SXM2-16GB" -> v100-16gb. When the name does not
+    say the memory size, ``memory_bytes`` (total device memory) picks the variant.
+    """
+    text = cuda_name.lower()
+    families = [("h200", ["h200"]), ("h100", ["h100-pcie"] if "pcie" in text else ["h100-sxm"]),
+                ("a100", ["a100-40gb", "a100-80gb"]), ("v100", ["v100-16gb", "v100-32gb"]),
+                ("p100", ["p100"]), ("k80", ["k80"]), ("4090", ["rtx4090"]), ("3090", ["rtx3090"]),
+                ("t4", ["t4"])]
+    for token, candidates in families:
+        if token == "t4" and not any(word == "t4" for word in text.replace("-", " ").split()):
+            continue
+        if token in text:
+            if len(candidates) == 1:
+                return DEVICES[candidates[0]]
+            for candidate in candidates:
+                if candidate.split("-")[-1] in text:
+                    return DEVICES[candidate]
+            if memory_bytes is not None:
+                # nearest capacity (the driver reports a little less than the nominal size)
+                return min((DEVICES[c] for c in candidates), key=lambda s: abs(s.memory_bytes - memory_bytes))
+            return DEVICES[candidates[0]]
+    return None

@@ -1,0 +1,502 @@
+"""Read PyTorch profiler (Kineto) Chrome traces into compact records.
+
+One file per rank, plain JSON or gzip. Traces can be hundreds of MB, so the ``traceEvents`` array is
+decoded one event at a time from a bounded text buffer and each event is turned into a small slotted
+record at once: the raw JSON text and a parsed copy of the whole document are never held together.
+
+Times in the records are seconds since the earliest complete event of the file (``origin_us`` keeps the
+Kineto microsecond origin, ``base_time_ns`` the offset that turns Kineto times into Unix time).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainsim.errors import TrainsimError
+
+# Bytes per element of the dtypes NCCL kernels and c10d ops name in their args.
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+    "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+# Kineto category names, new (lower_case) and old (PyTorch <= 1.9 Title case) spellings.
+_CPU_OP = {"cpu_op", "operator"}
+_RUNTIME = {"cuda_runtime", "runtime", "cuda_driver"}
+_ANNOTATION = {"user_annotation", "python_function"}
+_KERNEL = {"kernel"}
+_MEMCPY = {"gpu_memcpy", "memcpy"}
+_MEMSET = {"gpu_memset", "memset"}
+_SYNC = {"cuda_sync"}
+
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_COPY_KIND_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
+_COPY_KIND = {"HtoD": "H2D", "DtoH": "D2H", "DtoD": "D2D", "PtoP": "P2P", "HtoH": "H2H"}
+_NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_CHUNK_CHARS = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """What an NCCL kernel (or the c10d op around it) says about its collective."""
+
+    op: str                        # "allreduce", "broadcast", ... (lower case, no separators)
+    nelems: int | None = None      # input message elements, None when the trace does not carry them
+    dtype: str | None = None
+    group_size: int | None = None
+    group: str | None = None       # process group name
+    ranks: tuple[int, ...] | None = None
+
+    @property
+    def nbytes(self) -> int | None:
+        """Input message size in bytes, None when unknown."""
+        width = DTYPE_BYTES.get((self.dtype or "").lower())
+        if self.nelems is None or width is None:
+            return None
+        return self.nelems * width
+
+
+@dataclass(slots=True)
+class CpuEvent:
+    """A complete ('X') event on a CPU thread: an op, an annotation or a CUDA runtime call."""
+
+    kind: str            # "cpu_op" | "runtime" | "annotation"
+    name: str
+    pid: int | str
+    tid: int | str
+    ts: float            # seconds since the trace origin
+    dur: float           # seconds
+    correlation: int | None = None
+    collective: Collective | None = None
+
+
+@dataclass(slots=True)
+class GpuEvent:
+    """A kernel, memcpy or memset on a GPU stream."""
+
+    kind: str            # "kernel" | "collective" | "memcpy" | "memset"
+    name: str
+    device: int
+    stream: int
+    ts: float
+    dur: float
+    correlation: int | None = None
+    nbytes: int | None = None
+    copy_kind: str | None = None     # "H2D" | "D2H" | "D2D" | "P2P" | "H2H" for memcpys
+    pinned: bool | None = None       # host side pinned (True) or pageable (False); None if not a host copy
+    collective: Collective | None = None
+
+
+@dataclass(slots=True)
+class SyncEvent:
+    """A CUDA synchronisation seen by CUPTI (traces recorded with ``enable_cuda_sync_events``)."""
+
+    sync_kind: str                   # "Stream Wait Event" | "Event Sync" | "Stream Sync" | "Context Sync"
+    device: int
+    stream: int
+    correlation: int | None
+    wait_on_stream: int | None = None
+    wait_on_record_correlation: int | None = None
+
+
+@dataclass(slots=True)
+class Step:
+    """A ``ProfilerStep#N`` span on a CPU thread."""
+
+    number: int
+    pid: int | str
+    tid: int | str
+    ts: float
+    dur: float
+
+
+@dataclass
+class KinetoTrace:
+    """One rank's trace, reduced to what a replay needs."""
+
+    path: str
+    rank: int
+    rank_source: str                 # "distributedInfo" | "file name" | "assumed"
+    world_size: int | None
+    origin_us: float
+    base_time_ns: int | None
+    devices: dict[int, str]
+    nccl_version: str | None
+    process_groups: list[dict]
+    cpu_events: list[CpuEvent]
+    gpu_events: list[GpuEvent]
+    syncs: list[SyncEvent]
+    steps: list[Step]
+    thread_names: dict[tuple, str] = field(default_factory=dict)
+    flows: dict[int, tuple] = field(default_factory=dict)   # ac2g flow id -> (pid, tid, ts) of its start
+    span_s: float = 0.0
+
+    def wall_window_ns(self) -> tuple[float, float] | None:
+        """(start, end) of the trace in Unix nanoseconds, when the trace carries its time base."""
+        if self.base_time_ns is None:
+            return None
+        start = self.base_time_ns + self.origin_us * 1e3
+        return start, start + self.span_s * 1e9
+
+
+# ---------------------------------------------------------------- streaming JSON reading
+
+class _TextStream:
+    """Decode one JSON value at a time from a text stream, keeping a bounded buffer."""
+
+    def __init__(self, fh: io.TextIOBase, name: str):
+        self.fh, self.name = fh, name
+        self.buf, self.pos, self.eof, self.consumed = "", 0, False, 0
+        self.decoder = json.JSONDecoder()
+
+    def _fill(self, want: int = _CHUNK_CHARS) -> bool:
+        if self.eof:
+            return False
+        if self.pos > _CHUNK_CHARS:          # drop what was consumed, so the buffer stays bounded
+            self.consumed += self.pos
+            self.buf, self.pos = self.buf[self.pos:], 0
+        chunk = self.fh.read(want)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf += chunk
+        return True
+
+    def peek(self) -> str:
+        """The next non-blank character ('' at the end of the input)."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                return ""
+
+    def expect(self, chars: str, what: str) -> str:
+        ch = self.peek()
+        if ch == "" or ch not in chars:
+            found = "the end of the file" if ch == "" else repr(ch)
+            raise TrainsimError(f"not a Kineto trace: expected {what}, found {found} at character "
+                                f"{self.consumed + self.pos} (truncated or not a trace?)", file=self.name)
+        self.pos += 1
+        return ch
+
+    def value(self):
+        """Decode the next JSON value; read more input while it is incomplete."""
+        self.peek()
+        while True:
+            try:
+                obj, end = self.decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if self._fill(max(_CHUNK_CHARS, len(self.buf))):
+                    continue
+                raise TrainsimError(f"not valid JSON near character {self.consumed + exc.pos}: {exc.msg} "
+                                    "(truncated file?)", file=self.name) from None
+            # A number at the very end of the buffer may continue in the next chunk.
+            if end == len(self.buf) and self._fill():
+                continue
+            self.pos = end
+            return obj
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    with open(path, "rb") as raw:
+        magic = raw.read(2)
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _read_document(path: Path, on_event: Callable[[dict], None]) -> dict:
+    """Stream the top-level object: call on_event for each trace event, return the other keys."""
+    name = str(path)
+    meta: dict = {}
+    saw_events = False
+    try:
+        with _open_text(path) as fh:
+            stream = _TextStream(fh, name)
+            stream.expect("{", "a JSON object with 'traceEvents'")
+            if stream.peek() == "}":
+                stream.pos += 1
+            else:
+                while True:
+                    key = stream.value()
+                    if not isinstance(key, str):
+                        raise TrainsimError("not valid JSON: object key is not a string", file=name)
+                    stream.expect(":", "':'")
+                    if key == "traceEvents":
+                        saw_events = True
+                        stream.expect("[", "the traceEvents array")
+                        if stream.peek() == "]":
+                            stream.pos += 1
+                        else:
+                            while True:
+                                event = stream.value()
+                                if isinstance(event, dict):
+                                    on_event(event)
+                                if stream.expect(",]", "',' or ']' in traceEvents") == "]":
+                                    break
+                    else:
+                        meta[key] = stream.value()
+                    if stream.expect(",}", "',' or '}'") == "}":
+                        break
+            if stream.peek() != "":
+                raise TrainsimError("not valid JSON: extra data after the trace object", file=name)
+    except FileNotFoundError:
+        raise TrainsimError("no such file", file=name) from None
+    except IsADirectoryError:
+        raise TrainsimError("is a directory, not a trace file", file=name) from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise TrainsimError(f"truncated or corrupt gzip file ({exc})", file=name) from None
+    except UnicodeDecodeError:
+        raise TrainsimError("not a Kineto trace: not UTF-8 text (a binary file?)", file=name) from None
+    if not saw_events:
+        raise TrainsimError("not a Kineto trace: the JSON object has no 'traceEvents'", file=name)
+    return meta
+
+
+# ---------------------------------------------------------------- event conversion
+
+def _as_int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _parse_ranks(value) -> tuple[int, ...] | None:
+    if isinstance(value, list):
+        items = value
+    elif isinstance(value, str):
+        try:
+            items = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    else:
+        return None
+    if not isinstance(items, list):
+        return None
+    ranks = tuple(r for r in (_as_int(x) for x in items) if r is not None)
+    return ranks or None
+
+
+def collective_from_args(args: dict, kernel_name: str = "") -> Collective | None:
+    """The collective an NCCL kernel or c10d op describes, from its args or its kernel name."""
+    op = args.get("Collective name")
+    if not op:
+        match = _NCCL_KERNEL_RE.match(kernel_name)
+        if not match:
+            return None
+        op = match.group(1)
+    nelems = _as_int(args.get("In msg nelems"))
+    return Collective(
+        op=str(op).lower().replace("_", "").replace("-", ""),
+        nelems=nelems if nelems is not None and nelems >= 0 else None,
+        dtype=str(args["dtype"]) if args.get("dtype") is not None else None,
+        group_size=_as_int(args.get("Group size")),
+        group=str(args["Process Group Name"]) if args.get("Process Group Name") is not None else None,
+        ranks=_parse_ranks(args.get("Process Group Ranks")),
+    )
+
+
+class _Collector:
+    """Turns raw event dicts into records as they stream past."""
+
+    def __init__(self):
+        self.cpu: list[CpuEvent] = []
+        self.gpu: list[GpuEvent] = []
+        self.syncs: list[SyncEvent] = []
+        self.steps: list[Step] = []
+        self.thread_names: dict[tuple, str] = {}
+        self.flows: dict[int, tuple] = {}
+        self.flow_ends: dict[tuple, int] = {}             # (pid, tid, ts) of an ac2g flow's end -> its id
+        self.unlinked: list[tuple[GpuEvent, tuple]] = []  # GPU events without a correlation arg
+        self.min_ts = float("inf")
+        self.max_end = float("-inf")
+
+    def __call__(self, ev: dict) -> None:
+        ph = ev.get("ph")
+        if ph == "X":
+            self._complete(ev)
+        elif ph == "s" and ev.get("cat") == "ac2g":
+            flow_id = _as_int(ev.get("id"))
+            if flow_id is not None:
+                self.flows[flow_id] = (ev.get("pid"), ev.get("tid"), ev.get("ts"))
+        elif ph == "f" and ev.get("cat") == "ac2g":
+            flow_id = _as_int(ev.get("id"))
+            if flow_id is not None:
+                self.flow_ends[(ev.get("pid"), ev.get("tid"), ev.get("ts"))] = flow_id
+        elif ph == "M" and ev.get("name") == "thread_name":
+            name = (ev.get("args") or {}).get("name")
+            if name:
+                self.thread_names[(ev.get("pid"), ev.get("tid"))] = str(name).strip()
+
+    def _complete(self, ev: dict) -> None:
+        cat = str(ev.get("cat", "")).lower()
+        ts, dur = ev.get("ts"), ev.get("dur", 0)
+        if not isinstance(ts, int | float) or not isinstance(dur, int | float):
+            return
+        args = ev.get("args") or {}
+        name = str(ev.get("name", ""))
+        kind = None
+        if cat in _KERNEL:
+            collective = collective_from_args(args, name) if name.startswith("nccl") else None
+            kind = "collective" if collective else "kernel"
+            self.gpu.append(self._gpu(kind, ev, args, name, ts, dur, collective=collective))
+        elif cat in _MEMCPY:
+            match = _COPY_KIND_RE.search(name)
+            copy_kind = _COPY_KIND[match.group(1)] if match else None
+            pinned = None
+            if copy_kind in ("H2D", "D2H"):
+                pinned = "Pinned" in name if ("Pinned" in name or "Pageable" in name) else None
+            self.gpu.append(self._gpu("memcpy", ev, args, name, ts, dur, copy_kind=copy_kind, pinned=pinned))
+            kind = "memcpy"
+        elif cat in _MEMSET:
+            self.gpu.append(self._gpu("memset", ev, args, name, ts, dur))
+            kind = "memset"
+        elif cat in _SYNC:
+            self.syncs.append(SyncEvent(
+                sync_kind=str(args.get("cuda_sync_kind", name)), device=_as_int(args.get("device")) or 0,
+                stream=_as_int(args.get("stream")) or 0, correlation=_as_int(args.get("correlation")),
+                wait_on_stream=_as_int(args.get("wait_on_stream")),
+                wait_on_record_correlation=_as_int(args.get("wait_on_cuda_event_record_corr_id"))))
+            return
+        elif cat in _RUNTIME or cat in _CPU_OP or cat == "user_annotation" or cat == "python_function":
+            kind = "runtime" if cat in _RUNTIME else "cpu_op" if cat in _CPU_OP else "annotation"
+            collective = collective_from_args(args) if "Collective name" in args else None
+            self.cpu.append(CpuEvent(kind, name, ev.get("pid"), ev.get("tid"), ts, dur,
+                                     correlation=_as_int(args.get("correlation")), collective=collective))
+            match = _STEP_RE.match(name)
+            if match:
+                self.steps.append(Step(int(match.group(1)), ev.get("pid"), ev.get("tid"), ts, dur))
+        if kind is not None:
+            self.min_ts = min(self.min_ts, ts)
+            self.max_end = max(self.max_end, ts + dur)
+
+    def link_flows(self) -> None:
+        """Old traces without correlation args: take the id of the ac2g flow that ends on the op."""
+        for g, key in self.unlinked:
+            g.correlation = self.flow_ends.get(key)
+        self.unlinked.clear()
+        self.flow_ends.clear()
+
+    def _gpu(self, kind, ev, args, name, ts, dur, **extra) -> GpuEvent:
+        device = _as_int(args.get("device"))
+        if device is None:
+            device = _as_int(ev.get("pid")) or 0
+        stream = _as_int(args.get("stream"))
+        if stream is None:
+            stream = _as_int(ev.get("tid")) or 0
+        nbytes = _as_int(args.get("bytes"))
+        g = GpuEvent(kind, name, device, stream, ts, dur, correlation=_as_int(args.get("correlation")),
+                     nbytes=nbytes, **extra)
+        if g.correlation is None:
+            self.unlinked.append((g, (ev.get("pid"), ev.get("tid"), ts)))
+        return g
+
+
+def _rank_of(path: Path, meta: dict, single_file: bool) -> tuple[int, str, int | None]:
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict) and _as_int(info.get("rank")) is not None:
+        return _as_int(info["rank"]), "distributedInfo", _as_int(info.get("world_size"))
+    match = _RANK_IN_NAME_RE.search(path.name)
+    if match:
+        return int(match.group(1)), "file name", None
+    if single_file:
+        return 0, "assumed", None
+    raise TrainsimError("cannot tell which rank this trace is: it has no distributedInfo and the file name "
+                        "has no 'rank<N>' in it (rename it, e.g. trace_rank3.json.gz)", file=str(path))
+
+
+def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
+    """Read one Kineto trace file (plain JSON or gzip).
+
+    The rank comes from ``distributedInfo``, else from ``rank<N>`` in the file name; a lone file without
+    either is taken as rank 0, several such files are an error.
+    """
+    path = Path(path)
+    collect = _Collector()
+    meta = _read_document(path, collect)
+    collect.link_flows()
+    name = str(path)
+    if not collect.gpu:
+        raise TrainsimError("the trace has no GPU events (kernels, memcpys, memsets): record it with "
+                            "ProfilerActivity.CUDA", file=name)
+    rank, rank_source, world_size = _rank_of(path, meta, single_file)
+    origin = collect.min_ts
+
+    def rel(t: float) -> float:
+        return (t - origin) * 1e-6
+
+    for e in collect.cpu:
+        e.ts, e.dur = rel(e.ts), e.dur * 1e-6
+    for g in collect.gpu:
+        g.ts, g.dur = rel(g.ts), g.dur * 1e-6
+    for s in collect.steps:
+        s.ts, s.dur = rel(s.ts), s.dur * 1e-6
+    flows = {k: (pid, tid, rel(ts)) for k, (pid, tid, ts) in collect.flows.items()
+             if isinstance(ts, int | float)}
+    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    devices = {}
+    for prop in meta.get("deviceProperties") or []:
+        if isinstance(prop, dict) and _as_int(prop.get("id")) is not None:
+            devices[_as_int(prop["id"])] = str(prop.get("name", ""))
+    base = _as_int(meta.get("baseTimeNanoseconds"))
+    return KinetoTrace(
+        path=name, rank=rank, rank_source=rank_source, world_size=world_size, origin_us=origin,
+        base_time_ns=base, devices=devices, nccl_version=info.get("nccl_version"),
+        process_groups=list(info.get("pg_config") or []),
+        cpu_events=collect.cpu, gpu_events=collect.gpu, syncs=collect.syncs,
+        steps=sorted(collect.steps, key=lambda s: s.ts), thread_names=collect.thread_names, flows=flows,
+        span_s=rel(collect.max_end))
+
+
+def load_traces(paths: Iterable[str | Path]) -> list[KinetoTrace]:
+    """Read the per-rank files of one run, sorted by rank, and check that they belong together."""
+    paths = list(paths)
+    if not paths:
+        raise TrainsimError("no trace files given")
+    traces = [load_trace(p, single_file=len(paths) == 1) for p in paths]
+    check_same_run(traces)
+    return sorted(traces, key=lambda t: t.rank)
+
+
+def check_same_run(traces: list[KinetoTrace]) -> None:
+    """Several files must be distinct ranks of one run, profiled at the same time."""
+    if len(traces) < 2:
+        return
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.rank in seen:
+            raise TrainsimError(f"rank {t.rank} appears twice ({seen[t.rank]} and {t.path}): traces from "
+                                "different runs mixed together?", file=t.path)
+        seen[t.rank] = t.path
+    sizes = {t.world_size for t in traces if t.world_size is not None}
+    if len(sizes) > 1:
+        raise TrainsimError(f"traces from different runs mixed together: world sizes {sorted(sizes)}",
+                            file=traces[-1].path)
+    for t in traces:
+        if t.world_size is not None and t.rank >= t.world_size:
+            raise TrainsimError(f"rank {t.rank} is outside world size {t.world_size}", file=t.path)
+    nccl = {t.nccl_version for t in traces if t.nccl_version}
+    if len(nccl) > 1:
+        raise TrainsimError(f"traces from different runs mixed together: NCCL versions {sorted(nccl)}",
+                            file=traces[-1].path)
+    windows = [(t, t.wall_window_ns()) for t in traces]
+    windows = [(t, w) for t, w in windows if w is not None]
+    if len(windows) > 1:
+        start = max(w[0] for _, w in windows)
+        end = min(w[1] for _, w in windows)
+        if start > end:
+            late = max(windows, key=lambda tw: tw[1][0])[0]
+            raise TrainsimError("traces from different runs mixed together: their recording windows do not "
+                                "overlap in time", file=late.path)

@@ -1,0 +1,207 @@
+"""The machine: GPUs (streams, copy engines, a communication channel, memory), host sockets (cores, DRAM) and
+the flow network of the topology's links, inside one SimPy environment.
+
+Everything that moves bytes is a flow on a topology route, so transfers contend where they share a link.
+
+- A GPU has a compute stream, an H2D and a D2H copy engine and a communication channel, each a
+  ``simpy.Resource`` of capacity 1 (work on one stream is serial; different streams overlap, as with CUDA
+  streams and NCCL's own stream), and a `MemoryTracker`.
+- A host socket has its cores as a ``simpy.Resource(capacity=cores)``; data preparation, pageable-copy
+  staging and CPU-side optimizer work each hold a core for their duration. Its DRAM is the ``cpuX.dram``
+  node of the topology, joined to the socket by a link with the DRAM bandwidth: host buffers live there, so
+  copies from and to host memory load that link.
+- Pinned copies are DMA: a flow at whatever the links give. A pageable copy is staged by a CPU core through a
+  pinned bounce buffer: the core is held for the whole copy and the flow is capped at the rate one core
+  copies memory, ``PAGEABLE_COPY_RATE`` = 10.5 GB/s, REFERENCE.md's pageable figure on PCIe Gen4 (where the
+  link, at 25.8 GB/s pinned, is not what limits it: the CPU memcpy is).
+
+Every piece of work is recorded as an `Op` (what, where, when, how many bytes, which route) for the result,
+the flat records and the trace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import simpy
+
+from .devices import DeviceSpec, get_device
+from .flows import FlowNetwork
+from .memory import MemoryTracker
+
+PAGEABLE_COPY_RATE = 10.5e9  # bytes/s: one core staging pageable memory (REFERENCE.md, PCIe Gen4 pageable)
+STREAMS = ("compute", "h2d", "d2h", "comm")
+
+#: breakdown categories of ops (see result.py): compute > communication > host-device transfer > data
+COMPUTE, COMM, TRANSFER, DATA = "compute", "communication", "transfer", "data"
+
+
+@dataclass
+class Op:
+    """One piece of work on one resource: a kernel, a copy, a collective, data preparation."""
+
+    iteration: int
+    resource: str  # a GPU or cpu node name
+    stream: str  # compute | h2d | d2h | comm | data (GPUs); cores (hosts)
+    op: str  # forward, backward, optimizer, h2d_input, allreduce, data_prep, data_wait, ...
+    start: float
+    end: float
+    category: str | None = None  # for the breakdown; None: not counted (host-side work)
+    layer: str | None = None
+    nbytes: float = 0.0
+    route: tuple = ()
+    peer: str | None = None  # the other GPU of a peer copy (counts for its breakdown too)
+    args: dict = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Gpu:
+    def __init__(self, env: simpy.Environment, name: str, index: int, device: DeviceSpec, capacity: float,
+                 host_memory: str, *, record_memory: bool = True):
+        self.name = name
+        self.index = index
+        self.device = device
+        self.host_memory = host_memory
+        self.streams = {s: simpy.Resource(env, capacity=1) for s in STREAMS}
+        self.memory = MemoryTracker(capacity, name, record=record_memory)
+
+
+class Host:
+    def __init__(self, env: simpy.Environment, name: str, cores: int, dram: str, dram_bandwidth: float):
+        self.name = name
+        self.dram = dram
+        self.dram_bandwidth = dram_bandwidth
+        self.num_cores = cores
+        self.cores = simpy.Resource(env, capacity=cores)
+
+
+class Machine:
+    """GPUs, hosts and the flow network of one topology. ``devices`` maps a GPU spec name to a DeviceSpec
+    when the built-in library does not know it (a calibrated box)."""
+
+    def __init__(self, topology, env: simpy.Environment | None = None, *, devices: dict | None = None,
+                 record_link_rates: bool = True, record_flows: bool = True, record_memory: bool = True):
+        self.env = env or simpy.Environment()
+        self.topology = topology
+        self.net = FlowNetwork.from_topology(self.env, topology, record_link_rates=record_link_rates,
+                                             record_flows=record_flows)
+        devices = {k.lower(): v for k, v in (devices or {}).items()}
+        self.gpus: dict[str, Gpu] = {}
+        for i, name in enumerate(topology.gpus):
+            spec_name = topology.gpu_spec(name)
+            device = devices.get(spec_name.lower()) or get_device(spec_name)
+            self.gpus[name] = Gpu(self.env, name, i, device, topology.gpu_memory(name),
+                                  topology.host_memory(name), record_memory=record_memory)
+        self.hosts: dict[str, Host] = {}
+        for cpu in topology.cpus:
+            attrs = topology.graph.nodes[cpu]
+            self.hosts[cpu] = Host(self.env, cpu, attrs["cores"], attrs["dram"], attrs["dram_bandwidth"])
+        self._host_of_dram = {h.dram: h for h in self.hosts.values()}
+        self.ops: list[Op] = []
+
+    # ---- lookups --------------------------------------------------------------------------------------
+    def gpu(self, index_or_name: int | str) -> Gpu:
+        if isinstance(index_or_name, int):
+            return self.gpus[self.topology.gpus[index_or_name]]
+        return self.gpus[index_or_name]
+
+    def host_of(self, gpu: str) -> Host:
+        return self._host_of_dram[self.gpus[gpu].host_memory]
+
+    def host_by_dram(self, dram: str) -> Host:
+        return self._host_of_dram[dram]
+
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    def record(self, **kwargs) -> Op:
+        op = Op(**kwargs)
+        self.ops.append(op)
+        return op
+
+    # ---- work -----------------------------------------------------------------------------------------
+    def run(self, gpu: str, stream: str, duration: float, *, op: str, iteration: int, layer: str | None = None,
+            category: str | None = COMPUTE, **args):
+        """A SimPy process body: ``duration`` seconds of work on a GPU stream (waits for the stream)."""
+        with self.gpus[gpu].streams[stream].request() as req:
+            yield req
+            start = self.env.now
+            if duration > 0:
+                yield self.env.timeout(duration)
+            self.record(iteration=iteration, resource=gpu, stream=stream, op=op, start=start, end=self.env.now,
+                        category=category, layer=layer, args=args)
+
+    def transfer(self, legs: list[list], nbytes: float, *, gpu: str, stream: str, op: str, iteration: int,
+                 category: str, peer: str | None = None, pinned: bool = True, host: Host | None = None,
+                 tag: str | None = None):
+        """A process body: move ``nbytes`` over ``legs`` (routes done one after the other, e.g. staged through
+        host memory) holding ``gpu``'s ``stream`` engine; pageable copies also hold a core of ``host``."""
+        with self.gpus[gpu].streams[stream].request() as req:
+            yield req
+            start = self.env.now
+            core = None
+            if not pinned and host is not None:
+                core = host.cores.request()
+                yield core
+            max_rate = math.inf if pinned else PAGEABLE_COPY_RATE
+            for leg in legs:
+                yield self.net.transfer(leg, nbytes, max_rate=max_rate, tag=tag or f"it{iteration}:{op}:{gpu}")
+            if core is not None:
+                host.cores.release(core)
+                self.record(iteration=iteration, resource=host.name, stream="cores", op=f"{op}_staging",
+                            start=start, end=self.env.now, category=None, nbytes=nbytes)
+            route = tuple(edge for leg in legs for edge in leg)
+            self.record(iteration=iteration, resource=gpu, stream=stream, op=op, start=start, end=self.env.now,
+                        category=category, nbytes=nbytes, route=route, peer=peer,
+                        args={"pinned": pinned} if host is not None else {})
+
+    def h2d(self, gpu: str, nbytes: float, *, iteration: int, op: str = "h2d_input", pinned: bool = True,
+            src: str | None = None, category: str = TRANSFER):
+        """Host memory (``src``, default the GPU's nearest DRAM) to a GPU on its H2D engine."""
+        src = src or self.gpus[gpu].host_memory
+        route = self.topology.route(src, gpu)
+        yield from self.transfer([route], nbytes, gpu=gpu, stream="h2d", op=op, iteration=iteration,
+                                 category=category, pinned=pinned, host=self.host_by_dram(src))
+
+    def d2h(self, gpu: str, nbytes: float, *, iteration: int, op: str = "d2h", pinned: bool = True,
+            dst: str | None = None, category: str = TRANSFER):
+        """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine."""
+        dst = dst or self.gpus[gpu].host_memory
+        route = self.topology.route(gpu, dst)
+        yield from self.transfer([route], nbytes, gpu=gpu, stream="d2h", op=op, iteration=iteration,
+                                 category=category, pinned=pinned, host=self.host_by_dram(dst))
+
+    def peer_copy(self, src: str, dst: str, nbytes: float, *, iteration: int, op: str, engine_gpu: str,
+                  stream: str, category: str = COMM):
+        """GPU to GPU (P2P, or staged through host memory where the topology has no P2P) on the engine of
+        ``engine_gpu``; counts for both GPUs' breakdowns."""
+        legs = self.topology.gpu_copy_legs(src, dst)
+        peer = dst if engine_gpu == src else src
+        yield from self.transfer(legs, nbytes, gpu=engine_gpu, stream=stream, op=op, iteration=iteration,
+                                 category=category, peer=peer)
+
+    def host_work(self, host: Host, duration: float, *, cores: int = 1, op: str, iteration: int, **args):
+        """``duration`` seconds of CPU work holding ``cores`` cores of ``host``."""
+        requests = [host.cores.request() for _ in range(min(cores, host.num_cores))]
+        yield self.env.all_of(requests)
+        start = self.env.now
+        if duration > 0:
+            yield self.env.timeout(duration)
+        for req in requests:
+            host.cores.release(req)
+        self.record(iteration=iteration, resource=host.name, stream="cores", op=op, start=start,
+                    end=self.env.now, category=None, args={"cores": len(requests), **args})
+
+
+def build_machine(topology, env: simpy.Environment | None = None, **kwargs) -> Machine:
+    """The machine of a topology (a `Topology`, preset name, path or mapping)."""
+    if not hasattr(topology, "gpus") or not hasattr(topology, "graph"):
+        from trainsim.topologies import load_topology
+
+        topology = load_topology(topology)
+    return Machine(topology, env, **kwargs)

@@ -1,0 +1,66 @@
+"""GPU memory: an allocation timeline with a peak, and running out as a result rather than a crash.
+
+Allocations are named by category (``params``, ``grads``, ``optimizer_state``, ``activations``,
+``buckets``, ``input``, ``buffers``). A request beyond the capacity is still granted: the timeline keeps
+going so the run finishes and the result can say "needs X GiB, has Y GiB".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryEvent:
+    time: float
+    in_use: float  # bytes after this event
+    delta: float
+    category: str
+
+
+@dataclass
+class MemoryTracker:
+    """Bytes in use on one device over time; ``peak`` and ``by_category`` at that peak."""
+
+    capacity: float
+    name: str = ""
+    record: bool = True
+    in_use: float = 0.0
+    peak: float = 0.0
+    timeline: list[MemoryEvent] = field(default_factory=list)
+    _by_category: dict[str, float] = field(default_factory=dict)
+    peak_by_category: dict[str, float] = field(default_factory=dict)
+    peak_time: float = 0.0
+
+    def alloc(self, time: float, nbytes: float, category: str) -> None:
+        if nbytes <= 0:
+            return
+        self._change(time, nbytes, category)
+
+    def free(self, time: float, nbytes: float, category: str) -> None:
+        if nbytes <= 0:
+            return
+        held = self._by_category.get(category, 0.0)
+        # never below zero for a category (a free of more than held is a modelling slip, not a user error)
+        self._change(time, -min(nbytes, held), category)
+
+    def _change(self, time: float, delta: float, category: str) -> None:
+        self.in_use += delta
+        self._by_category[category] = self._by_category.get(category, 0.0) + delta
+        if self.record:
+            self.timeline.append(MemoryEvent(time, self.in_use, delta, category))
+        if self.in_use > self.peak * (1 + 1e-12):
+            self.peak = self.in_use
+            self.peak_time = time
+            self.peak_by_category = {k: v for k, v in self._by_category.items() if v > 0}
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.peak > self.capacity
+
+    def oom_message(self) -> str | None:
+        if not self.out_of_memory:
+            return None
+        return f"{self.name or 'device'} needs {self.peak / GIB:.2f} GiB, has {self.capacity / GIB:.2f} GiB"

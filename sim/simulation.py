@@ -1,0 +1,274 @@
+"""The simulation API, in three calls (as Ciw's):
+
+    from trainsim.sim.simulation import Simulation, build_machine, simulate
+    machine = build_machine("dgx-a100")              # optional: GPUs, hosts and links of a topology
+    sim = Simulation(scenario)                        # a Scenario, a shipped name, a YAML path or a mapping
+    result = sim.run()                                # a Result
+    result = simulate("ddp-resnet50-dgx-a100")       # the same in one call
+
+A calibration bundle (``calibration=DIR``, the folder `trainsim calibrate` writes) replaces the scenario's
+topology and workload with the bundle's ``topology.yaml`` and ``workload-<model>.json``, and its measured
+device (``device.json``) becomes the device of the GPUs whose spec it names.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import simpy
+
+from trainsim.errors import TrainsimError
+
+from .costs import rank_costs
+from .devices import DeviceSpec, device_from_json
+from .machine import Machine, build_machine
+from .result import GpuResult, LinkResult, Result, breakdown, busy_time
+from .strategies import Context, get_strategy
+from .workload import Workload, load_workload
+
+__all__ = ["Simulation", "build_machine", "simulate", "load_inputs"]
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it processes (for the speed benchmark)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events_processed = 0
+
+    def step(self) -> None:
+        self.events_processed += 1
+        super().step()
+
+
+# ---- inputs -----------------------------------------------------------------------------------------------
+
+def _resolve_path(text: str, base_dir: str | None) -> str:
+    if base_dir and not Path(text).is_absolute() and (Path(base_dir) / text).exists():
+        return str(Path(base_dir) / text)
+    return text
+
+
+def _load_topology(scenario):
+    from trainsim.topologies import load_topology
+
+    source = scenario.topology
+    if isinstance(source, str):
+        source = _resolve_path(source, scenario.base_dir)
+    try:
+        return load_topology(source)
+    except TrainsimError as exc:
+        raise TrainsimError(str(exc), file=scenario.source, field="topology") from None
+
+
+def load_workload_ref(ref, base_dir: str | None = None) -> Workload:
+    """A scenario's ``workload:``: a built-in name, a JSON path, or ``{name: ..., <config overrides>}``."""
+    if isinstance(ref, str):
+        return load_workload(_resolve_path(ref, base_dir))
+    overrides = ref.overrides
+    if not overrides:
+        return load_workload(_resolve_path(ref.name, base_dir))
+    from .analytic_models import MODELS, build_analytic
+
+    if ref.name not in MODELS:
+        from trainsim.errors import unknown_name
+
+        raise unknown_name("analytic model", ref.name, MODELS, field="workload.name")
+    return build_analytic(ref.name, **overrides)
+
+
+def _read_bundle(path: str) -> tuple[str, list[Path], dict[str, DeviceSpec]]:
+    """(topology file, workload files, devices by spec name) of a calibration bundle; one line if corrupt."""
+    root = Path(path)
+    if not root.is_dir():
+        raise TrainsimError("not a calibration bundle folder", file=str(path))
+    topology = root / "topology.yaml"
+    if not topology.is_file():
+        raise TrainsimError("calibration bundle has no topology.yaml", file=str(path))
+    workloads = sorted(root.glob("workload-*.json"))
+    if not workloads:
+        raise TrainsimError("calibration bundle has no workload-<model>.json", file=str(path))
+    devices: dict[str, DeviceSpec] = {}
+    device_file = root / "device.json"
+    if device_file.is_file():
+        try:
+            data = json.loads(device_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise TrainsimError(f"not valid JSON ({exc})", file=str(device_file)) from None
+        spec = data.get("device_spec") if isinstance(data, dict) else None
+        if spec:
+            device = device_from_json(spec, file=f"{device_file}: device_spec")
+            devices[device.name] = device
+    return str(topology), workloads, devices
+
+
+def load_inputs(scenario, calibration: str | None = None):
+    """(topology, workload, extra devices) for a scenario, from the bundle when one is given."""
+    from trainsim.topologies import load_topology
+
+    if calibration is None:
+        return _load_topology(scenario), load_workload_ref(scenario.workload, scenario.base_dir), {}
+    topo_file, workload_files, devices = _read_bundle(calibration)
+    topology = load_topology(topo_file)
+    wanted = scenario.workload if isinstance(scenario.workload, str) else scenario.workload.name
+    chosen = [p for p in workload_files if p.name == f"workload-{wanted}.json"] or workload_files
+    if len(chosen) > 1:
+        names = [p.name for p in workload_files]
+        raise TrainsimError(f"bundle has several workloads ({', '.join(names)}) and none is {wanted!r}",
+                            file=calibration)
+    return topology, load_workload(str(chosen[0])), devices
+
+
+def resolve_gpus(scenario, topology) -> list[str]:
+    """The GPU names the scenario runs on, checked against the topology."""
+    available = topology.gpus
+    spec = scenario.gpus
+    if spec is None:
+        spec = 1 if scenario.strategy.name == "single" else len(available)
+    if isinstance(spec, int):
+        if spec > len(available):
+            raise TrainsimError(f"the scenario asks for {spec} GPUs but topology {topology.name!r} has "
+                                f"{len(available)}", file=scenario.source, field="gpus")
+        return available[:spec]
+    bad = [i for i in spec if i >= len(available)]
+    if bad:
+        raise TrainsimError(f"GPU index {bad[0]} is out of range: topology {topology.name!r} has "
+                            f"{len(available)} GPUs (0..{len(available) - 1})", file=scenario.source, field="gpus")
+    return [available[i] for i in spec]
+
+
+# ---- the simulation ---------------------------------------------------------------------------------------
+
+class Simulation:
+    """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
+
+    def __init__(self, scenario, *, calibration: str | None = None, machine: Machine | None = None,
+                 record: bool = True):
+        from trainsim.scenarios.loader import load_scenario
+
+        self.scenario = load_scenario(scenario) if not hasattr(scenario, "strategy") else scenario
+        sc = self.scenario
+        topology, self.workload, devices = load_inputs(sc, calibration)
+        if machine is not None:
+            topology = machine.topology
+        self.topology = topology
+        self.ranks = resolve_gpus(sc, topology)
+        n = len(self.ranks)
+        if sc.batch_size % n:
+            raise TrainsimError(f"batch_size {sc.batch_size} does not divide over {n} GPUs", file=sc.source,
+                                field="batch_size")
+        self.strategy = get_strategy(sc.strategy.name)
+        self.env = CountingEnvironment() if machine is None else machine.env
+        self.machine = machine or Machine(topology, self.env, devices=devices, record_link_rates=record,
+                                          record_flows=record, record_memory=record)
+        per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
+        measured_on = None
+        spec = self.workload.provenance.device_spec
+        if spec is not None and spec in devices:
+            measured_on = devices[spec]
+        cache: dict = {}
+        costs = {}
+        for gpu in self.ranks:
+            device = self.machine.gpus[gpu].device
+            if device.name not in cache:
+                cache[device.name] = rank_costs(self.workload, device, per_gpu, sc.precision, sc.optimizer.name,
+                                                measured_on=measured_on)
+            costs[gpu] = cache[device.name]
+        prep = self.workload.input.prep_s_per_sample or 0.0
+        st = sc.strategy
+        self.ctx = Context(
+            machine=self.machine, ranks=self.ranks, costs=costs,
+            total_iterations=sc.warmup_iterations + sc.iterations, precision=sc.precision,
+            optimizer=sc.optimizer.name, pinned=sc.host.pinned, data_workers=sc.host.data_workers,
+            prep_s_per_sample=prep, bucket_cap_bytes=st.bucket_cap_mb * 2**20,
+            first_bucket_cap_bytes=(st.first_bucket_cap_mb * 2**20 if st.first_bucket_cap_mb is not None
+                                    else st.bucket_cap_mb * 2**20),
+            collectives=st.collectives, collective_algo=st.collective_algo, ps_cores=st.ps_cores,
+            ps_socket=st.ps_socket)
+        self._link_snapshot = None
+
+    def _on_finish(self, iteration: int) -> None:
+        if iteration == self.scenario.warmup_iterations - 1:
+            net = self.machine.net
+            net.utilisation()  # drains the flows up to now
+            self._link_snapshot = net.link_bytes.copy()
+
+    def run(self) -> Result:
+        sc, ctx, env = self.scenario, self.ctx, self.env
+        wall = time.perf_counter()
+        finished = set()
+
+        def watch(iteration: int, gpu: str, _finish=ctx.finish):
+            _finish(iteration, gpu)
+            if len(ctx.iteration_end[iteration]) == ctx.n and iteration not in finished:
+                finished.add(iteration)
+                self._on_finish(iteration)
+
+        ctx.finish = watch  # type: ignore[method-assign]
+        self.strategy(ctx)
+        env.run()
+        wall = time.perf_counter() - wall
+        total = ctx.total_iterations
+        missing = [i for i in range(total) if len(ctx.iteration_end.get(i, {})) < ctx.n]
+        if missing:
+            raise RuntimeError(f"the simulation stopped before iteration {missing[0]} finished (a deadlock)")
+        ends = [max(ctx.iteration_end[i].values()) for i in range(total)]
+        w = sc.warmup_iterations
+        starts = [ends[i - 1] if i > 0 else 0.0 for i in range(total)]
+        windows = [(starts[i], ends[i]) for i in range(w, total)]
+        last = ctx.iteration_end[total - 1]
+        critical = max(self.ranks, key=lambda g: (last[g], -self.ranks.index(g)))
+        n_it = len(windows)
+        parts = breakdown(self.machine.ops, critical, windows)
+        span = (windows[0][0], windows[-1][1])
+        return Result(
+            scenario=sc.name, strategy=sc.strategy.name, topology=self.topology.name, workload=self.workload.name,
+            gpus=self._gpu_results(span), batch_size=sc.batch_size, precision=sc.precision,
+            iterations=sc.iterations, warmup_iterations=w,
+            iteration_times_s=[b - a for a, b in windows],
+            breakdown_s={k: v / n_it for k, v in parts.items()}, critical_gpu=critical,
+            links=self._link_results(span), measured_window_s=span,
+            stats={"events": getattr(env, "events_processed", None), "wall_s": round(wall, 6),
+                   "flows": self.machine.net.stats.flows_started,
+                   "recomputes": self.machine.net.stats.recomputes},
+            machine=self.machine)
+
+    def _gpu_results(self, span) -> list[GpuResult]:
+        by_gpu: dict[str, list] = {g: [] for g in self.ranks}
+        for op in self.machine.ops:
+            if op.stream == "compute" and op.resource in by_gpu:
+                by_gpu[op.resource].append((op.start, op.end))
+        out = []
+        length = span[1] - span[0]
+        for g in self.ranks:
+            gpu = self.machine.gpus[g]
+            util = busy_time(by_gpu[g], *span) / length if length > 0 else 0.0
+            out.append(GpuResult(g, gpu.index, gpu.device.name, util, gpu.memory.peak, gpu.memory.capacity,
+                                 dict(gpu.memory.peak_by_category)))
+        return out
+
+    def _link_results(self, span) -> list[LinkResult]:
+        net = self.machine.net
+        net.utilisation()
+        moved = net.link_bytes - (self._link_snapshot if self._link_snapshot is not None else 0.0)
+        length = span[1] - span[0]
+        out = []
+        graph = self.topology.graph
+        for i, link in enumerate(net.links):
+            if moved[i] <= 0.5:
+                continue
+            cap = float(net.capacity[i])
+            out.append(LinkResult(link[0], link[1], graph.edges[link]["kind"], cap, float(moved[i]),
+                                  float(moved[i] / (cap * length)) if length > 0 else 0.0))
+        return sorted(out, key=lambda link: link.name)
+
+
+def simulate(scenario, *, calibration: str | None = None, overrides=(), variant: str | None = None) -> Result:
+    """Load (name, path, mapping or Scenario), simulate, return the Result."""
+    from trainsim.scenarios.loader import load_scenario
+
+    if not hasattr(scenario, "strategy") or overrides or variant:
+        scenario = load_scenario(scenario, list(overrides), variant=variant)
+    return Simulation(scenario, calibration=calibration).run()

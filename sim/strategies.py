@@ -1,0 +1,218 @@
+"""Parallel strategies: the registry and the pieces every strategy's iteration is made of.
+
+A strategy is a function ``run(ctx) -> None`` that starts SimPy processes on ``ctx.machine`` for
+``ctx.total_iterations`` iterations and calls ``ctx.finish(iteration, gpu)`` when a rank is done with one.
+The shared pieces here: the data loader (host cores preparing batches ahead), a rank's input copy,
+forward and backward over the layers (with the memory timeline), collectives on the communication channel,
+the optimizer step.
+
+Strategies live in their own modules (strategy_ddp.py, strategy_dp_gpu0.py, strategy_ps.py) and register here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import simpy
+
+from trainsim.errors import unknown_name
+
+from .costs import RankCosts
+from .machine import COMM, COMPUTE, DATA, Machine
+
+# NCCL-style kernel names, so trace tools that look for "nccl" kernels find them
+NCCL_KERNEL = {"allreduce": "ncclDevKernel_AllReduce_Sum_{dtype}_{algo}", "broadcast": "ncclDevKernel_Broadcast",
+               "reduce": "ncclDevKernel_Reduce_Sum_{dtype}_{algo}", "allgather": "ncclDevKernel_AllGather_{algo}",
+               "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_{dtype}_{algo}"}
+DTYPE_NAME = {"fp32": "f32", "tf32": "f32", "fp16": "f16", "bf16": "bf16"}
+
+
+@dataclass
+class Context:
+    """Everything a strategy needs: the machine, the ranks, their costs and the run's settings."""
+
+    machine: Machine
+    ranks: list[str]  # GPU names, rank order
+    costs: dict[str, RankCosts]  # per rank
+    total_iterations: int
+    precision: str = "fp32"
+    optimizer: str = "sgd"
+    pinned: bool = True
+    data_workers: int = 4
+    prep_s_per_sample: float = 0.0
+    bucket_cap_bytes: float = 25 * 2**20
+    first_bucket_cap_bytes: float = 1 * 2**20
+    collectives: str = "flow"  # or "analytic"
+    collective_algo: str = "auto"
+    ps_cores: int | None = None
+    ps_socket: int = 0
+    iteration_end: dict[int, dict[str, float]] = field(default_factory=dict)
+    loaders: dict[str, DataLoader] = field(default_factory=dict)
+
+    @property
+    def env(self) -> simpy.Environment:
+        return self.machine.env
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    def finish(self, iteration: int, gpu: str) -> None:
+        self.iteration_end.setdefault(iteration, {})[gpu] = self.env.now
+
+    # ---- data -----------------------------------------------------------------------------------------
+    def loader(self, gpu: str) -> DataLoader:
+        """The data loader feeding ``gpu`` (created on first use, on the GPU's nearest socket)."""
+        if gpu not in self.loaders:
+            self.loaders[gpu] = DataLoader(self, gpu, self.costs[gpu].batch if gpu in self.costs else 0)
+        return self.loaders[gpu]
+
+    def get_batch(self, gpu: str, iteration: int, batch: int | None = None):
+        """Wait for the next prepared batch; the wait is exposed data preparation on ``gpu``."""
+        loader = self.loaders.get(gpu) or self.loader(gpu)
+        if batch is not None:
+            loader.batch = batch
+        start = self.env.now
+        yield from loader.get()
+        if self.env.now > start:
+            self.machine.record(iteration=iteration, resource=gpu, stream="data", op="data_wait", start=start,
+                                end=self.env.now, category=DATA)
+
+    # ---- the model's passes ---------------------------------------------------------------------------
+    def input_copy(self, gpu: str, iteration: int, nbytes: float | None = None):
+        """The rank's input batch from its host memory to the GPU (pinned or pageable)."""
+        nbytes = self.costs[gpu].input_bytes if nbytes is None else nbytes
+        self.machine.gpus[gpu].memory.alloc(self.env.now, nbytes, "input")
+        yield from self.machine.h2d(gpu, nbytes, iteration=iteration, pinned=self.pinned)
+
+    def forward(self, gpu: str, iteration: int):
+        """Every layer's forward on the compute stream; saved activations allocated as they are made."""
+        costs, memory, machine = self.costs[gpu], self.machine.gpus[gpu].memory, self.machine
+        for i, name in enumerate(costs.layer_names):
+            memory.alloc(self.env.now, costs.saved_bytes_per_layer[i], "activations")
+            yield from machine.run(gpu, "compute", costs.forward_s[i], op="forward", layer=name,
+                                   iteration=iteration)
+            if i == 0:
+                memory.free(self.env.now, costs.input_bytes, "input")  # the first layer made its own copy
+
+    def backward(self, gpu: str, iteration: int, on_layer_done: Callable[[int], None] | None = None):
+        """Every layer's backward in reverse order; its saved activations are freed when it is done."""
+        costs, memory, machine = self.costs[gpu], self.machine.gpus[gpu].memory, self.machine
+        for i in reversed(range(len(costs.layer_names))):
+            yield from machine.run(gpu, "compute", costs.backward_s[i], op="backward",
+                                   layer=costs.layer_names[i], iteration=iteration)
+            memory.free(self.env.now, costs.saved_bytes_per_layer[i], "activations")
+            if on_layer_done is not None:
+                on_layer_done(i)
+
+    def optimizer_step(self, gpu: str, iteration: int):
+        yield from self.machine.run(gpu, "compute", self.costs[gpu].step_s, op="optimizer", iteration=iteration,
+                                    optimizer=self.optimizer)
+
+    def hold_model(self, gpu: str, *, grads: bool = True, state: bool = True, buckets: float = 0.0) -> None:
+        """Allocate what stays on the GPU for the whole run."""
+        costs, memory = self.costs[gpu], self.machine.gpus[gpu].memory
+        memory.alloc(self.env.now, costs.param_bytes, "params")
+        if grads:
+            memory.alloc(self.env.now, costs.grad_bytes, "grads")
+        if state:
+            memory.alloc(self.env.now, costs.state_bytes, "optimizer_state")
+        memory.alloc(self.env.now, buckets, "buckets")
+
+    # ---- communication --------------------------------------------------------------------------------
+    def collective(self, op: str, nbytes: float, iteration: int, *, gpus: list[str] | None = None,
+                   label: str = ""):
+        """One collective over ``gpus`` (default all ranks) on their communication channels: flows on the
+        topology, or the analytic alpha-beta time when ``collectives: analytic``."""
+        from . import collectives as coll
+
+        gpus = gpus or self.ranks
+        if len(gpus) < 2 or nbytes <= 0:
+            return
+        machine, env = self.machine, self.env
+        requests = [machine.gpus[g].streams["comm"].request() for g in gpus]
+        yield env.all_of(requests)
+        start = env.now
+        tag = f"it{iteration}:{op}{label}"
+        if self.collectives == "analytic":
+            yield env.timeout(coll.collective_time(machine.topology, op, gpus, nbytes, algo=self.collective_algo))
+        else:
+            yield env.process(coll.run_collective(env, machine.net, machine.topology, op, gpus, nbytes,
+                                                  algo=self.collective_algo, tag=tag))
+        for g, req in zip(gpus, requests, strict=True):
+            machine.gpus[g].streams["comm"].release(req)
+        kernel = NCCL_KERNEL.get(op, "ncclDevKernel_" + op).format(
+            dtype=DTYPE_NAME[self.precision], algo=self.collective_algo.upper())
+        for rank, g in enumerate(gpus):
+            machine.record(iteration=iteration, resource=g, stream="comm", op=op, start=start, end=env.now,
+                           category=COMM, nbytes=nbytes, layer=label.strip(":") or None,
+                           args={"kernel": kernel, "group_size": len(gpus), "rank": rank,
+                                 "method": self.collectives, "algo": self.collective_algo})
+
+
+class DataLoader:
+    """A PyTorch-style DataLoader for one rank: ``workers`` processes on the rank's socket each prepare whole
+    batches (``batch x prep_s_per_sample`` seconds on one core), at most two batches ahead per worker
+    (``prefetch_factor=2``). With no preparation cost every batch is ready at once."""
+
+    PREFETCH = 2
+
+    def __init__(self, ctx: Context, gpu: str, batch: int):
+        self.ctx = ctx
+        self.gpu = gpu
+        self.batch = batch
+        self.host = ctx.machine.host_of(gpu)
+        self.started = False
+        self.store: simpy.Store | None = None
+
+    def _start(self) -> None:
+        self.started = True
+        if self.ctx.prep_s_per_sample <= 0:
+            return
+        workers = self.ctx.data_workers
+        self.store = simpy.Store(self.ctx.env, capacity=self.PREFETCH * workers)
+        for w in range(workers):
+            self.ctx.env.process(self._worker(w, workers))
+
+    def _worker(self, w: int, workers: int):
+        for iteration in range(w, self.ctx.total_iterations, workers):
+            yield from self.ctx.machine.host_work(self.host, self.batch * self.ctx.prep_s_per_sample,
+                                                  op="data_prep", iteration=iteration, gpu=self.gpu)
+            yield self.store.put(iteration)
+
+    def get(self):
+        if not self.started:
+            self._start()
+        if self.store is not None:
+            yield self.store.get()
+
+
+# ---- registry ---------------------------------------------------------------------------------------------
+
+StrategyFn = Callable[[Context], None]
+_REGISTRY: dict[str, StrategyFn] = {}
+
+
+def register(name: str):
+    def wrap(fn: StrategyFn) -> StrategyFn:
+        _REGISTRY[name] = fn
+        return fn
+    return wrap
+
+
+def strategies() -> dict[str, StrategyFn]:
+    # importing the strategy modules registers them
+    from . import strategy_ddp, strategy_dp_gpu0, strategy_ps  # noqa: F401
+
+    return dict(_REGISTRY)
+
+
+def get_strategy(name: str) -> StrategyFn:
+    registry = strategies()
+    if name not in registry:
+        raise unknown_name("strategy", name, registry, field="strategy.name")
+    return registry[name]
+
+
+__all__ = ["COMM", "COMPUTE", "Context", "DataLoader", "get_strategy", "register", "strategies"]

@@ -1,0 +1,101 @@
+"""`single` and `ddp`: one process per GPU, each with its own shard of the batch.
+
+Each rank: wait for its batch from its data loader, copy it from its socket's memory to the GPU (on the
+GPU's H2D engine, in the compute stream's order: PyTorch's ``.to(device)`` without a side stream), forward,
+backward. DDP assigns the layers' gradients to buckets in reverse layer order (the first bucket capped at
+``first_bucket_cap_mb``, PyTorch's 1 MiB; the others at ``bucket_cap_mb``); when every rank has produced a
+bucket's gradients, that bucket is all-reduced on the communication channel while backward goes on
+(buckets in order, one at a time, as on NCCL's stream). The optimizer step runs when the last bucket is
+reduced. `single` is the same loop on one GPU with no buckets.
+"""
+
+from __future__ import annotations
+
+from .strategies import Context, register
+
+
+def assign_buckets(grad_bytes_per_layer: list[float], cap: float, first_cap: float | None = None) -> list[list[int]]:
+    """Layer indices per bucket, in the order backward fills them (reverse layer order).
+
+    A bucket closes once its bytes reach its cap (as PyTorch's ``compute_bucket_assignment_by_size``); layers
+    without parameters join the bucket being filled and never open one.
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0.0
+    limit = first_cap if first_cap is not None else cap
+    for i in reversed(range(len(grad_bytes_per_layer))):
+        if grad_bytes_per_layer[i] <= 0:
+            continue
+        current.append(i)
+        size += grad_bytes_per_layer[i]
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0.0, cap
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _rank(ctx: Context, gpu: str, buckets: list[list[int]], ready, done, counts: dict):
+    closes_at = {bucket[-1]: b for b, bucket in enumerate(buckets)}  # the layer whose backward completes it
+    for it in range(ctx.total_iterations):
+        yield from ctx.get_batch(gpu, it)
+        yield from ctx.input_copy(gpu, it)
+        yield from ctx.forward(gpu, it)
+
+        def layer_done(i: int, it=it):
+            b = closes_at.get(i)
+            if b is None:
+                return
+            counts[it, b] = counts.get((it, b), 0) + 1
+            if counts[it, b] == ctx.n:  # every rank has this bucket's gradients: NCCL can start
+                ready(it, b).succeed()
+
+        yield from ctx.backward(gpu, it, layer_done if buckets else None)
+        if buckets:
+            yield done(it, len(buckets) - 1)
+        yield from ctx.optimizer_step(gpu, it)
+        ctx.finish(it, gpu)
+
+
+def _reducer(ctx: Context, buckets: list[list[int]], ready, done, bucket_bytes: list[float]):
+    for it in range(ctx.total_iterations):
+        for b in range(len(buckets)):
+            yield ready(it, b)
+            yield from ctx.collective("allreduce", bucket_bytes[b], it, label=f":bucket{b}")
+            done(it, b).succeed()
+
+
+def _events(env):
+    table: dict = {}
+
+    def get(it: int, b: int):
+        key = (it, b)
+        if key not in table:
+            table[key] = env.event()
+        return table[key]
+
+    return get
+
+
+@register("ddp")
+def run_ddp(ctx: Context) -> None:
+    first = ctx.ranks[0]
+    costs = ctx.costs[first]
+    buckets = assign_buckets(costs.grad_bytes_per_layer, ctx.bucket_cap_bytes, ctx.first_bucket_cap_bytes) \
+        if ctx.n > 1 else []
+    bucket_bytes = [sum(costs.grad_bytes_per_layer[i] for i in bucket) for bucket in buckets]
+    ready, done = _events(ctx.env), _events(ctx.env)
+    counts: dict[tuple[int, int], int] = {}
+    for gpu in ctx.ranks:
+        # DDP's buckets are flat copies of the gradients (gradient_as_bucket_view=False, the default)
+        ctx.hold_model(gpu, buckets=sum(bucket_bytes))
+        ctx.env.process(_rank(ctx, gpu, buckets, ready, done, counts))
+    if buckets:
+        ctx.env.process(_reducer(ctx, buckets, ready, done, bucket_bytes))
+
+
+@register("single")
+def run_single(ctx: Context) -> None:
+    run_ddp(ctx)

@@ -1,0 +1,77 @@
+"""`dp-gpu0`: single-process data parallelism the old way, as ``torch.nn.DataParallel`` does it.
+
+Every iteration, driven by one process:
+1. the whole batch is copied from host memory to GPU0;
+2. GPU0 scatters each other GPU its shard and sends it a copy of the parameters (replicate), all at once,
+   so these flows share GPU0's links;
+3. every GPU runs forward on its shard; the outputs are gathered to GPU0, where the loss is computed, and
+   the output gradients scattered back;
+4. every GPU runs backward; the gradients are copied to GPU0 (reduce_add), GPU0 sums them (memory-bound:
+   reads n gradient copies, writes one) and steps the optimizer.
+
+Peer copies into a GPU run on that GPU's copy-in (H2D) engine, copies out of a GPU on its copy-out (D2H)
+engine; without P2P they are staged through host memory. The replicas hold parameters, gradients and
+activations; only GPU0 holds optimizer state and the gathered outputs.
+"""
+
+from __future__ import annotations
+
+from .machine import COMPUTE
+from .strategies import Context, register
+
+
+def _all(ctx: Context, bodies):
+    return ctx.env.all_of([ctx.env.process(body) for body in bodies])
+
+
+def _iteration(ctx: Context, it: int):
+    machine = ctx.machine
+    root, others = ctx.ranks[0], ctx.ranks[1:]
+    costs = ctx.costs
+    total_input = sum(costs[g].input_bytes for g in ctx.ranks)
+    yield from ctx.get_batch(root, it)
+    machine.gpus[root].memory.alloc(ctx.env.now, total_input, "input")
+    yield from machine.h2d(root, total_input, iteration=it, pinned=ctx.pinned)
+    machine.gpus[root].memory.free(ctx.env.now, total_input - costs[root].input_bytes, "input")
+    scatter = [machine.peer_copy(root, g, costs[g].input_bytes, iteration=it, op="scatter_input",
+                                 engine_gpu=g, stream="h2d") for g in others]
+    replicate = [machine.peer_copy(root, g, costs[g].param_bytes, iteration=it, op="broadcast_params",
+                                   engine_gpu=g, stream="h2d") for g in others]
+    for g in others:
+        machine.gpus[g].memory.alloc(ctx.env.now, costs[g].input_bytes, "input")
+    yield _all(ctx, scatter + replicate)
+    yield _all(ctx, [ctx.forward(g, it) for g in ctx.ranks])
+    gathered = sum(costs[g].output_bytes for g in others)
+    machine.gpus[root].memory.alloc(ctx.env.now, gathered, "buffers")
+    yield _all(ctx, [machine.peer_copy(g, root, costs[g].output_bytes, iteration=it, op="gather_outputs",
+                                       engine_gpu=g, stream="d2h") for g in others])
+    yield _all(ctx, [machine.peer_copy(root, g, costs[g].output_bytes, iteration=it, op="scatter_output_grads",
+                                       engine_gpu=g, stream="h2d") for g in others])
+    machine.gpus[root].memory.free(ctx.env.now, gathered, "buffers")
+    yield _all(ctx, [ctx.backward(g, it) for g in ctx.ranks])
+    grads = costs[root].grad_bytes
+    machine.gpus[root].memory.alloc(ctx.env.now, grads * len(others), "buffers")
+    yield _all(ctx, [machine.peer_copy(g, root, costs[g].grad_bytes, iteration=it, op="reduce_grads",
+                                       engine_gpu=g, stream="d2h") for g in others])
+    device = machine.gpus[root].device
+    sum_s = grads * (len(others) + 2) / device.memory_bandwidth  # read n copies, write the sum
+    yield from machine.run(root, "compute", sum_s, op="reduce_add", iteration=it, category=COMPUTE)
+    machine.gpus[root].memory.free(ctx.env.now, grads * len(others), "buffers")
+    yield from ctx.optimizer_step(root, it)
+    for g in ctx.ranks:
+        ctx.finish(it, g)
+
+
+def _driver(ctx: Context):
+    for it in range(ctx.total_iterations):
+        yield from _iteration(ctx, it)
+
+
+@register("dp-gpu0")
+def run_dp_gpu0(ctx: Context) -> None:
+    root = ctx.ranks[0]
+    for g in ctx.ranks:
+        ctx.hold_model(g, state=(g == root))
+    # one loader, on GPU0's socket, prepares the whole batch
+    ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)
+    ctx.env.process(_driver(ctx))

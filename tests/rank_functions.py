@@ -1,0 +1,29 @@
+"""Functions the launcher tests run on ranks (a plain module, importable by the rank processes)."""
+
+import os
+import time
+
+
+def sleep(ctx, seconds):
+    time.sleep(seconds)
+    return ctx.rank
+
+
+def fail_on(ctx, rank):
+    if ctx.rank == rank:
+        raise ValueError(f"rank {rank} was told to fail")
+    return ctx.rank
+
+
+def crash_on(ctx, rank):
+    if ctx.rank == rank:
+        os._exit(3)
+    return ctx.rank
+
+
+def describe(ctx):
+    import torch
+
+    return {"rank": ctx.rank, "world": ctx.world_size, "env_rank": os.environ["RANK"],
+            "master": os.environ["MASTER_ADDR"], "affinity": sorted(os.sched_getaffinity(0)),
+            "threads": torch.get_num_threads(), "cores": list(ctx.cores)}

@@ -1,0 +1,87 @@
+"""The bundle files: atomic writes, schema checks and one-line errors naming the file and field."""
+
+import json
+import os
+
+import pytest
+
+from trainsim.calibrate import bundle as bf
+from trainsim.errors import TrainsimError
+
+
+def meta(steps_done=None, status="complete"):
+    return {"schema": "trainsim.calibration/1", "provenance": {"tool": "trainsim"}, "config": {"model": "tiny-cnn"},
+            "status": status, "steps_planned": ["links"], "steps_done": steps_done or {}, "notes": []}
+
+
+def links_doc():
+    fit = {"model": "alpha_beta", "alpha_s": 1e-6, "beta_bytes_per_s": 1e10, "latency_us": 1.0,
+           "bandwidth_gbps": 10.0, "rel_rms": 0.01, "points": 2}
+    return {"schema": "trainsim.links/1", "provenance": {}, "device": "cpu",
+            "classes": [{"name": "rank_copy", "kind": "rank_copy", "src": "a", "dst": "b",
+                         "points": [[1024, 1.1e-6, 0.0], [2048, 1.2e-6, 0.0]], "fit": fit, "note": None}]}
+
+
+def links_step():
+    return {"links": {"files": ["links.json"], "seconds": 1.0, "finished": "2026-01-01T00:00:00+00:00"}}
+
+
+def test_write_atomic_leaves_no_temporary_files(tmp_path):
+    path = bf.write_json(tmp_path / "x.json", {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would make it, not mkstemp's 0600
+    bf.write_yaml(tmp_path / "y.yaml", {"b": [1, 2]})
+    assert bf.read_file(tmp_path / "y.yaml") == {"b": [1, 2]}
+
+
+def test_a_partial_bundle_loads_with_what_it_has(tmp_path):
+    bf.write_json(tmp_path / "meta.json", meta(links_step(), status="partial"))
+    bf.write_json(tmp_path / "links.json", links_doc())
+    loaded = bf.load_bundle(tmp_path)
+    assert not loaded.complete
+    assert loaded.links.classes[0].fit.bandwidth_gbps == 10.0
+    assert loaded.topology is None and loaded.workload is None and loaded.collectives is None
+
+
+@pytest.mark.parametrize(("corrupt", "match"), [
+    (lambda d: "{not json", r"links\.json: not valid JSON \(line 1"),
+    (lambda d: json.dumps({**d, "schema": "trainsim.links/9"}), r"links\.json: schema: expected schema"),
+    (lambda d: json.dumps({**d, "device": "tpu"}), r"links\.json: device: "),
+    (lambda d: json.dumps({**d, "surprise": 1}), r"links\.json: surprise: unknown field"),
+    (lambda d: json.dumps({**d, "classes": [{**d["classes"][0], "fit": {**d["classes"][0]["fit"],
+                                                                        "beta_bytes_per_s": -1}}]}),
+     r"links\.json: classes\.0\.fit\.beta_bytes_per_s"),
+])
+def test_corrupt_files_are_one_line_errors_naming_file_and_field(tmp_path, corrupt, match):
+    bf.write_json(tmp_path / "meta.json", meta(links_step()))
+    (tmp_path / "links.json").write_text(corrupt(links_doc()))
+    with pytest.raises(TrainsimError, match=match) as err:
+        bf.load_bundle(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(TrainsimError, match="not a calibration bundle folder"):
+        bf.load_bundle(tmp_path / "nowhere")
+    with pytest.raises(TrainsimError, match=r"meta\.json: missing from the bundle"):
+        bf.load_bundle(tmp_path)
+    bf.write_json(tmp_path / "meta.json", meta(links_step()))
+    with pytest.raises(TrainsimError, match=r"links\.json: missing from the bundle although meta\.json"):
+        bf.load_bundle(tmp_path)
+
+
+def test_corrupt_meta_and_topology(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({**meta(), "status": "sort of"}))
+    with pytest.raises(TrainsimError, match=r"meta\.json: status"):
+        bf.load_bundle(tmp_path)
+    step = {"probe": {"files": ["topology.yaml"], "seconds": 0, "finished": "now"}}
+    bf.write_json(tmp_path / "meta.json", meta(step))
+    (tmp_path / "topology.yaml").write_text("nodes: [\n")
+    with pytest.raises(TrainsimError, match=r"topology\.yaml: not valid YAML \(line"):
+        bf.load_bundle(tmp_path)
+    (tmp_path / "topology.yaml").write_text("schema: trainsim.topology/1\nname: x\nnodes: []\nlinks: []\nbogus: 1\n")
+    with pytest.raises(TrainsimError, match="topology.yaml"):
+        bf.load_bundle(tmp_path)

@@ -1,0 +1,53 @@
+"""Collective benchmarks on 2 gloo ranks: points, nccl-tests bandwidth factors, fits."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch  # noqa: E402
+
+from trainsim.calibrate.collbench import COLLECTIVES, bus_factor, measure_collectives  # noqa: E402
+from trainsim.errors import TrainsimError  # noqa: E402
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
+    assert bus_factor("broadcast", 8) == 1.0
+    with pytest.raises(TrainsimError, match="valid choices"):
+        bus_factor("all_to_some", 2)
+
+
+def test_two_gloo_ranks():
+    sizes = [4096, 65536]
+    results = measure_collectives("cpu", 2, sizes, repeats=2, target_s=0.001)
+    assert [r.collective for r in results] == list(COLLECTIVES)
+    for r in results:
+        assert r.backend == "gloo" and r.ranks == 2
+        if r.skipped:  # a gloo without this collective: the reason is recorded
+            assert "gloo" in r.skipped and not r.points
+            continue
+        assert [p["bytes"] for p in r.points] == sizes
+        for p in r.points:
+            assert p["time_s"] > 0
+            assert p["algbw_gbps"] == pytest.approx(p["bytes"] / p["time_s"] / 1e9)
+            assert p["busbw_gbps"] == pytest.approx(p["algbw_gbps"] * bus_factor(r.collective, 2))
+        assert r.fit is not None and r.fit.beta_bytes_per_s > 0
+        record = r.to_json()
+        assert record["fit"]["busbw_gbps"] == pytest.approx(r.fit.bandwidth_gbps * record["bus_factor"])
+    assert results[0].skipped is None  # gloo always has all-reduce
+
+
+def test_needs_two_ranks_and_known_collectives():
+    with pytest.raises(TrainsimError, match="at least 2 ranks"):
+        measure_collectives("cpu", 1, [1024])
+    with pytest.raises(TrainsimError, match="unknown collective"):
+        measure_collectives("cpu", 2, [1024], collectives=("gossip",))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_nccl_all_reduce():
+    results = measure_collectives("cuda", 2, [1 << 20, 1 << 24], repeats=2, collectives=("all_reduce",))
+    assert results[0].backend == "nccl" and results[0].fit.beta_bytes_per_s > 1e9

@@ -1,0 +1,71 @@
+"""The torchrun-like launcher: N gloo ranks, results back in rank order, failures as one line."""
+
+import operator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from trainsim.calibrate.launch import all_reduce_check, launch, plan_cores  # noqa: E402
+from trainsim.errors import TrainsimError  # noqa: E402
+
+
+@pytest.fixture
+def rank_functions(monkeypatch):
+    """The helper module the ranks import (they are fresh interpreters: give them the tests folder)."""
+    here = str(Path(__file__).parent)
+    monkeypatch.syspath_prepend(here)
+    monkeypatch.setenv("PYTHONPATH", here)
+    import rank_functions
+
+    return rank_functions
+
+
+def test_two_gloo_ranks_all_reduce():
+    assert launch(all_reduce_check, 2) == [1.0, 1.0]
+
+
+def test_ranks_get_torchrun_environment_and_own_cores(rank_functions):
+    infos = launch(rank_functions.describe, 2)
+    assert [i["rank"] for i in infos] == [0, 1]
+    assert all(i["world"] == 2 and i["master"] == "127.0.0.1" for i in infos)
+    assert [i["env_rank"] for i in infos] == ["0", "1"]
+    for info in infos:
+        assert info["affinity"] == info["cores"]  # pinned where planned
+        assert info["threads"] == len(info["cores"])
+
+
+def test_plan_cores_splits_disjointly_and_wraps_when_oversubscribed():
+    assert plan_cores(2, [0, 1, 2, 3]) == [(0, 1), (2, 3)]
+    assert plan_cores(3, [0, 1]) == [(0,), (1,), (0,)]
+
+
+def test_a_failing_rank_fails_the_run_with_one_line(rank_functions):
+    with pytest.raises(TrainsimError) as err:
+        launch(rank_functions.fail_on, 2, args=(1,))
+    message = str(err.value)
+    assert "rank 1 failed: ValueError: rank 1 was told to fail" in message
+    assert "\n" not in message
+
+
+def test_a_rank_that_dies_fails_the_run(rank_functions):
+    with pytest.raises(TrainsimError, match=r"rank 0 died \(exit code 3\)"):
+        launch(rank_functions.crash_on, 2, args=(0,))
+
+
+def test_timeout(rank_functions):
+    with pytest.raises(TrainsimError, match="did not finish within"):
+        launch(rank_functions.sleep, 2, args=(60,), timeout_s=6)
+
+
+def test_a_function_with_the_wrong_signature_is_reported():
+    with pytest.raises(TrainsimError, match="TypeError"):
+        launch(operator.truediv, 1, args=(0,))
+
+
+def test_bad_arguments():
+    with pytest.raises(TrainsimError, match="ranks"):
+        launch(all_reduce_check, 0)
+    with pytest.raises(TrainsimError, match="valid choices"):
+        launch(all_reduce_check, 2, device="tpu")

@@ -1,0 +1,68 @@
+"""The probed topology of this host and the calibrated figures written into it."""
+
+from pathlib import Path
+
+import pytest
+
+from trainsim.calibrate.alphabeta import AlphaBeta
+from trainsim.calibrate.linkbench import LinkClass
+from trainsim.calibrate.nvsmi import parse_topo_matrix, to_topology
+from trainsim.calibrate.topo_probe import apply_link_fits, cpu_topology, host_probe
+from trainsim.topologies import load_topology
+
+DATA = Path(__file__).parent / "data" / "nvsmi"
+
+
+def fitted(name, kind, gbps, us, src="a", dst="b"):
+    return LinkClass(name, kind, src, dst, points=[(1024, 1e-6, 0.0)],
+                     fit=AlphaBeta(alpha_s=us * 1e-6, beta_bytes_per_s=gbps * 1e9, rel_rms=0.0, points=8))
+
+
+def test_host_probe():
+    host = host_probe()
+    assert host["cores"] >= 1 and host["sockets"] and host["memory_bytes"] > 0
+    assert sum(len(s["cpus"]) for s in host["sockets"]) == host["cores"]
+
+
+def test_cpu_ranks_topology_loads_and_carries_the_copy_figures():
+    host = {"cores": 4, "sockets": [{"id": 0, "cpus": [0, 1]}, {"id": 1, "cpus": [2, 3]}],
+            "memory_bytes": 8 * 2**30, "cpu_model": "Test CPU", "cpu_vendor": "GenuineIntel"}
+    doc = cpu_topology(host, 4, dram_bandwidth_gbps=40.0, rank_link=fitted("rank_copy", "rank_copy", 11.0, 1.2))
+    topo = load_topology(doc)
+    assert topo.gpus == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    assert topo.cpus == ["cpu0", "cpu1"]
+    assert topo.gpu_spec("gpu0") == "cpu" and topo.gpu_memory("gpu0") == 2 * 2**30
+    rank_links = [link for link in doc["links"] if link["b"].startswith("gpu")]
+    assert [link["a"] for link in rank_links] == ["cpu0", "cpu0", "cpu1", "cpu1"]
+    # A rank-to-rank copy is two hops: each carries the copy bandwidth and half its latency.
+    assert {link["bandwidth_gbps"] for link in rank_links} == {11.0}
+    assert [link["latency_us"] for link in rank_links] == pytest.approx([0.6] * 4)
+    route = topo.route("gpu0", "gpu1")
+    assert topo.bottleneck(route) == pytest.approx(11e9)
+    assert [n for n in doc["nodes"] if n["kind"] == "cpu"][0]["dram_bandwidth_gbps"] == 40.0
+
+
+def test_apply_link_fits_on_a_dgx1():
+    matrix = parse_topo_matrix((DATA / "dgx1-v100.txt").read_text())
+    doc = to_topology(matrix, name="dgx1", gpu_specs=["V100"] * 8, pcie_generation=3, inter_socket="qpi")
+    links = [fitted("h2d_pinned/gpu0", "h2d_pinned", 11.0, 10.0), fitted("d2h_pinned/gpu0", "d2h_pinned", 13.0, 12.0),
+             fitted("p2p/gpu0-gpu1", "p2p", 45.0, 3.0), fitted("p2p/gpu0-gpu5", "p2p", 9.0, 20.0)]
+    apply_link_fits(doc, links, p2p=True)
+    by_ends = {(link["a"], link["b"]): link for link in doc["links"]}
+    assert by_ends[("sw0", "gpu0")]["bandwidth_gbps"] == pytest.approx(12.0)
+    assert by_ends[("sw0", "gpu0")]["latency_us"] == pytest.approx(11.0)
+    assert "bandwidth_gbps" not in by_ends[("sw0", "gpu1")]  # not measured: the library derives it
+    assert by_ends[("gpu0", "gpu1")]["bandwidth_gbps"] == pytest.approx(45.0)
+    topo = load_topology(doc)
+    assert topo.bottleneck(topo.route("gpu0", "gpu1")) == pytest.approx(45e9)
+
+
+def test_apply_link_fits_through_an_nvswitch():
+    matrix = parse_topo_matrix((DATA / "dgx-a100.txt").read_text())
+    doc = to_topology(matrix, name="a100", gpu_specs=["A100"] * 8, pcie_generation=4, inter_socket="amd")
+    links = [fitted("p2p/gpu0-gpu1", "p2p", 270.0, 4.0), fitted("p2p/gpu0-gpu2", "p2p", 250.0, 4.0)]
+    apply_link_fits(doc, links)
+    gpu0 = next(link for link in doc["links"] if link["a"] == "gpu0" and link["b"] == "nvswitch0")
+    assert gpu0["bandwidth_gbps"] == pytest.approx(260.0)
+    assert gpu0["latency_us"] == pytest.approx(2.0)  # half a GPU-GPU copy: two hops through the switch
+    load_topology(doc)
