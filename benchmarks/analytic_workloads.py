@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from trainsim.errors import TrainsimError
 from trainsim.sim.analytic_models import BUILTINS, build_analytic
 from trainsim.sim.roofline import compute_time
 
@@ -51,7 +52,7 @@ def main() -> None:
             try:
                 fwd, bwd = compute_time(wl, device, batch, args.precision)
                 cells.append(f"{(fwd + bwd) * 1e3:8.1f} ({batch / (fwd + bwd):6.0f})")
-            except Exception:  # a precision the device lacks
+            except TrainsimError:  # a precision the device lacks
                 cells.append(f"{'-':>16}")
         print(f"{name:<11}" + "".join(f"{c:>18}" for c in cells))
     print(f"\ngenerated {len(workloads)} workloads in {build_s * 1e3:.0f} ms")

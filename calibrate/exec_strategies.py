@@ -376,8 +376,9 @@ class Easgd(Single):
         self.steps += 1
         if self.steps % self.cfg.easgd.tau == 0:
             self.flat.read_params(self.w)
-            before = self.w.clone() if self.cfg.capture_params else None
-            centre_before = self.centre.clone() if self.cfg.capture_params and self.centre is not None else None
+            capture = self.cfg.capture_params
+            before = self.w.clone() if capture else None
+            centre_before = self.centre.clone() if capture and self.centre is not None else None
             if self.variant == "sync":
                 self._sync()
             else:

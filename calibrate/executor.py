@@ -60,7 +60,7 @@ class Measurement:
     peak_memory_bytes: list[int]  # per rank
     memory_measure: str
     breakdown_s: dict[str, float]  # median per phase over measured iterations, averaged over ranks
-    losses: list[float]  # rank 0's loss per measured iteration (rank 0's shard, or the whole batch for dp-gpu0)
+    losses: list[float]  # rank 0's loss per measured iteration (its shard; dp-gpu0: the whole batch)
     ran: dict  # what really ran: strategy, ranks, device, threads, optimizations applied, notes
     wall_s: float  # the whole launch, start-up included
     ranks: list[RankResult] = field(default_factory=list, repr=False)
@@ -237,7 +237,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
         notes.append("activation offload on CPU ranks: host-to-host copies only (no second memory)")
     if strategy.offloader is not None:
         st = strategy.offloader.stats
-        notes.append(f"offload: {st.offloaded_bytes / max(1, total)} bytes/iteration offloaded, "
+        notes.append(f"offload: {st.offloaded_bytes // max(1, total)} bytes/iteration offloaded, "
                      f"{st.prefetched} unpacks prefetched, {st.on_demand} on demand")
     params = strategy.final_params().numpy() if cfg.capture_params else None
     extra = dict(strategy.extra)
@@ -280,17 +280,52 @@ def _summarise(cfg: ExecConfig, results: list[RankResult], wall_s: float, thread
                        losses=results[0].losses, ran=ran, wall_s=wall_s, ranks=results)
 
 
+def rank_main_many(ctx, cfgs: list[ExecConfig]) -> list[RankResult]:
+    """Several runs one after the other in the same rank processes (one start-up for all)."""
+    import torch.distributed as dist
+
+    results = []
+    for cfg in cfgs:
+        dist.barrier()
+        result = rank_main(ctx, cfg)
+        if cfg.device == "cpu" and len(cfgs) > 1:
+            result.memory_measure += " (process reused: freed memory is reused, so later runs read low)"
+        results.append(result)
+    return results
+
+
+def _threads(cfg: ExecConfig) -> int:
+    from trainsim.calibrate.launch import plan_cores
+
+    return len(plan_cores(cfg.ranks)[0]) if cfg.device == "cpu" else 1
+
+
 def run(cfg: ExecConfig) -> Measurement:
     """Execute ``cfg`` on this box and measure it. Raises TrainsimError when the box cannot run it."""
-    from trainsim.calibrate.launch import launch, plan_cores
+    return run_many([cfg])[0]
 
-    reason = infeasible_reason(cfg)
-    if reason:
-        raise TrainsimError(f"cannot run here: {reason}")
-    threads = len(plan_cores(cfg.ranks)[0]) if cfg.device == "cpu" else 1
+
+def run_many(cfgs: list[ExecConfig]) -> list[Measurement]:
+    """Execute several configs with the same ranks and device in one launch (start-up paid once; for tests
+    and quick checks: the peak-memory figure of CPU runs after the first reads low). Raises TrainsimError
+    when the box cannot run one of them."""
+    from trainsim.calibrate.launch import launch
+
+    if not cfgs:
+        return []
+    first = cfgs[0]
+    for cfg in cfgs:
+        reason = infeasible_reason(cfg)
+        if reason:
+            raise TrainsimError(f"cannot run here: {reason}")
+        if (cfg.ranks, cfg.device) != (first.ranks, first.device):
+            raise TrainsimError("run_many needs the same ranks and device for every config", field="ranks")
     start = time.perf_counter()
-    results = launch(rank_main, cfg.ranks, args=(cfg,), device=cfg.device, timeout_s=cfg.timeout_s)
-    return _summarise(cfg, results, time.perf_counter() - start, threads)
+    per_rank = launch(rank_main_many, first.ranks, args=(list(cfgs),), device=first.device,
+                      timeout_s=sum(c.timeout_s for c in cfgs))
+    wall = time.perf_counter() - start
+    return [_summarise(cfg, [results[i] for results in per_rank], wall, _threads(cfg))
+            for i, cfg in enumerate(cfgs)]
 
 
 def run_variant(scenario: dict, variant: str | None = None, *, file: str | None = None,

@@ -155,14 +155,13 @@ class _Run:
         return self.meta["steps_done"].get(step, {}).get("results", {})
 
 
-def run_calibration(config: CalibrationConfig, progress: Progress | None = None) -> Path:
-    """Run the calibration described by ``config``; return the bundle folder.
+def validate(config: CalibrationConfig) -> tuple[str, int]:
+    """Check what can be checked before measuring anything; return the resolved (device, ranks).
 
-    Raises TrainsimError for bad input and CalibrationInterrupted on Ctrl-C (after saving meta.json).
+    Unknown model, unknown device, cuda without a GPU, more ranks than GPUs, an unwritable output folder:
+    each a TrainsimError naming the option. Normalises ``config.model`` to the zoo's name.
     """
-    progress = progress or (lambda step, detail: None)
-    model = check_model(config.model)
-    config.model = model
+    config.model = check_model(config.model)
     device = resolve_device(config.device)
     ranks = config.ranks or default_ranks(device)
     if device == "cuda":
@@ -174,6 +173,16 @@ def run_calibration(config: CalibrationConfig, progress: Progress | None = None)
                 field="--ranks",
             )
     check_writable(config.out)
+    return device, ranks
+
+
+def run_calibration(config: CalibrationConfig, progress: Progress | None = None) -> Path:
+    """Run the calibration described by ``config``; return the bundle folder.
+
+    Raises TrainsimError for bad input and CalibrationInterrupted on Ctrl-C (after saving meta.json).
+    """
+    progress = progress or (lambda step, detail: None)
+    device, ranks = validate(config)
     settings = {
         **asdict(config),
         "out": str(config.out),

@@ -67,6 +67,8 @@ class Scenario(_Strict):
     schema_: Literal["trainsim.scenario/1"] = Field(default=SCHEMA, alias="schema")
     name: str = Field(default="scenario", min_length=1)
     description: str = ""
+    assumptions: list[str] = Field(default_factory=list,
+                                   description="what the scenario assumes that its source does not state")
     topology: str | dict[str, Any]
     workload: str | WorkloadRef
     strategy: StrategySpec

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from trainsim.topologies import Topology
 
-from .rings import Channel, build_channels
+from .rings import Channel, build_channels, rail_starts
 
 US = 1e-6
 BASE_LATENCY = 8.4 * US  # NCCL Simple protocol, per collective
@@ -150,24 +150,35 @@ def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
     return first, second
 
 
+def _chain_order(topo: Topology, gpus: list[str]) -> list[str]:
+    return list(build_channels(topo, gpus)[0].order) if len(gpus) > 1 else list(gpus)
+
+
 def tree_plan(topo: Topology, gpus: list[str]) -> Plan:
     machines = sorted({topo.machine_of(g) for g in gpus})
-    local = [[g for g in gpus if topo.machine_of(g) == m] for m in machines]
+    # Inside a machine the tree is a chain along the machine's best ring (NVLink hops on a mesh).
+    local = [_chain_order(topo, [g for g in gpus if topo.machine_of(g) == m]) for m in machines]
+    # One pair of trees per rail (distinct NIC) between machines, as NCCL runs several tree channels:
+    # the chain of rail r starts at its r-th GPU, so every NIC heads a tree.
+    rails = rail_starts(topo, local[0]) if len(machines) > 1 else [0]
     lanes = []
-    for t, parents in enumerate(dtree_parents(len(machines))):
-        # Tree 0 enters every machine at its first GPU, tree 1 at its last (chain reversed), so the two
-        # trees leave by different NICs and use both directions of the chain links.
-        chains = [lst if t == 0 else lst[::-1] for lst in local]
-        edges = [(c[i + 1], c[i]) for c in chains for i in range(len(c) - 1)]  # child -> parent
-        edges += [(chains[m][0], chains[p][0]) for m, p in enumerate(parents) if p >= 0]
-        up = [_transfer(topo, a, b, 0.5) for a, b in edges]
-        down = [_transfer(topo, b, a, 0.5) for a, b in edges]
-        # NCCL's tree latency: up and down the depth (intra-machine chain, then log2 of the machines).
-        intra = max((x.latency for x in up if hop_class(topo, x.route) != "network"), default=0.0)
-        inter = max((x.latency for x in up if hop_class(topo, x.route) == "network"), default=0.0)
-        depth = max(len(c) for c in chains) - 1
-        latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
-        lanes.append((Phase(tuple(Transfer(x.route, x.share, latency) for x in up + down)),))
+    for start in rails:
+        rotated = [lst[start % len(lst):] + lst[:start % len(lst)] for lst in local]
+        for t, parents in enumerate(dtree_parents(len(machines))):
+            # The second tree enters every machine at the chain's other end (its own NIC) and runs the
+            # chain the other way, so the two trees use both directions of the chain links.
+            chains = [c if t == 0 else c[::-1] for c in rotated]
+            edges = [(c[i + 1], c[i]) for c in chains for i in range(len(c) - 1)]  # child -> parent
+            edges += [(chains[m][0], chains[p][0]) for m, p in enumerate(parents) if p >= 0]
+            share = 0.5 / len(rails)
+            up = [_transfer(topo, a, b, share) for a, b in edges]
+            down = [_transfer(topo, b, a, share) for a, b in edges]
+            # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines).
+            intra = max((x.latency for x in up if hop_class(topo, x.route) != "network"), default=0.0)
+            inter = max((x.latency for x in up if hop_class(topo, x.route) == "network"), default=0.0)
+            depth = max(len(c) for c in chains) - 1
+            latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
+            lanes.append((Phase(tuple(Transfer(x.route, x.share, latency) for x in up + down)),))
     return Plan("allreduce", "tree", tuple(gpus), tuple(lanes))
 
 
@@ -196,7 +207,7 @@ def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str) -> Plan:
     return Plan(op, "nvls", tuple(gpus), ((Phase(tuple(transfers)),),))
 
 
-# ---- point to point -----------------------------------------------------------------------------------------
+# ---- point to point ---------------------------------------------------------------------------------------
 
 def p2p_plan(topo: Topology, op: str, gpus: list[str]) -> Plan:
     n = len(gpus)

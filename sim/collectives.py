@@ -33,6 +33,7 @@ SUPPORTED = {"allreduce": ("ring", "tree", "nvls"), "reduce_scatter": ("ring", "
              "allgather": ("ring", "nvls"), "broadcast": ("ring",), "reduce": ("ring",),
              "alltoall": ("p2p",), "sendrecv": ("p2p",)}
 METHODS = ("flow", "analytic")
+MAX_FLOWS = 8192  # per collective on the flow path, before repeated steps are grouped (run_collective)
 
 GB = 1e9
 
@@ -117,7 +118,8 @@ def _build(topo: Topology, op: str, gpus: list[str], algo: str) -> tuple[Plan, t
         switch = nvls_switch(topo, gpus)
         if switch is None:
             raise TrainsimError("nvls needs every GPU of the group linked to one NVSwitch with in-switch "
-                                f"reduction (reduce: true); {topo.name} has none for {gpus}", field="algo")
+                                f"reduction (reduce: true); {topo.name} has none for this group",
+                                field="algo")
         plan = nvls_plan(topo, op, gpus, switch)
     else:
         plan = p2p_plan(topo, op, gpus)
@@ -166,25 +168,33 @@ def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, n
 
 def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op: str,
                    gpus: Sequence[str | int] | None, nbytes: float, *, algo: str = "auto",
-                   tag: object = None) -> Generator:
+                   tag: object = None, max_flows: int = MAX_FLOWS) -> Generator:
     """A SimPy process body: the collective's transfers as flows on ``net`` (built from ``topo``).
 
     ``yield env.process(run_collective(...))``; the process's value is the algorithm that ran.
+    A plan that would start more than ``max_flows`` flows (a ring over many ranks: 2(n-1) steps of n flows
+    per channel) runs its repeated steps in groups: each flow then carries several consecutive steps'
+    bytes after their summed latency. Every edge carries the same bytes in the same order, so the time is
+    unchanged where the steps are symmetric, with a fraction of the events.
     """
     names, algo = _resolve(topo, op, gpus, nbytes, algo)
     plan = plan_collective(topo, op, names, algo)
     if not plan.lanes:
         return algo
+    group = max(1.0, plan.flows / max_flows)
     yield env.timeout(plan.base_latency)
-    lanes = [env.process(_run_lane(env, net, lane, nbytes, tag)) for lane in plan.lanes]
+    lanes = [env.process(_run_lane(env, net, lane, nbytes, tag, group)) for lane in plan.lanes]
     yield simpy.AllOf(env, lanes)
     return algo
 
 
-def _run_lane(env, net, lane, nbytes, tag) -> Generator:
+def _run_lane(env, net, lane, nbytes, tag, group: float) -> Generator:
     for phase in lane:
-        for _ in range(phase.repeat):
-            yield simpy.AllOf(env, [net.transfer(t.route, t.share * nbytes, latency=t.latency, tag=tag)
+        runs = max(1, math.ceil(phase.repeat / group))
+        per_run = phase.repeat / runs  # steps per flow (fractional steps keep the totals exact)
+        for _ in range(runs):
+            yield simpy.AllOf(env, [net.transfer(t.route, t.share * nbytes * per_run,
+                                                 latency=t.latency * per_run, tag=tag)
                                     for t in phase.transfers])
 
 
@@ -247,7 +257,7 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """'1K:1G' -> 1 KiB, 2 KiB, ..., 1 GiB (factor 2, as nccl-tests -f 2); 'MIN:MAX:FACTOR'; or a comma list."""
+    """'1K:1G' -> 1 KiB, 2 KiB, ..., 1 GiB (factor 2, as nccl-tests -f 2); 'MIN:MAX:FACTOR'; 'A,B,C'."""
     if ":" not in text:
         sizes = [parse_size(part) for part in text.split(",") if part.strip()]
     else:
@@ -274,3 +284,36 @@ def _is_number(text: str) -> bool:
         return math.isfinite(float(text))
     except ValueError:
         return False
+
+
+def bench_lines(rows: list[dict], *, title: str = "") -> list[str]:
+    """An nccl-tests-style table of `bench` rows: one line per size, the flow and analytic paths side by
+    side, and how far apart they are."""
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    by_size: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by_size.setdefault(r["size_bytes"], {})[r["method"]] = r
+    head1 = f"{'':>13} {'':>5}"
+    head2 = f"{'size (B)':>13} {'algo':>5}"
+    for m in methods:
+        head1 += f" | {m + ' path':^31}"
+        head2 += f" | {'time (us)':>11} {'algbw':>9} {'busbw':>9}"
+    if len(methods) == 2:
+        head1 += f" | {'flow vs':>8}"
+        head2 += f" | {'analytic':>8}"
+    lines = [f"# {title}"] if title else []
+    units = f"{'':>19}" + "".join(f" | {'':>11} {'GB/s':>9} {'GB/s':>9}" for _ in methods)
+    lines += [f"# {head1}", f"# {head2}", f"# {units}"]
+    for size, per in by_size.items():
+        algo = next(iter(per.values()))["algo"]
+        line = f"{size:>15} {algo:>5}"
+        for m in methods:
+            r = per.get(m)
+            line += (f" | {r['time_s'] * 1e6:>11.2f} {r['algbw_gbps']:>9.2f} {r['busbw_gbps']:>9.2f}" if r
+                     else f" | {'-':>11} {'-':>9} {'-':>9}")
+        if len(methods) == 2 and all(m in per for m in methods):
+            a = per["analytic"]["time_s"]
+            diff = (per["flow"]["time_s"] - a) / a * 100 if a > 0 else 0.0
+            line += f" | {diff:>+7.2f}%"
+        lines.append(line)
+    return lines

@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import re
+import sys
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -346,7 +347,7 @@ class _Collector:
         if not isinstance(ts, int | float) or not isinstance(dur, int | float):
             return
         args = ev.get("args") or {}
-        name = str(ev.get("name", ""))
+        name = sys.intern(str(ev.get("name", "")))     # the same op and kernel names recur thousands of times
         kind = None
         if cat in _KERNEL:
             collective = collective_from_args(args, name) if name.startswith("nccl") else None

@@ -113,6 +113,7 @@ class Result:
     critical_gpu: str
     links: list[LinkResult]
     measured_window_s: tuple[float, float]
+    iteration_ends_s: list[float] = field(default_factory=list)  # every iteration, warm-up included
     stats: dict[str, Any] = field(default_factory=dict)
     machine: Any = field(default=None, repr=False, compare=False)  # for the trace and the records
 

@@ -23,6 +23,7 @@ import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
+from trainsim.errors import TrainsimError
 from trainsim.topologies import Topology
 
 MAX_CYCLES = 20_000  # Hamiltonian cycles enumerated per mesh (8 GPUs have at most 2,520)
@@ -74,16 +75,8 @@ def build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
 
 def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tuple[Channel, ...]:
     local = {m: [g for g in gpus if topo.machine_of(g) == m] for m in machines}
-    first = local[machines[0]]
-    entries = []  # local indices of the GPUs a channel enters a machine by: one per distinct NIC
-    seen = set()
-    for i, gpu in enumerate(first):
-        nic = _nic(topo, gpu)
-        if nic not in seen:
-            seen.add(nic)
-            entries.append(i)
     channels = []
-    for start in entries:
+    for start in rail_starts(topo, local[machines[0]]):
         order: list[str] = []
         for m in machines:
             ring = local[m]
@@ -93,11 +86,18 @@ def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tupl
     return tuple(Channel(tuple(o), 1.0 / len(channels)) for o in channels)
 
 
-def _nic(topo: Topology, gpu: str) -> str | None:
-    try:
-        return topo.nic_of(gpu)
-    except Exception:  # a machine without a NIC on a network: no rails to spread over
-        return None
+def rail_starts(topo: Topology, chain: list[str]) -> list[int]:
+    """Positions in a machine's GPU list of the first GPU behind each distinct NIC (its "rails")."""
+    starts, seen = [], set()
+    for i, gpu in enumerate(chain):
+        try:
+            nic = topo.nic_of(gpu)
+        except TrainsimError:  # no NIC on a network: a single rail
+            nic = None
+        if nic not in seen:
+            seen.add(nic)
+            starts.append(i)
+    return starts
 
 
 # ---- one machine ------------------------------------------------------------------------------------------

@@ -229,7 +229,7 @@ class Simulation:
             iterations=sc.iterations, warmup_iterations=w,
             iteration_times_s=[b - a for a, b in windows],
             breakdown_s={k: v / n_it for k, v in parts.items()}, critical_gpu=critical,
-            links=self._link_results(span), measured_window_s=span,
+            links=self._link_results(span), measured_window_s=span, iteration_ends_s=ends,
             stats={"events": getattr(env, "events_processed", None), "wall_s": round(wall, 6),
                    "flows": self.machine.net.stats.flows_started,
                    "recomputes": self.machine.net.stats.recomputes},

@@ -86,25 +86,49 @@ class Context:
         self.machine.gpus[gpu].memory.alloc(self.env.now, nbytes, "input")
         yield from self.machine.h2d(gpu, nbytes, iteration=iteration, pinned=self.pinned)
 
+    def _segment(self, gpu: str, iteration: int, op: str, layers: list[int], times: list[float],
+                 saved_delta: int):
+        """Layers back to back on the compute stream in one timeout (a rank's own stream runs them without a
+        gap, so one event stands for many); each layer is still recorded, and its activations allocated
+        (forward, ``saved_delta`` = +1) or freed (backward, -1) at its own start or end."""
+        costs, machine, env = self.costs[gpu], self.machine, self.env
+        memory = machine.gpus[gpu].memory
+        with machine.gpus[gpu].streams["compute"].request() as req:
+            yield req
+            t = env.now
+            total = sum(times[i] for i in layers)
+            for i in layers:
+                end = t + times[i]
+                if saved_delta > 0:
+                    memory.alloc(t, costs.saved_bytes_per_layer[i], "activations")
+                machine.record(iteration=iteration, resource=gpu, stream="compute", op=op, start=t, end=end,
+                               category=COMPUTE, layer=costs.layer_names[i])
+                if saved_delta < 0:
+                    memory.free(end, costs.saved_bytes_per_layer[i], "activations")
+                elif i == 0:
+                    memory.free(end, costs.input_bytes, "input")  # the first layer made its own copy
+                t = end
+            if total > 0:
+                yield env.timeout(total)
+
     def forward(self, gpu: str, iteration: int):
         """Every layer's forward on the compute stream; saved activations allocated as they are made."""
-        costs, memory, machine = self.costs[gpu], self.machine.gpus[gpu].memory, self.machine
-        for i, name in enumerate(costs.layer_names):
-            memory.alloc(self.env.now, costs.saved_bytes_per_layer[i], "activations")
-            yield from machine.run(gpu, "compute", costs.forward_s[i], op="forward", layer=name,
-                                   iteration=iteration)
-            if i == 0:
-                memory.free(self.env.now, costs.input_bytes, "input")  # the first layer made its own copy
+        costs = self.costs[gpu]
+        yield from self._segment(gpu, iteration, "forward", list(range(len(costs.layer_names))), costs.forward_s, +1)
 
-    def backward(self, gpu: str, iteration: int, on_layer_done: Callable[[int], None] | None = None):
-        """Every layer's backward in reverse order; its saved activations are freed when it is done."""
-        costs, memory, machine = self.costs[gpu], self.machine.gpus[gpu].memory, self.machine
+    def backward(self, gpu: str, iteration: int, stops: dict[int, Callable[[], None]] | None = None):
+        """Every layer's backward in reverse order, freeing its saved activations when done; after layer i,
+        ``stops[i]()`` is called (e.g. a DDP bucket is complete)."""
+        costs = self.costs[gpu]
+        stops = stops or {}
+        segment: list[int] = []
         for i in reversed(range(len(costs.layer_names))):
-            yield from machine.run(gpu, "compute", costs.backward_s[i], op="backward",
-                                   layer=costs.layer_names[i], iteration=iteration)
-            memory.free(self.env.now, costs.saved_bytes_per_layer[i], "activations")
-            if on_layer_done is not None:
-                on_layer_done(i)
+            segment.append(i)
+            if i in stops or i == 0:
+                yield from self._segment(gpu, iteration, "backward", segment, costs.backward_s, -1)
+                segment = []
+                if i in stops:
+                    stops[i]()
 
     def optimizer_step(self, gpu: str, iteration: int):
         yield from self.machine.run(gpu, "compute", self.costs[gpu].step_s, op="optimizer", iteration=iteration,

@@ -44,15 +44,13 @@ def _rank(ctx: Context, gpu: str, buckets: list[list[int]], ready, done, counts:
         yield from ctx.input_copy(gpu, it)
         yield from ctx.forward(gpu, it)
 
-        def layer_done(i: int, it=it):
-            b = closes_at.get(i)
-            if b is None:
-                return
+        def bucket_done(b: int, it=it):
             counts[it, b] = counts.get((it, b), 0) + 1
             if counts[it, b] == ctx.n:  # every rank has this bucket's gradients: NCCL can start
                 ready(it, b).succeed()
 
-        yield from ctx.backward(gpu, it, layer_done if buckets else None)
+        stops = {layer: (lambda b=b, f=bucket_done: f(b)) for layer, b in closes_at.items()}
+        yield from ctx.backward(gpu, it, stops)
         if buckets:
             yield done(it, len(buckets) - 1)
         yield from ctx.optimizer_step(gpu, it)

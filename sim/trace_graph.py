@@ -86,8 +86,8 @@ class CpuPoint:
     t: float                         # measured time
     label: str                       # "call" | "return" | "resume" | "idle" | "step"
     own: float = 0.0                 # CPU time since the thread's previous point
-    gpu_waits: list[tuple[int, float]] = field(default_factory=list)   # (op, slack)
-    cpu_waits: list[tuple[int, float]] = field(default_factory=list)   # (point, slack)
+    gpu_waits: list[tuple[int, float]] | tuple = ()   # (op, slack)
+    cpu_waits: list[tuple[int, float]] | tuple = ()   # (point, slack)
     name: str = ""
 
 

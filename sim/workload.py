@@ -252,6 +252,7 @@ class Workload(_Strict):
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     input: InputSpec
     layers: list[Layer] = Field(min_length=1)
+    # seconds of one optimizer step (measured); it does not depend on the batch, so points hold any batch
     optimizer_step: TimeModel | None = None
     provenance: Provenance
 

@@ -148,6 +148,47 @@ def topo_route(
         typer.echo("\n".join(route_lines(report)))
 
 
+@topo_app.command("bench")
+def topo_bench(
+    topology: str = typer.Argument(..., help="A preset name or a topology YAML file."),
+    collective: str = typer.Option("allreduce", "--collective", "-c",
+                                   help="allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall "
+                                        "or sendrecv."),
+    algo: str = typer.Option("auto", "--algo", help="ring, tree, nvls, p2p, or auto (NCCL-like choice)."),
+    sizes: str = typer.Option("1K:1G", "--sizes", help="MIN:MAX[:FACTOR] (factor 2 by default) or a "
+                                                        "comma list; K/M/G = 2^10/2^20/2^30 bytes."),
+    gpus: str | None = typer.Option(None, "--gpus",
+                                    help="Comma-separated GPU names or indices (default: all)."),
+    method: str = typer.Option("both", "--method", help="flow, analytic or both."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: a list of rows."),
+):
+    """Collective timings on a topology, nccl-tests style: size, time, algbw, busbw, from the flow-level
+    simulation and the analytic alpha-beta model."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from trainsim.sim import collectives as coll
+    from trainsim.topologies import load_topology
+
+    methods = coll.METHODS if method == "both" else (method,)
+    if method != "both" and method not in coll.METHODS:
+        raise TrainsimError(f"unknown method {method!r}; valid choices: both, flow, analytic", field="method")
+    topo = load_topology(topology)
+    size_list = coll.parse_sizes(sizes)
+    group = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"{collective} on {topo.name}", total=len(size_list) * len(methods))
+        rows = coll.bench(topo, collective, size_list, algo=algo, gpus=group, methods=methods,
+                          progress=lambda: bar.advance(task))
+    if as_json:
+        print_json(rows)
+        return
+    n = len(coll.resolve_gpus(topo, group))
+    title = (f"{collective} on {topo.name}, {n} GPUs, algo {algo}; "
+             f"busbw = algbw x {coll.bus_factor(collective, n):.3f}")
+    typer.echo("\n".join(coll.bench_lines(rows, title=title)))
+
+
 # ---------------------------------------------------------------- calibrate (calibrate/runner.py)
 calibrate_app = _app(help="Measure this box (topology, links, collectives, a model's layers) into a bundle: "
                           "`trainsim calibrate --model NAME [OPTIONS]`. Ctrl-C leaves a usable partial bundle; "
@@ -181,6 +222,7 @@ def calibrate_run(
 
     config = runner.CalibrationConfig(model=model, out=out, device=device, ranks=ranks, quick=quick,
                                       resume=resume, batch_sizes=runner.parse_batch_sizes(batch_sizes))
+    runner.validate(config)  # bad input fails here, before the progress bar
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=as_json) as bar:
@@ -408,6 +450,117 @@ def device_show(
         return
     for key, value in record.items():
         typer.echo(f"{key:<22} {value}")
+
+
+# ---- trainsim simulate / scenarios: the training-iteration simulator (sim/simulation.py, scenarios/) ----
+
+@app.command("simulate")
+def simulate_cmd(
+    scenario: str = typer.Argument(..., metavar="SCENARIO",
+                                   help="A shipped scenario name (see `trainsim scenarios list`) or a YAML file."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
+                                        help="Override a scenario field, e.g. --set strategy.bucket_cap_mb=50 "
+                                             "(repeatable; the value is parsed as YAML)."),
+    variant: str | None = typer.Option(None, "--variant", help="Apply one of the scenario's named variants."),
+    calibration: str | None = typer.Option(None, "--calibration", metavar="DIR",
+                                           help="A calibration bundle: its topology and workload replace the "
+                                                "scenario's."),
+    trace_out: str | None = typer.Option(None, "--trace", metavar="FILE.json.gz",
+                                         help="Write a Chrome/Perfetto (Kineto-shaped) trace."),
+    records_out: str | None = typer.Option(None, "--records", metavar="FILE.csv",
+                                           help="Write one flat row per op/transfer (CSV)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Simulate training iterations of a scenario: iteration time, where it goes, memory and links."""
+    from rich.console import Console
+
+    from trainsim.provenance import provenance
+    from trainsim.scenarios.loader import load_scenario
+    from trainsim.sim import report
+    from trainsim.sim.simulation import Simulation
+
+    sc = load_scenario(scenario, overrides, variant=variant)
+    err = Console(stderr=True)
+    with err.status(f"simulating {sc.name}"):
+        result = Simulation(sc, calibration=calibration).run()
+    prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
+                      calibration=calibration)
+    if trace_out:
+        from trainsim.sim.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(result, trace_out, provenance=prov)
+    if records_out:
+        from trainsim.sim.records import write_records
+
+        write_records(result, records_out)
+    if as_json:
+        print_json(result.to_dict(provenance=prov))
+        return
+    console = Console()
+    console.print(report.headline(result))
+    for table in report.tables(result):
+        console.print(table)
+    for line in result.oom:
+        console.print(f"[bold red]OUT OF MEMORY (a result, not an error): {line}[/]")
+    for path, what in ((trace_out, "trace"), (records_out, "records")):
+        if path:
+            console.print(f"{what} written to {path}")
+
+
+scenarios_app = _app(help="The scenarios shipped with trainsim.")
+app.add_typer(scenarios_app, name="scenarios")
+
+
+@scenarios_app.command("list")
+def scenarios_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+    """List the shipped scenarios (run one with `trainsim simulate NAME`)."""
+    from trainsim.scenarios.loader import list_scenarios
+
+    found = list_scenarios()
+    if as_json:
+        print_json([{"name": k, "description": v} for k, v in found.items()])
+        return
+    width = max((len(k) for k in found), default=0)
+    for name, description in found.items():
+        typer.echo(f"{name:<{width}}  {description}")
+
+
+# ---- reproduce: the seed papers' claims ----------------------------------------------------------------------
+
+@app.command("reproduce")
+def reproduce_cmd(
+    paper: str = typer.Argument(None, help="Paper to reproduce (omit to list them)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Run a paper's scenarios (scenarios/papers/) and print our figures next to the published ones."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainsim.sim.reproduce import list_papers, reproduce
+
+    if paper is None:
+        papers = list_papers()
+        if as_json:
+            print_json(papers)
+        else:
+            for key, title in papers.items():
+                typer.echo(f"{key:12s} {title}")
+        return
+    result = reproduce(paper)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    table = Table(title=result.title)
+    for column in ("figure", "ours", "published", "unit", "note"):
+        table.add_column(column, overflow="fold")
+    for fig in result.figures:
+        ours = f"{fig.ours:.4g}" if isinstance(fig.ours, float) else str(fig.ours)
+        published = f"{fig.published:.4g}" if isinstance(fig.published, float) else str(fig.published)
+        table.add_row(fig.name, ours, published, fig.unit, fig.note)
+    console = Console()
+    console.print(table)
+    for assumption in result.assumptions:
+        console.print(f"assumes: {assumption}")
 
 
 def main() -> None:

@@ -1,0 +1,75 @@
+"""Paper reproductions: each seed paper's claims, simulated on the closest machine it describes.
+
+A reproduction is a function registered under the paper's short name. It runs the scenarios of
+``scenarios/papers/`` (whose YAML files state every assumption the paper does not) and returns our figures
+next to the published ones. A figure that lands far from the paper is a finding to explain, not a number
+to tune toward: the ``note`` of a figure says which assumption drives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from trainsim.errors import unknown_name
+
+
+@dataclass
+class Figure:
+    """One published claim and what the simulator says."""
+
+    name: str
+    ours: float | str | None
+    published: float | str | None
+    unit: str = ""
+    note: str = ""
+
+
+@dataclass
+class Reproduction:
+    paper: str
+    title: str
+    figures: list[Figure]
+    assumptions: list[str] = field(default_factory=list)
+    tables: dict[str, list[dict]] = field(default_factory=dict)  # extra detail, e.g. a scaling table
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ReproduceFn = Callable[..., Reproduction]
+_PAPERS: dict[str, tuple[str, ReproduceFn]] = {}
+
+
+def register_paper(key: str, title: str):
+    """Decorator: ``@register_paper("scalednn", "ScaleDNN (Xu et al., ICCAD 2021)")``."""
+
+    def wrap(fn: ReproduceFn) -> ReproduceFn:
+        _PAPERS[key] = (title, fn)
+        return fn
+
+    return wrap
+
+
+def _load_all() -> None:
+    # Importing a paper's module registers it; modules are named paper_<key>.py in this package.
+    import importlib
+    import pkgutil
+
+    import trainsim.sim as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("paper_"):
+            importlib.import_module(f"trainsim.sim.{info.name}")
+
+
+def list_papers() -> dict[str, str]:
+    _load_all()
+    return {key: title for key, (title, _fn) in sorted(_PAPERS.items())}
+
+
+def reproduce(key: str, **options) -> Reproduction:
+    _load_all()
+    if key not in _PAPERS:
+        raise unknown_name("paper", key, _PAPERS, field="PAPER")
+    return _PAPERS[key][1](**options)

@@ -1,0 +1,161 @@
+"""`describe`: per-layer bytes and FLOPs read off torch, checked by hand and against the built-ins."""
+
+import functools
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from trainsim.calibrate.describe import describe, describe_layers, parse_overrides  # noqa: E402
+from trainsim.cli import app  # noqa: E402
+from trainsim.errors import TrainsimError  # noqa: E402
+from trainsim.sim.analytic_models import BUILTINS, build_analytic  # noqa: E402
+from trainsim.sim.workload import load_workload  # noqa: E402
+
+F32, I64 = 4, 8
+SMALL_GPT = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=50, block_size=8)
+
+
+@functools.cache
+def _describe(name, **cfg):
+    # describe() is deterministic; cache it so full-size models are described once per test session
+    return describe(name, **cfg)
+
+
+def _by_name(workload):
+    return {layer.name: layer for layer in workload.layers}
+
+
+def test_tiny_cnn_saved_bytes_by_hand():
+    layers = _by_name(_describe("tiny-cnn"))
+    assert layers["conv1"].saved_activation_bytes_per_sample == 3 * 32 * 32 * F32  # the image
+    assert layers["relu1"].saved_activation_bytes_per_sample == 16 * 32 * 32 * F32  # its output
+    # maxpool's input is relu1's output, already saved: only the int64 indices are new
+    assert layers["pool1"].saved_activation_bytes_per_sample == 16 * 16 * 16 * I64
+    assert layers["conv2"].saved_activation_bytes_per_sample == 16 * 16 * 16 * F32
+    assert layers["fc"].saved_activation_bytes_per_sample == 32 * 8 * 8 * F32  # flatten is a view
+    assert layers["pool2"].output_bytes_per_sample == 32 * 8 * 8 * F32
+
+
+def test_tiny_cnn_flops_by_hand():
+    layers = _by_name(_describe("tiny-cnn"))
+    conv1 = 2 * 16 * 3 * 3 * 3 * 32 * 32  # a multiply-add is 2 FLOPs
+    assert layers["conv1"].flops_forward_per_sample == conv1
+    assert layers["conv1"].flops_backward_per_sample == conv1  # the image needs no gradient
+    conv2 = 2 * 32 * 16 * 3 * 3 * 16 * 16
+    assert layers["conv2"].flops_backward_per_sample == 2 * conv2
+    assert layers["relu1"].flops_forward_per_sample == 0
+    assert layers["conv2"].spatial.in_h == 16 and layers["conv2"].spatial.out_c == 32
+
+
+def test_resnet18_saved_bytes_by_hand():
+    layers = _by_name(_describe("resnet18"))
+    assert layers["conv1"].saved_activation_bytes_per_sample == 3 * 224 * 224 * F32
+    bn1 = layers["bn1"]
+    assert bn1.saved_activation_bytes_per_sample == 64 * 112 * 112 * F32
+    assert bn1.saved_activation_bytes_fixed == 2 * 64 * F32  # save_mean, save_invstd; running stats excluded
+    assert layers["maxpool"].saved_activation_bytes_per_sample == 64 * 56 * 56 * I64
+    # maxpool keeps its input and indices, not its output: the first block's conv saves that
+    assert layers["layer1.0.conv1"].saved_activation_bytes_per_sample == 64 * 56 * 56 * F32
+    # layer2.0's input is layer1.1.relu2's output, which that relu already saved
+    assert layers["layer1.1.relu2"].saved_activation_bytes_per_sample == 64 * 56 * 56 * F32
+    assert layers["layer2.0.conv1"].saved_activation_bytes_per_sample == 0
+    assert layers["layer2.0.downsample.0"].saved_activation_bytes_per_sample == 0
+    assert layers["avgpool"].saved_activation_bytes_per_sample == 0  # 1x1 output: the `mean` path
+    assert layers["fc"].param_bytes == (512 * 1000 + 1000) * F32
+
+
+def test_gpt_tied_head_attention_and_fixed_bytes():
+    t, c, heads = SMALL_GPT["block_size"], SMALL_GPT["n_embd"], SMALL_GPT["n_head"]
+    layers = _by_name(_describe("gpt2-small", **SMALL_GPT))
+    assert layers["lm_head"].param_bytes == 0
+    assert layers["lm_head"].shared_param_bytes == layers["wte"].param_bytes == 50 * c * F32
+    core = layers["h.0.attn.core"]
+    assert core.saved_activation_bytes_per_sample == (3 * t * c + heads * t * t) * F32  # q, k, v, softmax
+    assert core.saved_activation_bytes_fixed == t * t  # the bool causal mask
+    assert layers["wte"].saved_activation_bytes_per_sample == t * I64
+    assert layers["wpe"].saved_activation_bytes_fixed == t * I64  # positions: once per batch
+    assert layers["wpe"].output_bytes_per_sample == 0
+
+
+def test_meta_and_cpu_agree():
+    for name, cfg in (("tiny-cnn", {}), ("gpt2-small", SMALL_GPT)):
+        assert describe_layers(name, "meta", **cfg) == describe_layers(name, "cpu", **cfg)
+
+
+def _assert_same_layers(ours, theirs, label):
+    assert [layer.name for layer in ours.layers] == [layer.name for layer in theirs.layers], label
+    for a, b in zip(ours.layers, theirs.layers, strict=True):
+        for field in ("kind", "param_bytes", "shared_param_bytes", "saved_activation_bytes_per_sample",
+                      "saved_activation_bytes_fixed", "output_bytes_per_sample", "flops_forward_per_sample",
+                      "flops_backward_per_sample", "memory_bytes_forward_per_sample",
+                      "memory_bytes_backward_per_sample", "spatial"):
+            assert getattr(a, field) == getattr(b, field), f"{label}: {a.name}.{field}"
+    assert ours.input == theirs.input, label
+
+
+SMALL = {"gpt2-small": SMALL_GPT, "tiny-cnn": {"image_size": 16, "num_classes": 7}}
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_describe_matches_the_analytic_generator_at_a_small_size(name):
+    cfg = SMALL.get(name, {"image_size": 64, "num_classes": 10})
+    _assert_same_layers(_describe(name, **cfg), build_analytic(name, **cfg), f"{name} {cfg}")
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_describe_matches_the_shipped_builtin_workload(name):
+    _assert_same_layers(_describe(name), load_workload(name), name)
+
+
+def test_published_flops_totals():
+    # forward GMACs at 224x224 (torchvision's model docs: 0.71 / 15.47 / 4.09 / 1.50)
+    for name, gmacs in (("alexnet", 0.71), ("vgg16", 15.47), ("resnet50", 4.09), ("googlenet", 1.50)):
+        flops = _describe(name).flops_forward_per_sample
+        assert flops / 2e9 == pytest.approx(gmacs, rel=0.02), name
+
+
+def test_too_small_image_is_one_clear_error():
+    with pytest.raises(TrainsimError, match="image_size=8"):
+        describe("alexnet", image_size=8)
+
+
+def test_parse_overrides():
+    assert parse_overrides(["image_size=32", "dropout=0.1"]) == {"image_size": 32, "dropout": 0.1}
+    with pytest.raises(TrainsimError):
+        parse_overrides(["image_size"])
+    with pytest.raises(TrainsimError):
+        parse_overrides(["image_size=big"])
+
+
+runner = CliRunner()
+
+
+def test_cli_describe_writes_a_loadable_workload(tmp_path):
+    out = tmp_path / "tiny.json"
+    result = runner.invoke(app, ["calibrate", "describe", "tiny-cnn", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["params"] == 25578 and len(summary["per_layer"]) == 7
+    assert load_workload(str(out)) == _describe("tiny-cnn")
+
+
+def test_cli_describe_table_and_options():
+    result = runner.invoke(app, ["calibrate", "describe", "resnet18", "--set", "image_size=32"])
+    assert result.exit_code == 0, result.output
+    assert "layer4.1.relu2" in result.output and "11689512" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["calibrate", "describe", "resnet51"], "unknown model 'resnet51'"),
+    (["calibrate", "describe", "alexnet", "--set", "depth=3"], "depth"),
+    (["calibrate", "describe", "alexnet", "--set", "image_size=8"], "image_size=8"),
+])
+def test_cli_describe_bad_input_is_one_line(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
