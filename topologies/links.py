@@ -9,11 +9,11 @@ where the efficiency is the protocol overhead explained below. All figures per d
 |----------|------------------------|----------------------------------|-------|--------------------------|
 | pcie     | 1, 2 (8b/10b)          | 0.25, 0.5 per lane               | 0.842 | TLP + DLLP overhead      |
 | pcie     | 3, 4, 5, 6 (128b/130b) | 0.985/1.969/3.938/7.877 per lane | 0.842 | x16: 15.75/31.5/63/126   |
-| nvlink   | 1 (P100)               | 20 per link                      | 0.90  | NCCL per-link 18 GB/s    |
-| nvlink   | 2 (V100)               | 25 per link                      | 0.80  | NCCL effective ~20 of 25 |
-| nvlink   | 3 (A100)               | 25 per link                      | 0.913 | P2P ~274 of 300 GB/s     |
-| nvlink   | 4 (H100)               | 25 per link                      | 0.856 | P2P ~376-393 of 450 GB/s |
-| nvlink   | 5 (B200)               | 50 per link                      | 0.856 | assumed as NVLink 4      |
+| nvlink   | 1 (P100)               | 20 per link                      | 0.90  | NCCL SM60: 18 GB/s/link  |
+| nvlink   | 2 (V100)               | 25 per link                      | 0.80  | NCCL SM70: 20 GB/s/link  |
+| nvlink   | 3 (A100)               | 25 per link                      | 0.80  | NCCL SM80: 20 GB/s/link  |
+| nvlink   | 4 (H100)               | 25 per link                      | 0.824 | NCCL SM90: 20.6 GB/s/link|
+| nvlink   | 5 (B200)               | 50 per link                      | 0.824 | assumed as NVLink 4      |
 | upi      | qpi/skl/spr/emr/amd    | 19.2/20.8/32/40/36 per link      | -     | NCCL: 6/10/22/40/16 GB/s |
 | ib       | edr/hdr/ndr/xdr        | 12.5/25/50/100 per port          | 0.994 | 4096 B MTU vs 26 B hdrs  |
 | ethernet | speed in Gb/s          | speed / 8                        | 0.980 | RoCEv2 4096 B vs 82 B    |
@@ -29,6 +29,14 @@ number, 12 B completion header, 4 B LCRC; Gen1/2: 1+2+12+4+1 B) and the Ack / fl
 each, about one per two TLPs) add ~4 B per TLP: 128 / (128 + 24) = 0.842. That gives Gen3 x16 13.3,
 Gen4 x16 26.5 and Gen5 x16 53.0 GB/s against REFERENCE's pinned copies (Gen3 9.6-12.5 on cloud VMs, Gen4
 25.8, Gen5 55); calibration replaces these with what the box really reaches.
+
+NVLink: the figure is what NCCL's SM-driven kernels move per link (NCCL's per-architecture constants),
+not the copy-engine peer-to-peer rate (A100 ~274 of 300 GB/s, H100 ~376-393 of 450). Nearly all
+GPU-to-GPU traffic of training goes through NCCL (DDP's all-reduce, DataParallel's broadcast and
+reduce, pipeline send/recv), and NCCL's kernels store through the SMs in protocol-sized chunks, which
+reach less than the DMA engines do: all-reduce bus bandwidth tops out near 235 GB/s on A100 and
+365-370 on H100 (REFERENCE), in line with 12 x 20 and 18 x 20.6 GB/s. Plain ``.to(device)`` copies
+between GPUs are ~14 % faster than this model says.
 
 Inter-socket links (QPI/UPI/Infinity Fabric) carry GPU peer traffic far below their signalling rate (the
 coherence protocol and the host bridge limit it), so their bandwidth is NCCL's figure for the socket pair,
@@ -60,9 +68,10 @@ PCIE_DLLP_SHARE_BYTES = 4      # one 8 B Ack/UpdateFC DLLP per two TLPs
 PCIE_EFFICIENCY = PCIE_COMPLETION_PAYLOAD_BYTES / (
     PCIE_COMPLETION_PAYLOAD_BYTES + PCIE_TLP_OVERHEAD_BYTES + PCIE_DLLP_SHARE_BYTES)
 
-# NVLink generation -> (raw GB/s per link per direction, share reached by transfers).
-NVLINK = {1: (20.0, 18.0 / 20.0), 2: (25.0, 20.0 / 25.0), 3: (25.0, 274.0 / 300.0),
-          4: (25.0, 384.5 / 450.0), 5: (50.0, 384.5 / 450.0)}
+# NVLink generation -> (raw GB/s per link per direction, share NCCL's kernels reach: SM60 18, SM70 20,
+# SM80 20, SM90 20.6 GB/s per link in NCCL src/graph/topo.h).
+NVLINK = {1: (20.0, 18.0 / 20.0), 2: (25.0, 20.0 / 25.0), 3: (25.0, 20.0 / 25.0),
+          4: (25.0, 20.6 / 25.0), 5: (50.0, 20.6 / 25.0)}
 
 # Inter-socket link -> (raw GB/s per link per direction, NCCL's figure for the socket pair).
 INTER_SOCKET = {"qpi": (19.2, 6.0), "skl": (20.8, 10.0), "spr": (32.0, 22.0), "emr": (40.0, 40.0),
