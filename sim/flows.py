@@ -318,6 +318,11 @@ class FlowNetwork:
         self._advance()
         sizes = np.fromiter((f.nbytes for f in self._active), dtype=float, count=len(self._active))
         done = self._remaining <= _REL_EPS * np.maximum(sizes, 1.0)
+        # Leftovers that would drain in less than the clock can resolve at this time are done too;
+        # otherwise the timer would re-arm at the same instant forever.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            eta = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
+        done |= self.env.now + eta <= self.env.now
         if done.any():
             finished = [f for f, d in zip(self._active, done, strict=True) if d]
             keep = ~done

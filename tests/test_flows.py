@@ -83,6 +83,21 @@ def test_bytes_delivered_equal_bytes_sent_per_link():
     assert net.bytes_on("c") == pytest.approx(15.0)
 
 
+def test_leftover_below_clock_resolution_finishes():
+    # 1000 B on a 1e15 B/s link starting at t=0.03: the rounding leftover drains in less than the clock
+    # can resolve at that time; it must finish, not re-arm the timer at the same instant forever.
+    env = simpy.Environment()
+    net = FlowNetwork(env, {"a": 1e15})
+
+    def later():
+        yield env.timeout(0.03)
+        yield net.transfer(["a"], 1000.0)
+
+    env.process(later())
+    env.run(until=1.0)
+    assert net.stats.flows_finished == 1
+
+
 def test_bad_transfers_are_rejected():
     env = simpy.Environment()
     net = FlowNetwork(env, {"a": 1.0})
