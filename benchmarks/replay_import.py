@@ -7,7 +7,8 @@ measures a trace N times longer, made by repeating the trace's events shifted in
 correlation ids per copy), to show how cost grows with trace size.
 
 Figures: wall time of each phase (without tracing overhead), the peak of Python allocations during
-import+replay (tracemalloc, a second run), and the process's peak RSS.
+import+replay (tracemalloc, a second run), and the process's peak RSS. The machine's load shows in the
+wall times; compare runs on an idle machine.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from trainsim.sim.kineto import load_trace
 from trainsim.sim.replay import replay
 from trainsim.sim.trace_graph import build_graph
+from trainsim.sim.whatif import WhatIf, WhatIfModel, collective_check, memcpy_check
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 
@@ -37,8 +39,14 @@ def phases(path: Path) -> dict:
     t2 = time.perf_counter()
     result = replay([graph])
     t3 = time.perf_counter()
+    replay([graph], op_time=WhatIfModel([graph], WhatIf(topology="dgx-a100", gpu="h100-sxm")))
+    t4 = time.perf_counter()
+    collective_check([graph], "dgx-a100")
+    memcpy_check([graph], "dgx-a100")
+    t5 = time.perf_counter()
     errors = [abs(s.error_pct) for s in result.steps]
     return {"import_s": t1 - t0, "graph_s": t2 - t1, "replay_s": t3 - t2, "total_s": t3 - t0,
+            "whatif_s": t4 - t3, "checks_s": t5 - t4,
             "events": len(trace.cpu_events) + len(trace.gpu_events), "steps": len(result.steps),
             "max_step_error_pct": max(errors) if errors else None}
 
@@ -85,7 +93,8 @@ def report(label: str, path: Path) -> None:
     size = path.stat().st_size
     print(f"{label}: {size / 1e6:.1f} MB on disk, {figures['events']} events, {figures['steps']} steps")
     print(f"  import {figures['import_s']:.2f} s, graph {figures['graph_s']:.2f} s, replay "
-          f"{figures['replay_s']:.2f} s, total {figures['total_s']:.2f} s")
+          f"{figures['replay_s']:.2f} s, total {figures['total_s']:.2f} s; what-if replay (dgx-a100, "
+          f"h100-sxm) {figures['whatif_s']:.2f} s, checks {figures['checks_s']:.2f} s")
     print(f"  peak Python allocations {peak / 1e6:.1f} MB; "
           f"max step error {figures['max_step_error_pct']:.3f} %")
 

@@ -112,7 +112,8 @@ class MachineFile(_Strict):
     host: dict[str, Any]
     cpu: CpuDevice
     gpus: list[dict[str, Any]] = Field(default_factory=list)
-    device_spec: dict[str, Any] | None = None  # sim.devices' JSON form of the CPU device, when available
+    device_spec: dict[str, Any] | None = None  # sim.devices' JSON form of one CPU rank, when available
+    nvml: dict[str, Any] | None = None  # what NVML said (CUDA boxes with nvidia-ml-py)
 
 
 class StepRecord(_Strict):

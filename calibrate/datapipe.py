@@ -85,6 +85,17 @@ class SyntheticSource:
             out = prepare_image(image, self.cfg["image_size"], rng)
         return out, int(self.labels[index % len(self.labels)])
 
+    def targets(self, iteration: int, positions: Sequence[int], batch_size: int, *, pin: bool = False):
+        """Only the targets of `batch` (a pipeline's last stage needs nothing else): image labels cost no
+        image work; token targets are the (cheap) token windows."""
+        base = iteration * batch_size
+        if self.kind == "tokens":
+            out = torch.from_numpy(np.stack([self.sample(iteration, base + p)[1] for p in positions]))
+        else:
+            out = torch.tensor([int(self.labels[(base + p) % len(self.labels)]) for p in positions],
+                               dtype=torch.long)
+        return out.pin_memory() if pin else out
+
     def batch(self, iteration: int, positions: Sequence[int], batch_size: int, *, pin: bool = False) -> Batch:
         """The samples at ``positions`` of iteration ``iteration`` (global batch ``batch_size``), stacked."""
         base = iteration * batch_size

@@ -7,7 +7,9 @@ and even GPT-2 at full size takes seconds. While one runs, ``LayerHooks`` says w
   it as ``shared_param_bytes``;
 - saved-activation bytes: every tensor autograd packs for backward (``saved_tensors_hooks``), de-duplicated
   by storage across the whole model (a storage counts whole, once, for the first layer that saved it),
-  parameters and buffers excluded. The loss's own saved tensors belong to no layer;
+  parameters excluded. Buffers autograd keeps (batch norm's running statistics, beside its save_mean and
+  save_invstd) count, as fixed bytes, as the analytic generator counts them. The loss's saved tensors
+  belong to no layer;
 - output bytes: the layer's output tensors;
 - FLOPs: ``torch.utils.flop_counter``'s formulas (a multiply-add = 2 FLOPs; conv/linear/matmul only), forward
   attributed by the forward hooks and backward by the autograd-node hooks: a layer whose input needs no
@@ -134,7 +136,7 @@ class _Recorder:
         self.facts: dict[str, StepFacts] = {}
         self.unattributed_saved = 0
         self._seen_storages: set[int] = set()
-        self._state_storages = {_storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+        self._param_storages = {_storage_key(p) for p in model.parameters()}
         self._param_owner: dict[int, str] = {}
 
     # LayerObserver
@@ -169,7 +171,7 @@ class _Recorder:
     # saved_tensors_hooks
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
-        if key not in self._state_storages and key not in self._seen_storages:
+        if key not in self._param_storages and key not in self._seen_storages:
             self._seen_storages.add(key)
             nbytes = t.untyped_storage().nbytes()
             layer = self.hooks.current

@@ -7,17 +7,22 @@ simulator and for the executor. `exec_config_from_scenario(scenario, variant)` m
 base scenario and reads the fields the executor needs:
 
 - ``workload`` (zoo name or ``{name: tiny-cnn, image_size: 32}``) -> model, model_cfg
-- ``strategy.name`` / ``bucket_cap_mb`` / easgd's ``variant``, ``tau``, ``rho``, ``lr`` -> strategy options
+- ``strategy.name`` / ``bucket_cap_mb`` / ``strategy.easgd`` (``variant``, ``tau``, ``centre``; the
+  simulator's other EASGD switches are ignored) / ``strategy.pipeline`` (``stages``,
+  ``micro_batches``, ``schedule``, ``stage_layers``) -> strategy options
 - ``batch_size`` (global), ``gpus`` (a count or a list of indices) -> ranks
 - ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
 - ``host.pinned``, ``host.data_workers`` -> pinned host batches, prefetch threads
 - ``optimizations.preload`` (bool or ``{depth: 2}``), ``cpu_batch_split`` (bool), ``param_compression``
   (none|fp16|bf16|powersgd or ``{name: powersgd, rank: 2}``), ``offload_activations``
   (none|save_on_cpu|prefetch or ``{mode: prefetch, distance: 2}``)
-- ``executor:`` (executor-only): ``device`` (cpu|cuda), ``seed`` and ``data:`` (the synthetic pipeline's
-  per-sample cost: ``augment_repeats``, ``source_size``, ``pool_size``, ``compress``).
+- ``executor:`` (executor-only): ``device`` (cpu|cuda), ``seed``, ``timeout_s``, ``easgd:`` (the elastic
+  moving rate: ``moving_rate``, or ``rho`` [and ``lr``]) and ``data:`` (the synthetic pipeline's per-sample
+  cost: ``augment_repeats``, ``source_size``, ``pool_size``, ``compress``).
 
 Fields the executor has no use for (topology, description, the simulator's collective options) are ignored.
+Strategies, EASGD variants and optimizations the simulator knows but the executor does not run map onto a
+config that `infeasible_reason` reports, so the variant is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -30,12 +35,18 @@ from typing import Any
 from trainsim.errors import TrainsimError, unknown_name
 
 DEVICES = ("cpu", "cuda")
-STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "easgd")
+# what the executor runs
+STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "easgd", "pipeline", "spatial")
+# what a scenario may name (the simulator's strategies): the executor reports the others as skipped
+SCENARIO_STRATEGIES = (*STRATEGIES, "hybrid")
+BATCHNORM_MODELS = ("resnet18", "resnet50", "googlenet")  # no spatial split without synchronised BatchNorm
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "message-driven")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 PRECISIONS = ("fp32", "fp16", "bf16")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 OFFLOADS = ("none", "save_on_cpu", "prefetch")
-EASGD_VARIANTS = ("sync", "original")
+EASGD_VARIANTS = ("sync", "original")  # what the executor runs
+SCENARIO_EASGD_VARIANTS = (*EASGD_VARIANTS, "async", "async-momentum", "hogwild")
 
 
 def _positive_int(value, name: str, *, minimum: int = 1) -> None:
@@ -69,21 +80,49 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class EasgdConfig:
-    """Elastic averaging SGD: every ``tau`` local steps each worker meets the centre with moving rate
-    alpha = lr * rho (worker W_i -= alpha (W_i - C); centre C += alpha sum_i (W_i - C))."""
+    """Elastic averaging SGD: every ``tau`` local steps each worker meets the centre with the moving rate
+    alpha (worker W_i -= alpha (W_i - C); centre C += alpha sum_i (W_i - C)). alpha = ``moving_rate`` when
+    given (the scenario's ``strategy.easgd.moving_rate``), else lr * rho (lr: the optimizer's by default)."""
 
     variant: str = "sync"  # sync: all-reduce, every rank keeps the centre | original: round-robin via rank 0
     tau: int = 1
     rho: float = 0.1
-    lr: float | None = None  # eta of the elastic term; default: the optimizer's lr
+    lr: float | None = None
+    moving_rate: float | None = None
+    centre: str = "host"  # original: the centre in rank 0's host memory ("host") or on its device ("gpu")
 
     def __post_init__(self):
-        _choice(self.variant, EASGD_VARIANTS, "easgd variant", "easgd.variant")
+        _choice(self.variant, SCENARIO_EASGD_VARIANTS, "easgd variant", "easgd.variant")
         _positive_int(self.tau, "easgd.tau")
-        if not (isinstance(self.rho, int | float) and self.rho > 0):
-            raise TrainsimError(f"must be > 0, got {self.rho!r}", field="easgd.rho")
-        if self.lr is not None and not (isinstance(self.lr, int | float) and self.lr > 0):
-            raise TrainsimError(f"must be > 0, got {self.lr!r}", field="easgd.lr")
+        for name in ("rho", "lr", "moving_rate"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise TrainsimError(f"must be > 0, got {value!r}", field=f"easgd.{name}")
+        _choice(self.centre, ("host", "gpu"), "easgd centre", "easgd.centre")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Pipeline parallelism: ``stages`` consecutive stages (default: one per rank; ranks / stages replicas do
+    data parallelism), ``micro_batches`` per replica and iteration, and the schedule."""
+
+    stages: int | None = None
+    micro_batches: int = 4
+    schedule: str = "1f1b"  # gpipe | 1f1b | message-driven
+    stage_layers: tuple[int, ...] | None = None  # leaf layers per stage (default: balanced by forward time)
+
+    def __post_init__(self):
+        if self.stages is not None:
+            _positive_int(self.stages, "pipeline.stages")
+        _positive_int(self.micro_batches, "pipeline.micro_batches")
+        _choice(self.schedule, PIPELINE_SCHEDULES, "pipeline schedule", "pipeline.schedule")
+        if self.stage_layers is not None:
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+            for k in self.stage_layers:
+                _positive_int(k, "pipeline.stage_layers")
+            if self.stages is not None and len(self.stage_layers) != self.stages:
+                raise TrainsimError(f"{len(self.stage_layers)} entries for {self.stages} stages",
+                                    field="pipeline.stage_layers")
 
 
 @dataclass(frozen=True)
@@ -94,6 +133,7 @@ class OptimizationsConfig:
     powersgd_rank: int = 1  # PowerSGD matrix approximation rank
     offload_activations: str = "none"  # none | save_on_cpu | prefetch
     prefetch_distance: int = 1  # prefetch: saved activations of this many layers ahead are brought back
+    offload_optimizer_state: bool = False  # optimizer state + fp32 master weights in host memory
 
     def __post_init__(self):
         _positive_int(self.preload, "optimizations.preload", minimum=0)
@@ -117,6 +157,7 @@ class ExecConfig:
     strategy: str = "single"
     bucket_cap_mb: float = 25.0  # ddp
     easgd: EasgdConfig = field(default_factory=EasgdConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     batch_size: int = 32  # global: samples per iteration over all ranks
     optimizer: str = "sgd"
     lr: float = 0.01
@@ -128,7 +169,11 @@ class ExecConfig:
     optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
     seed: int = 0
     capture_params: bool = False  # return every rank's final flat parameters (tests, correctness checks)
+    oversubscribe: bool = False  # more CPU ranks than cores (correctness checks only: timings mean little)
     timeout_s: float = 600.0
+    # torch.profiler (Chrome trace) of one iteration, the last warm-up one (so the measured iterations carry no
+    # profiler overhead), written by every rank to ``<profile_trace>.rank<R>.json``
+    profile_trace: str | None = None
 
     def __post_init__(self):
         from trainsim.calibrate.zoo import canonical_name, model_config  # zoo validates names and options
@@ -137,13 +182,13 @@ class ExecConfig:
         model_config(self.model, **self.model_cfg)
         _choice(self.device, DEVICES, "device", "device")
         _positive_int(self.ranks, "ranks")
-        _choice(self.strategy, STRATEGIES, "strategy", "strategy")
+        _choice(self.strategy, SCENARIO_STRATEGIES, "strategy", "strategy")
         if self.strategy == "single" and self.ranks != 1:
             raise TrainsimError(f"strategy single runs on one rank, got ranks={self.ranks}", field="ranks")
         if not (isinstance(self.bucket_cap_mb, int | float) and self.bucket_cap_mb > 0):
             raise TrainsimError(f"must be > 0, got {self.bucket_cap_mb!r}", field="bucket_cap_mb")
         _positive_int(self.batch_size, "batch_size")
-        if self.batch_size % self.ranks:
+        if self.strategy != "pipeline" and self.batch_size % self.ranks:
             raise TrainsimError(f"global batch {self.batch_size} does not divide over {self.ranks} ranks",
                                 field="batch_size")
         _choice(self.optimizer, OPTIMIZERS, "optimizer", "optimizer")
@@ -162,7 +207,20 @@ class ExecConfig:
         if opts.cpu_batch_split and self.strategy != "dp-gpu0":
             raise TrainsimError("cpu_batch_split changes dp-gpu0's input flow; other strategies already load "
                                 "per-rank shards", field="optimizations.cpu_batch_split")
-        if self.precision == "fp16" and self.strategy in ("dp-gpu0", "parameter-server"):
+        if self.strategy == "pipeline":
+            stages = self.pipeline.stages or self.ranks
+            if self.ranks % stages:
+                raise TrainsimError(f"{self.ranks} ranks are not a multiple of {stages} stages",
+                                    field="pipeline.stages")
+            per_replica = self.batch_size // (self.ranks // stages)
+            if self.batch_size % (self.ranks // stages) or per_replica % self.pipeline.micro_batches:
+                raise TrainsimError(f"global batch {self.batch_size} does not split into "
+                                    f"{self.ranks // stages} replica(s) x {self.pipeline.micro_batches} "
+                                    "micro-batches", field="batch_size")
+        if self.precision == "fp16" and opts.offload_optimizer_state:
+            raise TrainsimError("fp16 loss scaling needs the optimizer on the device; use bf16 with "
+                                "offload_optimizer_state", field="precision")
+        if self.precision == "fp16" and self.strategy in ("dp-gpu0", "parameter-server", "pipeline"):
             raise TrainsimError("fp16 needs a loss scaler per stepping rank; use bf16 with "
                                 f"{self.strategy}", field="precision")
 
@@ -172,7 +230,9 @@ class ExecConfig:
 
     @property
     def easgd_alpha(self) -> float:
-        """The elastic moving rate alpha = eta * rho."""
+        """The elastic moving rate alpha (= eta * rho)."""
+        if self.easgd.moving_rate is not None:
+            return self.easgd.moving_rate
         return (self.easgd.lr if self.easgd.lr is not None else self.lr) * self.easgd.rho
 
     def to_dict(self) -> dict:
@@ -184,6 +244,21 @@ class ExecConfig:
 
 def infeasible_reason(cfg: ExecConfig) -> str | None:
     """Why this box cannot run ``cfg`` (None: it can). The executor skips such variants, reporting this."""
+    if cfg.strategy not in STRATEGIES:
+        return f"the executor does not run strategy {cfg.strategy} yet (it runs {', '.join(STRATEGIES)})"
+    if cfg.strategy == "easgd" and cfg.easgd.variant not in EASGD_VARIANTS:
+        return f"the executor runs EASGD {' and '.join(EASGD_VARIANTS)}, not {cfg.easgd.variant}"
+    if cfg.strategy == "pipeline":
+        from trainsim.calibrate.zoo import model_spec
+
+        if model_spec(cfg.model).kind != "image":
+            return f"the executor cuts only image models into pipeline stages, not {cfg.model}"
+    if cfg.strategy == "spatial":
+        from trainsim.calibrate.zoo import model_spec
+
+        if model_spec(cfg.model).kind != "image" or cfg.model in BATCHNORM_MODELS:
+            return (f"the executor splits rows of convolutional models without BatchNorm (tiny-cnn, alexnet, "
+                    f"vgg16), not {cfg.model}")
     if cfg.device == "cuda":
         try:
             import torch
@@ -197,7 +272,7 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
             return "bf16 is not supported by this GPU"
     else:
         cores = len(os.sched_getaffinity(0))
-        if cfg.ranks > cores:
+        if cfg.ranks > cores and not cfg.oversubscribe:
             return f"needs {cfg.ranks} CPU ranks, each on its own core, but only {cores} cores are available"
         if cfg.precision == "fp16":
             return "fp16 autocast with a loss scaler is a CUDA path; CPU ranks run fp32 or bf16"
@@ -257,7 +332,8 @@ def _optimizations(block: Any) -> OptimizationsConfig:
         return OptimizationsConfig()
     if not isinstance(block, dict):
         raise TrainsimError("must be a mapping", field="optimizations")
-    known = {"preload", "cpu_batch_split", "param_compression", "offload_activations"}
+    known = {"preload", "cpu_batch_split", "param_compression", "offload_activations",
+             "offload_optimizer_state", "offload_chunk_mb"}
     extra = sorted(set(block) - known)
     if extra:
         raise TrainsimError(f"unknown optimization; valid: {', '.join(sorted(known))}",
@@ -286,6 +362,8 @@ def _optimizations(block: Any) -> OptimizationsConfig:
             values["prefetch_distance"] = off["distance"]
     elif off is not None:
         values["offload_activations"] = "none" if off is False else off
+    if "offload_optimizer_state" in block:
+        values["offload_optimizer_state"] = bool(block["offload_optimizer_state"])
     return OptimizationsConfig(**values)
 
 
@@ -314,15 +392,27 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
         strategy = s.get("strategy") or {}
         if isinstance(strategy, str):
             strategy = {"name": strategy}
-        easgd_keys = {"variant", "tau", "rho", "lr"}
-        easgd = EasgdConfig(**{k: strategy[k] for k in easgd_keys if k in strategy})
+        easgd_block = strategy.get("easgd") or {}
+        if not isinstance(easgd_block, dict):
+            raise TrainsimError("must be a mapping", field="strategy.easgd")
         executor = s.get("executor") or {}
         if not isinstance(executor, dict):
             raise TrainsimError("must be a mapping", field="executor")
-        extra = sorted(set(executor) - {"device", "seed", "data", "timeout_s"})
+        valid = ("data", "device", "easgd", "seed", "timeout_s")
+        extra = sorted(set(executor) - set(valid))
         if extra:
-            raise TrainsimError("unknown field; valid: data, device, seed, timeout_s",
-                                field=f"executor.{extra[0]}")
+            raise TrainsimError(f"unknown field; valid: {', '.join(valid)}", field=f"executor.{extra[0]}")
+        # the simulator's block names the variant, period and centre; the executor's adds the moving rate
+        easgd_values = {k: easgd_block[k] for k in ("variant", "tau", "centre") if k in easgd_block}
+        exec_easgd = executor.get("easgd") or {}
+        if not isinstance(exec_easgd, dict):
+            raise TrainsimError("must be a mapping", field="executor.easgd")
+        easgd = _build(EasgdConfig, {**easgd_values, **exec_easgd}, "executor.easgd")
+        pipe_block = strategy.get("pipeline") or {}
+        if not isinstance(pipe_block, dict):
+            raise TrainsimError("must be a mapping", field="strategy.pipeline")
+        pipe_keys = {"stages", "micro_batches", "schedule", "stage_layers"}
+        pipeline = PipelineConfig(**{k: pipe_block[k] for k in pipe_keys if k in pipe_block})
         data_values = dict(executor.get("data") or {})
         workers = _get(s.get("host"), "data_workers", "host")
         if workers is not None and "workers" not in data_values:
@@ -334,6 +424,7 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
             strategy=strategy.get("name", "single"),
             bucket_cap_mb=strategy.get("bucket_cap_mb", 25.0),
             easgd=easgd,
+            pipeline=pipeline,
             batch_size=s.get("batch_size", 32),
             optimizer=_get(s.get("optimizer"), "name", "optimizer") or "sgd",
             lr=_get(s.get("optimizer"), "lr", "optimizer") or 0.01,

@@ -12,6 +12,8 @@
 - `Easgd`: each rank steps on its own shard; every ``tau`` steps it meets the centre (You et al. SC17):
   ``sync`` all-reduces the flat weights (every rank keeps the centre), ``original`` serves the ranks
   round-robin in rank order from a centre hosted on rank 0's host memory, with send/recv of one flat buffer.
+- ``pipeline``: in `exec_pipeline` (stages exchanging activations and gradients with isend/irecv);
+  ``spatial``: in `exec_spatial` (rows of every sample split over the ranks, halo exchange).
 
 Every strategy times its phases on a `Clock`: ``forward``, ``backward``, ``comm`` (explicit collectives)
 and ``optimizer``; DDP's all-reduce overlaps backward inside DDP and is counted in ``backward``.
@@ -100,10 +102,19 @@ class FlatParams:
             offset += p.numel()
 
 
-def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9 if name == "momentum" else 0.0)
+def make_optimizer(name: str, params, lr: float, *, offload: bool = False, device=None):
+    """sgd, momentum (0.9) or adam; ``offload``: state and master weights in host memory (HostOptimizer)."""
+
+    def build(ps):
+        if name == "adam":
+            return torch.optim.Adam(ps, lr=lr)
+        return torch.optim.SGD(ps, lr=lr, momentum=0.9 if name == "momentum" else 0.0)
+
+    if offload:
+        from trainsim.calibrate.offload_optimizer import HostOptimizer
+
+        return HostOptimizer(build, params, device)
+    return build(params)
 
 
 class Precision:
@@ -122,7 +133,7 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer) -> None:
         if self.scaler:
             self.scaler.step(optimizer)
             self.scaler.update()
@@ -145,10 +156,24 @@ class Strategy:
         self.notes: list[str] = []
         self.extra: dict = {}
 
+    def new_optimizer(self, params):
+        """The configured optimizer; with offload_optimizer_state, its state lives in host memory."""
+        offload = self.cfg.optimizations.offload_optimizer_state
+        if offload and "optimizer state in host memory" not in " ".join(self.notes):
+            self.notes.append("optimizer state in host memory: gradients out, CPU step, weights back")
+        return make_optimizer(self.cfg.optimizer, params, self.cfg.lr, offload=offload, device=self.device)
+
     # which samples this rank loads (global positions in the batch), or None: nothing
     def positions(self) -> range | None:
         b = self.cfg.local_batch
         return range(self.rank * b, (self.rank + 1) * b)
+
+    def host_batch(self, source, it: int, pin: bool):
+        """This rank's batch of iteration ``it`` in host memory (None: it loads nothing)."""
+        positions = self.positions()
+        if positions is None:
+            return None
+        return source.batch(it, positions, self.cfg.batch_size, pin=pin)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return zoo.loss_fn(self.cfg.model, output.float(), targets)
@@ -188,7 +213,7 @@ class Single(Strategy):
 
     def __init__(self, *a):
         super().__init__(*a)
-        self.optimizer = make_optimizer(self.cfg.optimizer, self.model.parameters(), self.cfg.lr)
+        self.optimizer = self.new_optimizer(self.model.parameters())
 
     def step(self, batch, clock: Clock) -> torch.Tensor:
         inputs, targets = batch
@@ -209,7 +234,7 @@ class DDP(Single):
         ids = [device.index] if device.type == "cuda" else None
         self.net = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cfg.bucket_cap_mb)
         self._hook(cfg)
-        self.optimizer = make_optimizer(cfg.optimizer, self.net.parameters(), cfg.lr)
+        self.optimizer = self.new_optimizer(self.net.parameters())
 
     def _hook(self, cfg: ExecConfig) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -244,8 +269,7 @@ class DPGpu0(Strategy):
         self.pbuf = self.flat.new_buffer(self.device)
         self.gbuf = self.flat.new_buffer(self.device)
         self.split = self.cfg.optimizations.cpu_batch_split
-        self.optimizer = (make_optimizer(self.cfg.optimizer, self.model.parameters(), self.cfg.lr)
-                          if self.rank == 0 else None)
+        self.optimizer = self.new_optimizer(self.model.parameters()) if self.rank == 0 else None
 
     def positions(self) -> range | None:
         if self.split:
@@ -339,7 +363,7 @@ class ParameterServer(Strategy):
         dist.reduce(self.gbuf, dst=0)
         clock.lap("comm")
         if self.rank == 0:
-            self.master.grad = self.gbuf.to("cpu").div_(self.world)
+            self.master.grad = self.gbuf.to("cpu", copy=True).div_(self.world)
             self.optimizer.step()
             self.pbuf.copy_(self.master.detach())
         self.model.zero_grad(set_to_none=True)
@@ -368,8 +392,8 @@ class Easgd(Single):
         start = self.flat.read_params(self.flat.new_buffer(self.device))
         if self.variant == "sync":
             self.centre = start.clone()
-        elif self.rank == 0:  # original: the centre lives in rank 0's host memory
-            self.centre = start.to("cpu").clone()
+        elif self.rank == 0:  # original: the centre lives in rank 0's host memory (or on its device)
+            self.centre = start.to("cpu" if self.cfg.easgd.centre == "host" else self.device, copy=True)
 
     def step(self, batch, clock: Clock) -> torch.Tensor:
         loss = super().step(batch, clock)  # the local SGD step on this rank's shard
@@ -406,11 +430,12 @@ class Easgd(Single):
         if self.rank == 0:
             buf = torch.empty_like(self.w)
             for worker in range(self.world):
+                home = self.centre.device
                 if worker == 0:
-                    w_host = self.w.to("cpu")
+                    w_host = self.w.to(home, copy=True)  # a copy: rank 0's own W moves below
                 else:
                     dist.recv(buf, src=worker)
-                    w_host = buf.to("cpu")
+                    w_host = buf.to(home, copy=True)
                 old = self.centre.clone()
                 if worker == 0:
                     self.w.sub_(self.w - old.to(self.device), alpha=self.alpha)
@@ -429,6 +454,16 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def make_strategy(ctx: RankContext, cfg: ExecConfig, model: nn.Module, device: torch.device) -> Strategy:
+    """The strategy object of this rank. ``model`` is on ``device``, except for pipeline (on the CPU: each
+    stage moves its own part)."""
+    if cfg.strategy == "pipeline":
+        from trainsim.calibrate.exec_pipeline import Pipeline
+
+        return Pipeline(ctx, cfg, model, device)
+    if cfg.strategy == "spatial":
+        from trainsim.calibrate.exec_spatial import Spatial
+
+        return Spatial(ctx, cfg, model, device)  # every rank built the same model from the same seed
     strategy = STRATEGIES[cfg.strategy](ctx, cfg, model, device)
     if cfg.strategy != "ddp":  # DDP broadcasts rank 0's parameters itself
         strategy.broadcast_initial()

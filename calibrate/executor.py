@@ -18,6 +18,7 @@ memory training added (activations, gradients, optimizer state, batches) as the 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -82,10 +83,11 @@ class VariantOutcome:
     variant: str | None
     config: ExecConfig | None
     measurement: Measurement | None = None
-    skipped: str | None = None
+    skipped: str | None = None  # this box cannot run it: why
+    failed: str | None = None  # it ran and a rank failed: the one-line error
 
     def to_dict(self) -> dict:
-        return {"variant": self.variant, "skipped": self.skipped,
+        return {"variant": self.variant, "skipped": self.skipped, "failed": self.failed,
                 "measurement": self.measurement.to_dict() if self.measurement else None}
 
 
@@ -116,9 +118,10 @@ class DeviceFeeder:
     """Batches for the training loop, per iteration, on the rank's device.
 
     No preload: the batch is prepared when asked for and copied (from pageable memory unless ``pinned``).
-    preload: `datapipe.Prefetcher` threads prepare batches ``depth`` ahead in (pinned) host memory; on CUDA
-    the next batch's H2D copy is issued on a side stream as soon as the current one is handed out, and the
-    consumer's stream waits on that copy's event only (double buffering).
+    preload: `datapipe.Prefetcher` threads prepare batches ``depth`` ahead in host memory. On CUDA the same
+    threads copy each prepared batch from pinned memory on their own side stream and record an event, so
+    preparation and H2D copy both overlap the training loop's compute (double buffering and more); the
+    consumer's stream waits on that batch's event only.
     """
 
     def __init__(self, make_host: Callable[[int], object], total: int, device, *, preload: int, workers: int):
@@ -130,48 +133,70 @@ class DeviceFeeder:
         self.device = device
         self.cuda = device.type == "cuda"
         self.make_host = make_host
-        self.prefetcher = Prefetcher(make_host, total, depth=preload, workers=workers) if preload else None
-        self.side = torch.cuda.Stream(device=device) if (self.cuda and preload) else None
-        self.total = total
-        self._staged: dict[int, tuple] = {}
+        self._streams: dict[int, object] = {}
+        self._lock = threading.Lock()
+        self.prefetcher = None
+        if preload:
+            make = self._prepare_on_device if self.cuda else make_host
+            self.prefetcher = Prefetcher(make, total, depth=preload, workers=workers)
 
-    def _host(self, it: int):
-        return self.prefetcher.get(it) if self.prefetcher else self.make_host(it)
-
-    def _stage(self, it: int) -> None:
-        """Issue batch ``it``'s H2D copy on the side stream."""
-        host = self._host(it)
+    def _prepare_on_device(self, it: int):
+        """In a prefetch thread: prepare batch ``it``, start its H2D copy on this thread's side stream."""
+        torch = self.torch
+        host = self.make_host(it)
         if host is None:
-            self._staged[it] = (None, None)
-            return
-        with self.torch.cuda.stream(self.side):
-            on_dev = tuple(t.to(self.device, non_blocking=True) for t in host)
-            event = self.torch.cuda.Event()
-            event.record(self.side)
-        self._staged[it] = (on_dev, event)
+            return None
+        with torch.cuda.device(self.device):  # the current CUDA device is per thread
+            stream = self._thread_stream()
+            with torch.cuda.stream(stream):
+                on_dev = tuple(None if t is None else t.to(self.device, non_blocking=True) for t in host)
+                event = torch.cuda.Event()
+                event.record(stream)
+        return on_dev, event
+
+    def _thread_stream(self):
+        key = threading.get_ident()
+        with self._lock:
+            if key not in self._streams:
+                self._streams[key] = self.torch.cuda.Stream(device=self.device)
+            return self._streams[key]
 
     def get(self, it: int):
-        if not self.cuda:
-            return self._host(it)
-        if self.side is None:
-            host = self._host(it)
-            return None if host is None else tuple(t.to(self.device) for t in host)
-        if it not in self._staged:
-            self._stage(it)
-        on_dev, event = self._staged.pop(it)
-        if it + 1 < self.total:
-            self._stage(it + 1)  # double buffering: the next copy overlaps this iteration's compute
-        if on_dev is None:
-            return None
+        if self.prefetcher is None:
+            host = self.make_host(it)
+            if host is None or not self.cuda:
+                return host
+            return tuple(None if t is None else t.to(self.device) for t in host)
+        item = self.prefetcher.get(it)
+        if not self.cuda or item is None:
+            return item
+        on_dev, event = item
         current = self.torch.cuda.current_stream(self.device)
         current.wait_event(event)
         for t in on_dev:
-            t.record_stream(current)
+            if t is not None:
+                t.record_stream(current)  # allocated on the side stream, used on this one
         return on_dev
 
     def close(self) -> None:
         if self.prefetcher:
             self.prefetcher.close()
+
+
+def _start_profiler(cfg: ExecConfig, it: int, cuda: bool):
+    """A started torch.profiler for iteration ``it`` when it is the one to trace (the last warm-up
+    iteration, so the measured ones carry no profiler overhead; the first iteration when there is no
+    warm-up), else None."""
+    if not cfg.profile_trace or it != max(cfg.warmup - 1, 0):
+        return None
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities, record_shapes=False)
+    profiler.start()
+    return profiler
 
 
 def rank_main(ctx, cfg: ExecConfig) -> RankResult:
@@ -184,17 +209,16 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
 
     device = torch.device(ctx.device)
     torch.manual_seed(cfg.seed)
-    model = zoo.build_model(cfg.model, **cfg.model_cfg).to(device)
+    model = zoo.build_model(cfg.model, **cfg.model_cfg)
+    if cfg.strategy != "pipeline":  # a pipeline stage moves only its own layers
+        model = model.to(device)
     strategy = make_strategy(ctx, cfg, model, device)
     source = SyntheticSource(cfg.model, cfg.model_cfg, cfg.data, seed=cfg.seed)
-    positions = strategy.positions()
     pin = device.type == "cuda" and (cfg.pinned or cfg.optimizations.preload > 0)
     total = cfg.warmup + cfg.iterations
 
     def make_host(it: int):
-        if positions is None:
-            return None
-        return source.batch(it, positions, cfg.batch_size, pin=pin)
+        return strategy.host_batch(source, it, pin)
 
     feeder = DeviceFeeder(make_host, total, device, preload=cfg.optimizations.preload,
                           workers=cfg.data.workers)
@@ -210,6 +234,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
                     torch.cuda.synchronize(device)
                     torch.cuda.reset_peak_memory_stats(device)
                 torch.distributed.barrier()  # measured iterations start together
+            profiler = _start_profiler(cfg, it, cuda)
             t0 = time.perf_counter()
             clock.start()
             batch = feeder.get(it)
@@ -219,6 +244,9 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
             if cuda:
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
+            if profiler is not None:
+                profiler.stop()
+                profiler.export_chrome_trace(f"{cfg.profile_trace}.rank{ctx.rank}.json")
             if it >= cfg.warmup:
                 times.append(elapsed)
                 ph = clock.phases()
@@ -270,6 +298,9 @@ def _summarise(cfg: ExecConfig, results: list[RankResult], wall_s: float, thread
     ran = {"strategy": cfg.strategy, "ranks": cfg.ranks, "device": cfg.device, "model": cfg.model,
            "threads_per_rank": threads, "global_batch": cfg.batch_size, "optimizations": applied,
            "notes": notes}
+    if cfg.strategy == "pipeline":
+        ran["pipeline"] = {**asdict(cfg.pipeline), "stages": cfg.pipeline.stages or cfg.ranks,
+                           "parts_per_stage": results[0].extra.get("stage_parts")}
     if cfg.strategy == "easgd":
         ran["easgd"] = {**asdict(cfg.easgd), "alpha": cfg.easgd_alpha,
                         "exchanges": results[0].extra.get("exchanges")}
@@ -277,7 +308,14 @@ def _summarise(cfg: ExecConfig, results: list[RankResult], wall_s: float, thread
                        samples_per_s=cfg.batch_size / median if median > 0 else 0.0,
                        peak_memory_bytes=[r.peak_memory_bytes for r in results],
                        memory_measure=results[0].memory_measure, breakdown_s=breakdown,
-                       losses=results[0].losses, ran=ran, wall_s=wall_s, ranks=results)
+                       losses=results[_loss_rank(cfg)].losses, ran=ran, wall_s=wall_s, ranks=results)
+
+
+def _loss_rank(cfg: ExecConfig) -> int:
+    """The rank whose loss is reported: rank 0, or a pipeline's last stage (where the loss is computed)."""
+    if cfg.strategy == "pipeline":
+        return (cfg.pipeline.stages or cfg.ranks) - 1
+    return 0
 
 
 def rank_main_many(ctx, cfgs: list[ExecConfig]) -> list[RankResult]:
@@ -341,7 +379,8 @@ def run_variant(scenario: dict, variant: str | None = None, *, file: str | None 
 
 def run_scenario(scenario: dict, variants: list[str] | None = None, *, file: str | None = None,
                  progress: Callable[[str], None] | None = None, **overrides) -> list[VariantOutcome]:
-    """Every variant (or the base scenario when it has none), in order; skipped rows marked."""
+    """Every variant (or the base scenario when it has none), in order, each in its own launch; variants this
+    box cannot run are marked skipped, variants whose run failed are marked failed, the rest measured."""
     names: list[str | None] = list(variants) if variants else (scenario_variants(scenario) or [None])
     configs = [(name, exec_config_from_scenario(scenario, name, file=file, **overrides)) for name in names]
     outcomes = []
@@ -349,6 +388,81 @@ def run_scenario(scenario: dict, variants: list[str] | None = None, *, file: str
         if progress:
             progress(f"running {name or 'scenario'} ({cfg.strategy}, {cfg.ranks} rank(s), {cfg.device})")
         reason = infeasible_reason(cfg)
-        outcomes.append(VariantOutcome(name, cfg, skipped=reason) if reason
-                        else VariantOutcome(name, cfg, measurement=run(cfg)))
+        if reason:
+            outcomes.append(VariantOutcome(name, cfg, skipped=reason))
+            continue
+        try:
+            outcomes.append(VariantOutcome(name, cfg, measurement=run(cfg)))
+        except TrainsimError as exc:  # one variant's crash does not lose the others' measurements
+            outcomes.append(VariantOutcome(name, cfg, failed=str(exc)))
     return outcomes
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def execution_report(outcomes: list[VariantOutcome], *, provenance: dict | None = None) -> dict:
+    """The versioned document ``trainsim execute --json`` prints: one entry per variant, skipped marked."""
+    doc: dict = {"schema": "trainsim.execution/1", "variants": [o.to_dict() for o in outcomes]}
+    if provenance is not None:
+        doc["provenance"] = provenance
+    return doc
+
+
+def write_measurements(doc: dict, path: str) -> None:
+    """Write ``doc`` as JSON atomically (a temporary file in the same folder, then rename)."""
+    import json
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".measure-", suffix=".json", dir=folder)
+    except OSError as exc:
+        raise TrainsimError(f"cannot write there: {exc.strerror}", file=path) from None
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=2, default=str)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a result file is as readable as any other
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def outcomes_table(outcomes: list[VariantOutcome]):
+    """A rich table, one row per variant (skipped rows say why)."""
+    from rich.table import Table
+
+    table = Table(title="measured on this box (median over the measured iterations; IQR = their spread)")
+    for col in ("variant", "strategy", "ranks", "iteration ms", "IQR ms", "samples/s", "data ms", "comm ms",
+                "peak MiB/rank"):
+        table.add_column(col, justify="left" if col in ("variant", "strategy") else "right")
+    for o in outcomes:
+        cfg = o.config
+        if o.measurement is None:  # the reason is printed below the table (outcome_lines)
+            status = "skipped" if o.skipped else "failed"
+            table.add_row(o.variant or "-", cfg.strategy, str(cfg.ranks), status, *[""] * 5)
+            continue
+        m, bd = o.measurement, o.measurement.breakdown_s
+        comm = "in bwd" if cfg.strategy == "ddp" else "-"
+        if "comm" in bd:
+            comm = f"{bd['comm'] * 1e3:.1f}"
+        table.add_row(o.variant or "-", cfg.strategy, str(cfg.ranks), f"{m.median_s * 1e3:.1f}",
+                      f"{m.iqr_s * 1e3:.1f}", f"{m.samples_per_s:.0f}", f"{bd.get('data', 0.0) * 1e3:.1f}",
+                      comm, "/".join(f"{b / 2**20:.0f}" for b in m.peak_memory_bytes))
+    return table
+
+
+def outcome_lines(outcomes: list[VariantOutcome]) -> list[str]:
+    """One line per variant that did not run, saying why (skipped: this box cannot; failed: a rank failed)."""
+    lines = []
+    for o in outcomes:
+        if o.skipped:
+            lines.append(f"skipped {o.variant or 'scenario'}: {o.skipped}")
+        elif o.failed:
+            lines.append(f"failed {o.variant or 'scenario'}: {o.failed}")
+    return lines

@@ -71,12 +71,15 @@ class LayerHooks:
         self.order: list[str] = []
         self.modules = dict(leaf_modules(model))
         self._handles: list = []
+        self._generation = 0  # node hooks of an older generation (or after exit) do nothing
+        self._active = False
         self._claimed: set = set()
         self._boundary: dict[str, list] = {}
         self._inputs: dict[str, list] = {}
 
     # -------------------------------------------------------------- lifecycle
     def __enter__(self) -> LayerHooks:
+        self._active = True
         for name, module in self.modules.items():
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
             self._handles.append(module.register_forward_hook(self._post_hook(name)))
@@ -86,10 +89,16 @@ class LayerHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._active = False
         self.new_iteration()
 
     def new_iteration(self) -> None:
-        """Forget the previous iteration's autograd graph (so it can be freed)."""
+        """Forget the previous iteration's autograd graph (so it can be freed) and disarm its node hooks.
+
+        Node hooks cannot be removed, and a parameter's AccumulateGrad node outlives the iteration whenever
+        something still holds the old graph: such a node's hooks must not fire for a later iteration.
+        """
+        self._generation += 1
         self._claimed = set()
         self._boundary = {}
         self._inputs = {}
@@ -131,19 +140,26 @@ class LayerHooks:
             if node is None or node in stop or node in self._claimed:
                 continue
             self._claimed.add(node)
-            node.register_prehook(self._node_pre(name))
-            node.register_hook(self._node_post(name))
+            node.register_prehook(self._node_pre(name, self._generation))
+            node.register_hook(self._node_post(name, self._generation))
             stack.extend(next_node for next_node, _ in node.next_functions)
 
-    def _node_pre(self, name: str):
+    def _live(self, generation: int) -> bool:
+        return self._active and generation == self._generation
+
+    def _node_pre(self, name: str, generation: int):
         def hook(grad_outputs):
+            if not self._live(generation):
+                return
             self.current = name
             for obs in self.observers:
                 obs.start("backward", name)
         return hook
 
-    def _node_post(self, name: str):
+    def _node_post(self, name: str, generation: int):
         def hook(grad_inputs, grad_outputs):
+            if not self._live(generation):
+                return
             for obs in self.observers:
                 obs.end("backward", name)
             self.current = None

@@ -31,6 +31,7 @@ the largest that fits, and larger ones are skipped.
 
 from __future__ import annotations
 
+import gc
 import math
 import platform
 import time
@@ -347,15 +348,20 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
                                                           f"{available / 2**30:.1f} GiB available"})
                 progress(f"batch {batch} does not fit in memory; skipping it and larger ones")
                 continue
+            oom = None
             try:
                 measured.append(_measure_batch(model, opt, canonical, batch, dev, clock, repeats, warmup, cfg,
                                                progress))
             except Exception as exc:
                 if not _is_oom(exc):
                     raise
-                skipped.append({"batch": batch, "reason": f"out of memory: {str(exc).splitlines()[0][:200]}"})
+                oom = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            if oom is not None:
+                # outside the except block, so the failed step's frames (and tensors) are already released
+                skipped.append({"batch": batch, "reason": f"out of memory: {oom}"})
                 progress(f"batch {batch} does not fit in memory; skipping it and larger ones")
                 opt.zero_grad(set_to_none=True)
+                gc.collect()
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
         threads_used = torch.get_num_threads()

@@ -149,6 +149,21 @@ class _UnionFind:
 
 
 NVLINK_GENERATION = {"P100": 1, "V100": 2, "A100": 3, "RTX3090": 3, "H100": 4, "H200": 4, "B200": 5}
+# The PCIe generation of each GPU's host interface (NVIDIA datasheets), used when neither the caller nor
+# NVML says; calibration then replaces the derived figures with measured H2D/D2H copies.
+PCIE_GENERATION = {
+    "K80": 3,
+    "P100": 3,
+    "V100": 3,
+    "T4": 3,
+    "A100": 4,
+    "RTX3090": 4,
+    "RTX4090": 4,
+    "H100": 5,
+    "H200": 5,
+    "B200": 5,
+    "RTX5090": 5,
+}
 
 
 def to_topology(
@@ -188,6 +203,8 @@ def to_topology(
     if len(nvml_gpus) == n and n:
         gen = gen or nvml_gpus[0].get("pcie_generation")
         lanes = nvml_gpus[0].get("pcie_width") or lanes
+    if not gen and n:  # a GPU we have no datasheet entry for: the commonest generation, until measured
+        gen = PCIE_GENERATION.get(str(specs[0]).upper(), 4)
     gpu_node = {label: f"gpu{i}" for i, label in enumerate(gpus)}
     nic_node = {label: f"nic{i}" for i, label in enumerate(matrix.nics)}
     node_of = {**gpu_node, **nic_node}

@@ -10,7 +10,7 @@ Two modes, both `torch.autograd.graph.saved_tensors_hooks`:
   ``record_stream``). Saved tensors are grouped by the layer (leaf module) that saved them. Backward keeps
   the activations of the next ``distance`` layers on their way back: `start_backward` (called after the
   loss) issues the last ``distance`` layers, and each time backward first unpacks a tensor of layer L, the
-  copies for layer L - distance are issued. An unpack waits only on its own copy's event.
+  copies for the ``distance`` saving layers before L are issued. An unpack waits only on its own copy's event.
 
 Parameters (weights a layer saves for backward) stay where they are: offloading them saves nothing.
 On the CPU there is no second memory to offload to: the same code runs, "copies" become host-to-host clones
@@ -19,6 +19,7 @@ and there are no side streams; it exercises the logic and measures the copy cost
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from dataclasses import dataclass, field
 
@@ -49,7 +50,10 @@ class PrefetchOffload:
     """Offload saved activations of ``model``'s leaf modules; bring them back ``distance`` layers ahead."""
 
     def __init__(self, model: nn.Module, device: torch.device, distance: int = 1):
-        self.device = torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # compare with tensor.device, which has an index
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.distance = distance
         self.cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(device=self.device) if self.cuda else None
@@ -61,6 +65,7 @@ class PrefetchOffload:
         self._handles = [m.register_forward_pre_hook(self._enter_layer)
                          for m in model.modules() if not list(m.children())]
         self._layer_counter = 0
+        self._saved_order: list[int] | None = None
 
     def _enter_layer(self, module, args) -> None:
         self.current_layer = self._layer_counter
@@ -125,14 +130,24 @@ class PrefetchOffload:
             if saved.device_copy is None:
                 self._bring_one(saved)
 
+    def _order(self) -> list[int]:
+        """The layers that saved something, in forward order (fixed once forward is over)."""
+        if self._saved_order is None:
+            self._saved_order = sorted(self.layers)
+        return self._saved_order
+
     def _issue_ahead(self, layer: int) -> None:
-        for ahead in range(layer - self.distance, layer):
-            if ahead >= 0 and ahead not in self.issued and ahead in self.layers:
+        """Bring back the ``distance`` layers that saved something and come before ``layer``."""
+        order = self._order()
+        below = bisect.bisect_left(order, layer)
+        for ahead in order[max(0, below - self.distance):below]:
+            if ahead not in self.issued:
                 self._bring_back(ahead)
 
     def start_backward(self) -> None:
         """Forward is over: bring back the last ``distance`` layers that saved something."""
-        for layer in sorted(self.layers, reverse=True)[: self.distance]:
+        self._saved_order = None
+        for layer in self._order()[-self.distance:]:
             if layer not in self.issued:
                 self._bring_back(layer)
 
@@ -140,6 +155,7 @@ class PrefetchOffload:
         """Before the next forward."""
         self.layers.clear()
         self.issued.clear()
+        self._saved_order = None
         self._layer_counter = 0
         self.current_layer = -1
 

@@ -19,7 +19,7 @@ import datetime as _dt
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainsim.calibrate import bundle as bf
@@ -145,7 +145,6 @@ class _Run:
     ranks: int
     meta: dict
     progress: Progress
-    notes: list[str] = field(default_factory=list)
 
     @property
     def out(self) -> Path:
@@ -310,16 +309,21 @@ def _step_probe(run: _Run):
                 }
             )
     machine_doc = _machine_doc(run, host, gemm, memory_bw, threads, gpus)
-    bf.write_json(run.out / bf.MACHINE, machine_doc)
     if run.device == "cuda":
+        from trainsim.calibrate import nvsmi
+
+        run.progress("probe", "nvidia-smi topo -m and NVML")
+        machine_doc["nvml"] = nvsmi.nvml_probe()  # kept raw: common ancestors, NVLink states, P2P status
         topo = topo_probe.cuda_topology(
             host,
             gpu_names=[g["name"] for g in gpus],
             gpu_memory_gib=[g["memory_bytes"] / 2**30 for g in gpus],
             dram_bandwidth_gbps=memory_bw / 1e9,
+            nvml=machine_doc["nvml"],
         )
     else:
         topo = topo_probe.cpu_topology(host, run.ranks, dram_bandwidth_gbps=memory_bw / 1e9)
+    bf.write_json(run.out / bf.MACHINE, machine_doc)
     _write_topology(run, topo)
     return (
         [bf.MACHINE, bf.TOPOLOGY],
@@ -384,15 +388,15 @@ def _step_links(run: _Run):
     bf.write_json(run.out / bf.LINKS, doc)
     machine_doc = bf.read_file(run.out / bf.MACHINE, bf.MachineFile).model_dump(by_alias=True)
     host = machine_doc["host"]
+    usable = [link for link in links if linkbench.scales_with_size(link)]
     results = {
         link.name: {"bandwidth_gbps": link.fit.bandwidth_gbps, "latency_us": link.fit.latency_us}
-        for link in links
-        if linkbench.scales_with_size(link)
+        for link in usable
     }
     notes = [
         f"{link.name}: time did not grow with size (stalls, e.g. a core taken by another process); not used"
         for link in links
-        if not linkbench.scales_with_size(link)
+        if link not in usable
     ]
     if run.device == "cpu":
         memory_bw = linkbench.dram_bandwidth(links)
@@ -406,7 +410,7 @@ def _step_links(run: _Run):
                 machine_doc["cpu"]["threads_per_rank"],
                 [],
             )["device_spec"]
-        rank_copy = next(link for link in links if link.kind == "rank_copy")
+        rank_copy = next((link for link in usable if link.kind == "rank_copy"), None)
         topo = topo_probe.cpu_topology(
             host, run.ranks, dram_bandwidth_gbps=memory_bw / 1e9, rank_link=rank_copy
         )
@@ -418,7 +422,7 @@ def _step_links(run: _Run):
         topo = bf.read_file(run.out / bf.TOPOLOGY)
         n = torch.cuda.device_count()
         peer = all(torch.cuda.can_device_access_peer(i, j) for i in range(n) for j in range(n) if i != j)
-        topo = topo_probe.apply_link_fits(topo, links, p2p=peer)
+        topo = topo_probe.apply_link_fits(topo, usable, p2p=peer)
         if not peer:
             notes.append("some GPU pairs have no peer access: p2p false in the topology")
     _write_topology(run, topo)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from trainsim.calibrate import nvsmi
 from trainsim.calibrate.linkbench import LinkClass
+from trainsim.errors import TrainsimError
 
 
 def host_probe() -> dict:
@@ -126,19 +127,25 @@ def cuda_topology(
     gpu_memory_gib: list[float],
     dram_bandwidth_gbps: float,
     name: str = "calibrated-cuda",
+    nvml: dict | None = None,
 ) -> dict:
     """The skeleton of this GPU box from nvidia-smi + NVML, else all GPUs on one socket's root ports."""
     specs = [nvsmi.spec_from_name(n) for n in gpu_names]
     inter_socket = "amd" if host.get("cpu_vendor") == "AuthenticAMD" else "skl"
     text = nvsmi.read_nvidia_smi()
-    if text:
-        matrix = nvsmi.parse_topo_matrix(text, source="nvidia-smi topo -m")
+    try:
+        matrix = nvsmi.parse_topo_matrix(text, source="nvidia-smi topo -m") if text else None
+    except TrainsimError:  # a table layout this parser does not know: fall back rather than stop
+        matrix = None
+    if matrix is not None and len(matrix.gpus) != len(gpu_names):
+        matrix = None  # CUDA_VISIBLE_DEVICES hides some GPUs: the table's indices are not torch's
+    if matrix is not None:
         doc = nvsmi.to_topology(
             matrix,
             name=name,
             gpu_specs=specs,
             gpu_memory_gib=gpu_memory_gib,
-            nvml=nvsmi.nvml_probe(),
+            nvml=nvml,
             inter_socket=inter_socket,
             dram_bandwidth_gbps=dram_bandwidth_gbps,
         )
@@ -154,6 +161,7 @@ def cuda_topology(
         links = []
         for i, (spec, mem) in enumerate(zip(specs, gpu_memory_gib, strict=True)):
             nodes.append({"name": f"gpu{i}", "kind": "gpu", "spec": spec, "memory_gib": mem})
+            # Generation 4 only until the links step writes the measured H2D/D2H figures over it.
             links.append({"a": "cpu0", "b": f"gpu{i}", "kind": "pcie", "generation": 4, "lanes": 16})
         doc = {
             "schema": "trainsim.topology/1",
@@ -165,7 +173,7 @@ def cuda_topology(
             "links": links,
         }
     for node in doc["nodes"]:
-        if node["kind"] == "cpu" and len(doc["nodes"]) and host.get("cpu_model"):
+        if node["kind"] == "cpu" and host.get("cpu_model"):
             node.setdefault("model", host["cpu_model"])
     return doc
 

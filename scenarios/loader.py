@@ -1,4 +1,4 @@
-"""Loading scenarios: a name of a shipped scenario or a YAML path, plus ``--set a.b=c`` overrides and variants.
+"""Loading scenarios: a shipped scenario name or a YAML path, plus ``--set a.b=c`` overrides and variants.
 
     from trainsim.scenarios.loader import load_scenario
     scenario = load_scenario("ddp-resnet50-dgx-a100", ["batch_size=512", "strategy.bucket_cap_mb=50"])
@@ -37,7 +37,9 @@ def list_scenarios() -> dict[str, str]:
                 data = yaml.safe_load(entry.read_text()) or {}
             except yaml.YAMLError:
                 data = {}
-            out[entry.name.removesuffix(".yaml")] = str(data.get("description", "")) if isinstance(data, dict) else ""
+            out[entry.name.removesuffix(".yaml")] = (
+                str(data.get("description", "")) if isinstance(data, dict) else ""
+            )
     return out
 
 
@@ -73,6 +75,7 @@ def read_scenario_data(source: str | os.PathLike) -> tuple[dict, str, Path | Non
 
 
 # ---- overrides --------------------------------------------------------------------------------------------
+
 
 def _model_of(annotation) -> type[BaseModel] | None:
     """The pydantic model inside a field annotation (``str | WorkloadRef`` -> WorkloadRef), if any."""
@@ -118,7 +121,9 @@ def set_path(data: dict, dotted: str, value: Any, *, label: str | None = None) -
             if child_model is not None and "name" in _keys(child_model):
                 child = {"name": child}  # workload: resnet50 -> {name: resnet50, image_size: ...}
             else:
-                raise TrainsimError(f"{'.'.join(parts[:depth + 1])} is not a mapping", file=label, field=dotted)
+                raise TrainsimError(
+                    f"{'.'.join(parts[: depth + 1])} is not a mapping", file=label, field=dotted
+                )
         node[key] = child
         node = child
         model = child_model
@@ -148,8 +153,9 @@ def _merge(base: dict, over: dict) -> dict:
 
 def validate_scenario(data: dict, *, label: str | None = None) -> Scenario:
     if "schema" in data and data["schema"] != SCHEMA:
-        raise TrainsimError(f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=label,
-                            field="schema")
+        raise TrainsimError(
+            f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=label, field="schema"
+        )
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
@@ -161,16 +167,38 @@ def apply_variant(data: dict, variant: str, *, label: str | None = None) -> dict
     variants = data.get("variants") or {}
     if variant not in variants:
         raise unknown_name("variant", variant, variants, file=label, field="variants")
+    if not isinstance(variants[variant], dict):
+        raise TrainsimError(
+            "a variant must be a mapping of overrides", file=label, field=f"variants.{variant}"
+        )
     merged = _merge({k: v for k, v in data.items() if k != "variants"}, variants[variant])
     merged["name"] = f"{data.get('name', 'scenario')}[{variant}]"
     return merged
 
 
-def load_scenario(source: str | os.PathLike | dict | Scenario, overrides: list[str] | tuple[str, ...] = (),
-                  *, variant: str | None = None) -> Scenario:
+def check_variants(source: str | os.PathLike | dict) -> list[str]:
+    """Validate every variant of a scenario (merged over its base); returns their names."""
+    data, label, _ = (
+        (copy.deepcopy(source), None, None) if isinstance(source, dict) else read_scenario_data(source)
+    )
+    variants = data.get("variants") or {}
+    if not isinstance(variants, dict):
+        raise TrainsimError("variants must be a mapping of name -> overrides", file=label, field="variants")
+    for name in variants:
+        load_scenario(data, variant=name)
+    return list(variants)
+
+
+def load_scenario(
+    source: str | os.PathLike | dict | Scenario,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    variant: str | None = None,
+) -> Scenario:
     """A validated `Scenario` from a shipped name, a YAML path or a mapping, with overrides applied.
 
-    Every variant is checked too (merged over the base), so a broken variant fails at load time.
+    A variant is checked when it is chosen (``check_variants`` checks them all), so a file may carry
+    variants that only a later feature understands.
     """
     if isinstance(source, Scenario):
         source = source.model_dump(by_alias=True, exclude_defaults=False)
@@ -178,16 +206,14 @@ def load_scenario(source: str | os.PathLike | dict | Scenario, overrides: list[s
         data, label, base_dir = copy.deepcopy(source), None, None
     else:
         data, label, base_dir = read_scenario_data(source)
-    for name in (data.get("variants") or {}) if isinstance(data.get("variants"), dict) else ():
-        if not isinstance(data["variants"][name], dict):
-            raise TrainsimError("a variant must be a mapping of overrides", file=label, field=f"variants.{name}")
-        validate_scenario(apply_variant(data, name, label=label), label=f"{label or 'scenario'} variant {name}")
+    where = label
     if variant is not None:
         data = apply_variant(data, variant, label=label)
+        where = f"{label or 'scenario'} variant {variant}"
     for text in overrides:
         key, value = parse_override(text)
-        set_path(data, key, value, label=label)
-    scenario = validate_scenario(data, label=label)
+        set_path(data, key, value, label=where)
+    scenario = validate_scenario(data, label=where)
     scenario._source = label
     scenario._base_dir = str(base_dir) if base_dir else None
     return scenario

@@ -9,12 +9,17 @@ yet) and optional named ``variants`` (partial scenarios merged over this one).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from trainsim.sim.compression import CompressionSpec
+from trainsim.sim.jitter import JitterSpec
+from trainsim.sim.strategy_easgd import EasgdOptions
+from trainsim.sim.strategy_pipeline import PipelineOptions
+
 SCHEMA = "trainsim.scenario/1"
-STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server")
+STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -38,37 +43,110 @@ class WorkloadRef(BaseModel):
 class StrategySpec(_Strict):
     """The parallel strategy and its options (an option another strategy ignores is harmless)."""
 
-    name: Literal["single", "dp-gpu0", "ddp", "parameter-server"]
+    name: Literal["single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd"]
     bucket_cap_mb: float = Field(default=25.0, gt=0, description="DDP gradient bucket size (MiB, as PyTorch)")
     first_bucket_cap_mb: float | None = Field(
-        default=None, gt=0, description="DDP's first bucket (PyTorch: 1 MiB); default bucket_cap_mb")
+        default=None, gt=0, description="DDP's first bucket (PyTorch: 1 MiB); default bucket_cap_mb"
+    )
     collectives: Literal["flow", "analytic"] = Field(
-        default="flow", description="flow: collectives decomposed into flows; analytic: alpha-beta time")
+        default="flow", description="flow: collectives decomposed into flows; analytic: alpha-beta time"
+    )
     collective_algo: str = Field(default="auto", description="ring, tree, nvls or auto")
-    ps_cores: int | None = Field(default=None, ge=1,
-                                 description="parameter server: cores updating (default: all of its socket)")
+    ps_cores: int | None = Field(
+        default=None, ge=1, description="parameter server: cores updating (default: all of its socket)"
+    )
     ps_socket: int = Field(default=0, ge=0, description="parameter server: index of its cpu socket")
+    grid: list[int] | None = Field(
+        default=None,
+        min_length=3,
+        max_length=3,
+        description="spatial/hybrid: [samples, height, width] ways (product = GPUs; spatial: [1, GPUs, 1])",
+    )
+    layer_grids: dict[str, list[int]] | None = Field(
+        default=None,
+        description="spatial/hybrid: a [samples, height, width] grid per layer name (trainsim plan)",
+    )
+    symmetric_ranks: bool = Field(
+        default=False,
+        description="spatial/hybrid: simulate the first block of sample groups only and mirror it onto the "
+        "others (needs collectives: analytic; for large GPU counts)",
+    )
+    pipeline: PipelineOptions | None = Field(
+        default=None, description="pipeline: stages, micro-batches, schedule"
+    )
+    easgd: EasgdOptions | None = Field(
+        default=None, description="easgd: variant, tau, centre, co-design switches"
+    )
+    jitter: JitterSpec | None = Field(default=None, description="pipeline/easgd: noise on compute times")
+
+    @model_validator(mode="after")
+    def _options_match_strategy(self):
+        for option, owners in (
+            ("pipeline", ("pipeline",)),
+            ("easgd", ("easgd",)),
+            ("jitter", ("pipeline", "easgd")),
+        ):
+            if getattr(self, option) is not None and self.name not in owners:
+                raise ValueError(
+                    f"strategy.{option} applies to strategy {' or '.join(owners)}, "
+                    f"not strategy.name {self.name}"
+                )
+        return self
 
 
 class OptimizerSpec(_Strict):
     name: Literal["sgd", "momentum", "adam"] = "sgd"
+    lr: float = Field(default=0.01, gt=0, description="learning rate (the executor uses it; time does not)")
 
 
 class HostSpec(_Strict):
     pinned: bool = Field(default=True, description="input batches in pinned (page-locked) host memory")
     data_workers: int = Field(default=4, ge=1, description="DataLoader worker processes per rank")
+    memory_gib: float | None = Field(
+        default=None, ge=0, description="host memory per socket free for pinned buffers (default: no limit)"
+    )
 
 
 class Optimizations(_Strict):
-    """Data-movement optimizations (TECHNIQUES.md). None yet: unknown keys are rejected."""
+    """Data-movement optimizations (TECHNIQUES.md); unknown keys are rejected."""
+
+    offload_optimizer_state: bool = Field(
+        default=False,
+        description="pipeline: fp32 master weights + optimizer state in pinned host memory, "
+        "streamed to the GPU in chunks (AxoNN)",
+    )
+    offload_chunk_mb: float = Field(
+        default=64.0, gt=0, description="offload_optimizer_state: chunk size (MiB)"
+    )
+    # ScaleDNN (sim/strategy_dp_gpu0.py, sim/preload.py, sim/compression.py)
+    cpu_batch_split: bool = Field(
+        default=False, description="the host splits the batch and copies each GPU its shard (vs GPU0 scatter)"
+    )
+    preload: int = Field(
+        default=0, ge=0, description="batches copied ahead on the H2D copy engine (1: double buffering)"
+    )
+    param_compression: CompressionSpec | None = Field(
+        default=None, description="fp16 | bf16 | int8 | {method: topk, ratio} | {method: powersgd, rank}"
+    )
+    # hybrid GPU/CPU memory, vDNN / Kim et al. (sim/offload.py)
+    offload_activations: Literal["none", "all", "conv"] | list[str] = Field(
+        default="none", description="saved activations offloaded to pinned host memory: all, conv or layers"
+    )
+    prefetch_distance: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        default=1, description="offloaded layers prefetched this many layers ahead in backward, or auto"
+    )
+    contention_aware: bool = Field(
+        default=False, description="stagger offload/prefetch copies of GPUs sharing a link"
+    )
 
 
 class Scenario(_Strict):
     schema_: Literal["trainsim.scenario/1"] = Field(default=SCHEMA, alias="schema")
     name: str = Field(default="scenario", min_length=1)
     description: str = ""
-    assumptions: list[str] = Field(default_factory=list,
-                                   description="what the scenario assumes that its source does not state")
+    assumptions: list[str] = Field(
+        default_factory=list, description="what the scenario assumes that its source does not state"
+    )
     topology: str | dict[str, Any]
     workload: str | WorkloadRef
     strategy: StrategySpec
@@ -81,6 +159,8 @@ class Scenario(_Strict):
     host: HostSpec = Field(default_factory=HostSpec)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # settings only the real-hardware executor reads (calibrate/exec_config.py); the simulator ignores them
+    executor: dict[str, Any] | None = None
     # where the file came from (relative topology/workload paths resolve against its folder)
     _source: str | None = PrivateAttr(default=None)
     _base_dir: str | None = PrivateAttr(default=None)
@@ -113,4 +193,20 @@ class Scenario(_Strict):
             raise ValueError("strategy single runs on one GPU; give gpus: [index] or gpus: 1")
         if self.strategy.name == "single" and isinstance(self.gpus, int) and self.gpus != 1:
             raise ValueError("strategy single runs on one GPU; give gpus: 1")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_needs_pipeline(self):
+        if self.optimizations.offload_optimizer_state and self.strategy.name != "pipeline":
+            raise ValueError(
+                "optimizations.offload_optimizer_state is modelled for strategy.name pipeline, "
+                f"not {self.strategy.name}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _data_movement(self):
+        from trainsim.sim.data_movement import check_combinations
+
+        check_combinations(self)
         return self

@@ -26,9 +26,15 @@ from pathlib import Path
 from .memory import GIB
 from .replay import write_atomic
 
-STREAM_TID = {"compute": 7, "h2d": 20, "d2h": 21, "comm": 22, "data": 1}
-STREAM_NAME = {"compute": "stream 7 (compute)", "h2d": "stream 20 (H2D copy engine)",
-               "d2h": "stream 21 (D2H copy engine)", "comm": "stream 22 (NCCL)", "data": "data loader wait"}
+STREAM_TID = {"compute": 7, "h2d": 20, "d2h": 21, "comm": 22, "data": 1, "wait": 2}
+STREAM_NAME = {
+    "compute": "stream 7 (compute)",
+    "h2d": "stream 20 (H2D copy engine)",
+    "d2h": "stream 21 (D2H copy engine)",
+    "comm": "stream 22 (NCCL)",
+    "data": "data loader wait",
+    "wait": "waiting for the parameter server",
+}
 HOST_PID, LINK_PID = 100, 1000
 
 
@@ -71,9 +77,15 @@ def _gpu_event(op, gpu_index: int, correlation: int) -> dict:
     elif op.stream == "comm":
         name = f"{op.args.get('kernel', 'ncclDevKernel_' + op.op)}(ncclDevComm*, unsigned long, ncclWork*)"
         cat = "kernel"
-        args.update({"Collective name": op.op, "message_bytes": int(op.nbytes),
-                     "Group size": op.args.get("group_size"), "method": op.args.get("method"),
-                     "algo": op.args.get("algo")})
+        args.update(
+            {
+                "Collective name": op.op,
+                "message_bytes": int(op.nbytes),
+                "Group size": op.args.get("group_size"),
+                "method": op.args.get("method"),
+                "algo": op.args.get("algo"),
+            }
+        )
     elif op.stream in ("h2d", "d2h"):
         cat = "gpu_memcpy"
         pinned = op.args.get("pinned", True)
@@ -83,14 +95,27 @@ def _gpu_event(op, gpu_index: int, correlation: int) -> dict:
             name = f"Memcpy HtoD ({'Pinned' if pinned else 'Pageable'} -> Device)"
         else:
             name = f"Memcpy DtoH (Device -> {'Pinned' if pinned else 'Pageable'})"
-        args.update({"bytes": int(op.nbytes), "op": op.op,
-                     "memory bandwidth (GB/s)": round(op.nbytes / op.duration / 1e9, 3) if op.duration > 0 else 0})
+        args.update(
+            {
+                "bytes": int(op.nbytes),
+                "op": op.op,
+                "memory bandwidth (GB/s)": round(op.nbytes / op.duration / 1e9, 3) if op.duration > 0 else 0,
+            }
+        )
         if op.peer is not None:
             args["peer"] = op.peer
     else:
-        cat, name = "data_wait", op.op
-    return {"ph": "X", "cat": cat, "name": name, "pid": gpu_index, "tid": tid, "ts": _us(op.start),
-            "dur": _dur(op.start, op.end), "args": args}
+        cat, name = "wait", op.op
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": gpu_index,
+        "tid": tid,
+        "ts": _us(op.start),
+        "dur": _dur(op.start, op.end),
+        "args": args,
+    }
 
 
 def chrome_trace(result, *, provenance: dict | None = None) -> dict:
@@ -106,12 +131,22 @@ def chrome_trace(result, *, provenance: dict | None = None) -> dict:
         pid = gpu_index[name]
         gpu = machine.gpus[name]
         events.append(_meta(pid, 0, "process_name", f"GPU {pid} ({name}, {gpu.device.name})"))
-        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        events.append(
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        )
         for stream, tid in STREAM_TID.items():
             events.append(_meta(pid, tid, "thread_name", STREAM_NAME[stream]))
         for ev in gpu.memory.timeline:
-            events.append({"ph": "C", "name": "GPU memory", "pid": pid, "tid": 0, "ts": _us(ev.time),
-                           "args": {"GiB": round(ev.in_use / GIB, 6)}})
+            events.append(
+                {
+                    "ph": "C",
+                    "name": "GPU memory",
+                    "pid": pid,
+                    "tid": 0,
+                    "ts": _us(ev.time),
+                    "args": {"GiB": round(ev.in_use / GIB, 6)},
+                }
+            )
     host_ops: dict[str, list] = {}
     correlation = 0
     for op in machine.ops:
@@ -124,30 +159,60 @@ def chrome_trace(result, *, provenance: dict | None = None) -> dict:
     for h, cpu in enumerate(topo.cpus):
         pid = HOST_PID + h
         events.append(_meta(pid, 0, "process_name", f"host {cpu}"))
-        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        events.append(
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        )
         events.append(_meta(pid, 0, "thread_name", "iterations"))
         if h == 0:
             for it, (start, end) in enumerate(ends):
-                events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it}", "pid": pid,
-                               "tid": 0, "ts": _us(start), "dur": _dur(start, end),
-                               "args": {"warmup": it < result.warmup_iterations}})
+                events.append(
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": f"ProfilerStep#{it}",
+                        "pid": pid,
+                        "tid": 0,
+                        "ts": _us(start),
+                        "dur": _dur(start, end),
+                        "args": {"warmup": it < result.warmup_iterations},
+                    }
+                )
         ops = host_ops.get(cpu, [])
         lanes = _lanes([(op.start, op.end) for op in ops])
         for lane in sorted(set(lanes)):
             events.append(_meta(pid, 1 + lane, "thread_name", f"core track {lane}"))
         for op, lane in zip(ops, lanes, strict=True):
-            events.append({"ph": "X", "cat": "cpu_op", "name": op.op, "pid": pid, "tid": 1 + lane,
-                           "ts": _us(op.start), "dur": _dur(op.start, op.end),
-                           "args": {"iteration": op.iteration, "bytes": int(op.nbytes), **op.args}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": op.op,
+                    "pid": pid,
+                    "tid": 1 + lane,
+                    "ts": _us(op.start),
+                    "dur": _dur(op.start, op.end),
+                    "args": {"iteration": op.iteration, "bytes": int(op.nbytes), **op.args},
+                }
+            )
     events.extend(_link_events(machine))
     events.sort(key=lambda e: (e["ph"] != "M", e["pid"], e["tid"], e.get("ts", 0.0), e["name"]))
     world = len(ranks)
     return {
         "schemaVersion": 1,
-        "deviceProperties": [{"id": gpu_index[n], "name": machine.gpus[n].device.name,
-                              "totalGlobalMem": int(machine.gpus[n].memory.capacity)} for n in ranks],
+        "deviceProperties": [
+            {
+                "id": gpu_index[n],
+                "name": machine.gpus[n].device.name,
+                "totalGlobalMem": int(machine.gpus[n].memory.capacity),
+            }
+            for n in ranks
+        ],
         "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": world, "pg_count": 1},
-        "trainsim": {"schema": "trainsim.trace/1", "scenario": result.scenario, "provenance": provenance or {}},
+        "trainsim": {
+            "schema": "trainsim.trace/1",
+            "scenario": result.scenario,
+            "provenance": provenance or {},
+        },
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": 0,
         "traceEvents": events,
@@ -174,19 +239,40 @@ def _link_events(machine) -> list[dict]:
         pid = LINK_PID + i
         u, v = net.links[i]
         events.append(_meta(pid, 0, "process_name", f"link {u}->{v}"))
-        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        events.append(
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        )
         recs = per_link.get(i, [])
         lanes = _lanes([(r.started, r.finished) for r in recs])
         for lane in sorted(set(lanes)):
             events.append(_meta(pid, 1 + lane, "thread_name", f"flow track {lane}"))
         for rec, lane in zip(recs, lanes, strict=True):
-            events.append({"ph": "X", "cat": "flow", "name": str(rec.tag), "pid": pid, "tid": 1 + lane,
-                           "ts": _us(rec.started), "dur": _dur(rec.started, rec.finished),
-                           "args": {"bytes": int(rec.nbytes), "route": "->".join([rec.route[0][0]] +
-                                                                                 [e[1] for e in rec.route])}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "flow",
+                    "name": str(rec.tag),
+                    "pid": pid,
+                    "tid": 1 + lane,
+                    "ts": _us(rec.started),
+                    "dur": _dur(rec.started, rec.finished),
+                    "args": {
+                        "bytes": int(rec.nbytes),
+                        "route": "->".join([rec.route[0][0]] + [e[1] for e in rec.route]),
+                    },
+                }
+            )
         for change in rates.get(i, []):
-            events.append({"ph": "C", "name": "bandwidth", "pid": pid, "tid": 0, "ts": _us(change.time),
-                           "args": {"GB/s": round(change.rate / 1e9, 6)}})
+            events.append(
+                {
+                    "ph": "C",
+                    "name": "bandwidth",
+                    "pid": pid,
+                    "tid": 0,
+                    "ts": _us(change.time),
+                    "args": {"GB/s": round(change.rate / 1e9, 6)},
+                }
+            )
     return events
 
 

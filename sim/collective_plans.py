@@ -134,7 +134,7 @@ def btree_parent(rank: int, nranks: int) -> int:
 
 def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
     """NCCL's double binary tree: the second tree mirrors the first (even nranks) or shifts it by one (odd),
-    so a rank that is a leaf in one tree is an inner node in the other."""
+    so the leaves of one tree are mostly inner nodes of the other and the load on each rank evens out."""
     first = [btree_parent(r, nranks) for r in range(nranks)]
     if nranks % 2 == 0:
         mirror = [nranks - 1 - r for r in range(nranks)]

@@ -86,7 +86,8 @@ def resolve_gpus(topo: Topology, gpus: Sequence[str | int] | None) -> list[str]:
     return names
 
 
-def _feasible(topo: Topology, op: str, gpus: list[str]) -> list[str]:
+def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
+    """The algorithms ``op`` can run as on this group (NVLS only where one switch reduces for all)."""
     algos = list(SUPPORTED[op])
     if "nvls" in algos and nvls_switch(topo, gpus) is None:
         algos.remove("nvls")
@@ -135,7 +136,7 @@ def choose_algorithm(topo: Topology, op: str, gpus: Sequence[str | int] | None, 
     """What "auto" runs: as NCCL's tuner does, the feasible algorithm with the smallest modelled time."""
     _check_op(op)
     names = resolve_gpus(topo, gpus)
-    algos = _feasible(topo, op, names)
+    algos = feasible_algorithms(topo, op, names)
     if len(algos) == 1:
         return algos[0]
 

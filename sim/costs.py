@@ -75,8 +75,15 @@ def state_bytes(num_params: float, precision: str, optimizer: str) -> float:
     return num_params * (STATE_BYTES[optimizer] + (MASTER_BYTES if mixed(precision) else 0))
 
 
-def rank_costs(workload: Workload, device: DeviceSpec, batch: int, precision: str, optimizer: str, *,
-               measured_on: DeviceSpec | None = None) -> RankCosts:
+def rank_costs(
+    workload: Workload,
+    device: DeviceSpec,
+    batch: int,
+    precision: str,
+    optimizer: str,
+    *,
+    measured_on: DeviceSpec | None = None,
+) -> RankCosts:
     """The costs of one rank running ``batch`` samples of ``workload`` on ``device`` (``measured_on``: the
     device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU)."""
     from . import roofline  # the roofline module owns "measured or estimated"
@@ -85,8 +92,9 @@ def rank_costs(workload: Workload, device: DeviceSpec, batch: int, precision: st
         raise TrainsimError(f"per-GPU batch must be >= 1, got {batch}", field="batch_size")
     times = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on)
     if len(times) != len(workload.layers):
-        raise TrainsimError(f"got {len(times)} layer times for {len(workload.layers)} layers",
-                            field="workload.layers")
+        raise TrainsimError(
+            f"got {len(times)} layer times for {len(workload.layers)} layers", field="workload.layers"
+        )
     itemsize = workload.itemsize
     weight = WEIGHT_BYTES[precision]
     act_scale = weight / itemsize  # saved tensors follow the compute precision (masks/indices approximated)
@@ -106,8 +114,10 @@ def rank_costs(workload: Workload, device: DeviceSpec, batch: int, precision: st
         param_bytes=num_params * weight,
         grad_bytes_per_layer=[p * weight for p in params_per_layer],
         state_bytes=state_bytes(num_params, precision, optimizer),
-        saved_bytes_per_layer=[(batch * layer.saved_activation_bytes_per_sample
-                                + layer.saved_activation_bytes_fixed) * act_scale for layer in workload.layers],
+        saved_bytes_per_layer=[
+            (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * act_scale
+            for layer in workload.layers
+        ],
         input_bytes=float(batch * workload.input.bytes_per_sample),
         output_bytes=float(batch * last.output_bytes_per_sample * act_scale),
     )

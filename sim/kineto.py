@@ -56,14 +56,25 @@ class Collective:
     group_size: int | None = None
     group: str | None = None       # process group name
     ranks: tuple[int, ...] | None = None
+    out_nelems: int | None = None  # output message elements (all-gather: the whole gathered array)
+
+    @property
+    def element_bytes(self) -> int | None:
+        return DTYPE_BYTES.get((self.dtype or "").lower())
 
     @property
     def nbytes(self) -> int | None:
         """Input message size in bytes, None when unknown."""
-        width = DTYPE_BYTES.get((self.dtype or "").lower())
-        if self.nelems is None or width is None:
+        if self.nelems is None or self.element_bytes is None:
             return None
-        return self.nelems * width
+        return self.nelems * self.element_bytes
+
+    @property
+    def array_bytes(self) -> int | None:
+        """S in nccl-tests terms, the whole array: the output for all-gather, the input otherwise."""
+        if self.op.startswith("allgather") and self.out_nelems is not None and self.element_bytes is not None:
+            return self.out_nelems * self.element_bytes
+        return self.nbytes
 
 
 @dataclass(slots=True)
@@ -131,6 +142,7 @@ class KinetoTrace:
     origin_us: float
     base_time_ns: int | None
     devices: dict[int, str]
+    device_memory: dict[int, int]                # bytes, from deviceProperties.totalGlobalMem
     nccl_version: str | None
     process_groups: list[dict]
     cpu_events: list[CpuEvent]
@@ -260,6 +272,8 @@ def _read_document(path: Path, on_event: Callable[[dict], None]) -> dict:
         raise TrainsimError(f"truncated or corrupt gzip file ({exc})", file=name) from None
     except UnicodeDecodeError:
         raise TrainsimError("not a Kineto trace: not UTF-8 text (a binary file?)", file=name) from None
+    except OSError as exc:
+        raise TrainsimError(f"cannot read the file ({exc.strerror or exc})", file=name) from None
     if not saw_events:
         raise TrainsimError("not a Kineto trace: the JSON object has no 'traceEvents'", file=name)
     return meta
@@ -299,6 +313,7 @@ def collective_from_args(args: dict, kernel_name: str = "") -> Collective | None
             return None
         op = match.group(1)
     nelems = _as_int(args.get("In msg nelems"))
+    out_nelems = _as_int(args.get("Out msg nelems"))
     return Collective(
         op=str(op).lower().replace("_", "").replace("-", ""),
         nelems=nelems if nelems is not None and nelems >= 0 else None,
@@ -306,6 +321,7 @@ def collective_from_args(args: dict, kernel_name: str = "") -> Collective | None
         group_size=_as_int(args.get("Group size")),
         group=str(args["Process Group Name"]) if args.get("Process Group Name") is not None else None,
         ranks=_parse_ranks(args.get("Process Group Ranks")),
+        out_nelems=out_nelems if out_nelems is not None and out_nelems >= 0 else None,
     )
 
 
@@ -447,14 +463,17 @@ def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
     flows = {k: (pid, tid, rel(ts)) for k, (pid, tid, ts) in collect.flows.items()
              if isinstance(ts, int | float)}
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    devices = {}
+    devices, device_memory = {}, {}
     for prop in meta.get("deviceProperties") or []:
         if isinstance(prop, dict) and _as_int(prop.get("id")) is not None:
             devices[_as_int(prop["id"])] = str(prop.get("name", ""))
+            if _as_int(prop.get("totalGlobalMem")) is not None:
+                device_memory[_as_int(prop["id"])] = _as_int(prop["totalGlobalMem"])
     base = _as_int(meta.get("baseTimeNanoseconds"))
     return KinetoTrace(
         path=name, rank=rank, rank_source=rank_source, world_size=world_size, origin_us=origin,
-        base_time_ns=base, devices=devices, nccl_version=info.get("nccl_version"),
+        base_time_ns=base, devices=devices, device_memory=device_memory,
+        nccl_version=info.get("nccl_version"),
         process_groups=list(info.get("pg_config") or []),
         cpu_events=collect.cpu, gpu_events=collect.gpu, syncs=collect.syncs,
         steps=sorted(collect.steps, key=lambda s: s.ts), thread_names=collect.thread_names, flows=flows,

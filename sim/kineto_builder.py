@@ -16,9 +16,11 @@ PID = 1000
 class TraceBuilder:
     def __init__(self, *, rank: int | None = 0, world_size: int = 1,
                  base_time_ns: int | None = 1_700_000_000_000_000_000, device: int = 0,
-                 distributed_info: bool = True, correlation_args: bool = True):
+                 distributed_info: bool = True, correlation_args: bool = True,
+                 device_name: str = "Synthetic GPU"):
         self.rank, self.world_size, self.base_time_ns = rank, world_size, base_time_ns
         self.device, self.distributed_info, self.correlation_args = device, distributed_info, correlation_args
+        self.device_name = device_name
         self.events: list[dict] = []
         self._corr = 100
 
@@ -66,7 +68,7 @@ class TraceBuilder:
 
     def to_dict(self) -> dict:
         doc: dict = {"schemaVersion": 1,
-                     "deviceProperties": [{"id": self.device, "name": "Synthetic GPU"}]}
+                     "deviceProperties": [{"id": self.device, "name": self.device_name}]}
         if self.distributed_info and self.rank is not None:
             doc["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size,
                                       "nccl_version": "2.17.1"}

@@ -37,7 +37,7 @@ STREAMS = ("compute", "h2d", "d2h", "comm")
 COMPUTE, COMM, TRANSFER, DATA = "compute", "communication", "transfer", "data"
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     """One piece of work on one resource: a kernel, a copy, a collective, data preparation."""
 
@@ -60,8 +60,17 @@ class Op:
 
 
 class Gpu:
-    def __init__(self, env: simpy.Environment, name: str, index: int, device: DeviceSpec, capacity: float,
-                 host_memory: str, *, record_memory: bool = True):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        name: str,
+        index: int,
+        device: DeviceSpec,
+        capacity: float,
+        host_memory: str,
+        *,
+        record_memory: bool = True,
+    ):
         self.name = name
         self.index = index
         self.device = device
@@ -83,19 +92,35 @@ class Machine:
     """GPUs, hosts and the flow network of one topology. ``devices`` maps a GPU spec name to a DeviceSpec
     when the built-in library does not know it (a calibrated box)."""
 
-    def __init__(self, topology, env: simpy.Environment | None = None, *, devices: dict | None = None,
-                 record_link_rates: bool = True, record_flows: bool = True, record_memory: bool = True):
+    def __init__(
+        self,
+        topology,
+        env: simpy.Environment | None = None,
+        *,
+        devices: dict | None = None,
+        record_link_rates: bool = True,
+        record_flows: bool = True,
+        record_memory: bool = True,
+    ):
         self.env = env or simpy.Environment()
         self.topology = topology
-        self.net = FlowNetwork.from_topology(self.env, topology, record_link_rates=record_link_rates,
-                                             record_flows=record_flows)
+        self.net = FlowNetwork.from_topology(
+            self.env, topology, record_link_rates=record_link_rates, record_flows=record_flows
+        )
         devices = {k.lower(): v for k, v in (devices or {}).items()}
         self.gpus: dict[str, Gpu] = {}
         for i, name in enumerate(topology.gpus):
             spec_name = topology.gpu_spec(name)
             device = devices.get(spec_name.lower()) or get_device(spec_name)
-            self.gpus[name] = Gpu(self.env, name, i, device, topology.gpu_memory(name),
-                                  topology.host_memory(name), record_memory=record_memory)
+            self.gpus[name] = Gpu(
+                self.env,
+                name,
+                i,
+                device,
+                topology.gpu_memory(name),
+                topology.host_memory(name),
+                record_memory=record_memory,
+            )
         self.hosts: dict[str, Host] = {}
         for cpu in topology.cpus:
             attrs = topology.graph.nodes[cpu]
@@ -125,20 +150,51 @@ class Machine:
         return op
 
     # ---- work -----------------------------------------------------------------------------------------
-    def run(self, gpu: str, stream: str, duration: float, *, op: str, iteration: int, layer: str | None = None,
-            category: str | None = COMPUTE, **args):
+    def run(
+        self,
+        gpu: str,
+        stream: str,
+        duration: float,
+        *,
+        op: str,
+        iteration: int,
+        layer: str | None = None,
+        category: str | None = COMPUTE,
+        **args,
+    ):
         """A SimPy process body: ``duration`` seconds of work on a GPU stream (waits for the stream)."""
         with self.gpus[gpu].streams[stream].request() as req:
             yield req
             start = self.env.now
             if duration > 0:
                 yield self.env.timeout(duration)
-            self.record(iteration=iteration, resource=gpu, stream=stream, op=op, start=start, end=self.env.now,
-                        category=category, layer=layer, args=args)
+            self.record(
+                iteration=iteration,
+                resource=gpu,
+                stream=stream,
+                op=op,
+                start=start,
+                end=self.env.now,
+                category=category,
+                layer=layer,
+                args=args,
+            )
 
-    def transfer(self, legs: list[list], nbytes: float, *, gpu: str, stream: str, op: str, iteration: int,
-                 category: str, peer: str | None = None, pinned: bool = True, host: Host | None = None,
-                 tag: str | None = None):
+    def transfer(
+        self,
+        legs: list[list],
+        nbytes: float,
+        *,
+        gpu: str,
+        stream: str,
+        op: str,
+        iteration: int,
+        category: str,
+        peer: str | None = None,
+        pinned: bool = True,
+        host: Host | None = None,
+        tag: str | None = None,
+    ):
         """A process body: move ``nbytes`` over ``legs`` (routes done one after the other, e.g. staged through
         host memory) holding ``gpu``'s ``stream`` engine; pageable copies also hold a core of ``host``."""
         with self.gpus[gpu].streams[stream].request() as req:
@@ -150,40 +206,114 @@ class Machine:
                 yield core
             max_rate = math.inf if pinned else PAGEABLE_COPY_RATE
             for leg in legs:
-                yield self.net.transfer(leg, nbytes, max_rate=max_rate, tag=tag or f"it{iteration}:{op}:{gpu}")
+                yield self.net.transfer(
+                    leg, nbytes, max_rate=max_rate, tag=tag or f"it{iteration}:{op}:{gpu}"
+                )
             if core is not None:
                 host.cores.release(core)
-                self.record(iteration=iteration, resource=host.name, stream="cores", op=f"{op}_staging",
-                            start=start, end=self.env.now, category=None, nbytes=nbytes)
+                self.record(
+                    iteration=iteration,
+                    resource=host.name,
+                    stream="cores",
+                    op=f"{op}_staging",
+                    start=start,
+                    end=self.env.now,
+                    category=None,
+                    nbytes=nbytes,
+                )
             route = tuple(edge for leg in legs for edge in leg)
-            self.record(iteration=iteration, resource=gpu, stream=stream, op=op, start=start, end=self.env.now,
-                        category=category, nbytes=nbytes, route=route, peer=peer,
-                        args={"pinned": pinned} if host is not None else {})
+            self.record(
+                iteration=iteration,
+                resource=gpu,
+                stream=stream,
+                op=op,
+                start=start,
+                end=self.env.now,
+                category=category,
+                nbytes=nbytes,
+                route=route,
+                peer=peer,
+                args={"pinned": pinned} if host is not None else {},
+            )
 
-    def h2d(self, gpu: str, nbytes: float, *, iteration: int, op: str = "h2d_input", pinned: bool = True,
-            src: str | None = None, category: str = TRANSFER):
+    def h2d(
+        self,
+        gpu: str,
+        nbytes: float,
+        *,
+        iteration: int,
+        op: str = "h2d_input",
+        pinned: bool = True,
+        src: str | None = None,
+        category: str = TRANSFER,
+    ):
         """Host memory (``src``, default the GPU's nearest DRAM) to a GPU on its H2D engine."""
         src = src or self.gpus[gpu].host_memory
         route = self.topology.route(src, gpu)
-        yield from self.transfer([route], nbytes, gpu=gpu, stream="h2d", op=op, iteration=iteration,
-                                 category=category, pinned=pinned, host=self.host_by_dram(src))
+        yield from self.transfer(
+            [route],
+            nbytes,
+            gpu=gpu,
+            stream="h2d",
+            op=op,
+            iteration=iteration,
+            category=category,
+            pinned=pinned,
+            host=self.host_by_dram(src),
+        )
 
-    def d2h(self, gpu: str, nbytes: float, *, iteration: int, op: str = "d2h", pinned: bool = True,
-            dst: str | None = None, category: str = TRANSFER):
+    def d2h(
+        self,
+        gpu: str,
+        nbytes: float,
+        *,
+        iteration: int,
+        op: str = "d2h",
+        pinned: bool = True,
+        dst: str | None = None,
+        category: str = TRANSFER,
+    ):
         """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine."""
         dst = dst or self.gpus[gpu].host_memory
         route = self.topology.route(gpu, dst)
-        yield from self.transfer([route], nbytes, gpu=gpu, stream="d2h", op=op, iteration=iteration,
-                                 category=category, pinned=pinned, host=self.host_by_dram(dst))
+        yield from self.transfer(
+            [route],
+            nbytes,
+            gpu=gpu,
+            stream="d2h",
+            op=op,
+            iteration=iteration,
+            category=category,
+            pinned=pinned,
+            host=self.host_by_dram(dst),
+        )
 
-    def peer_copy(self, src: str, dst: str, nbytes: float, *, iteration: int, op: str, engine_gpu: str,
-                  stream: str, category: str = COMM):
+    def peer_copy(
+        self,
+        src: str,
+        dst: str,
+        nbytes: float,
+        *,
+        iteration: int,
+        op: str,
+        engine_gpu: str,
+        stream: str,
+        category: str = COMM,
+    ):
         """GPU to GPU (P2P, or staged through host memory where the topology has no P2P) on the engine of
         ``engine_gpu``; counts for both GPUs' breakdowns."""
         legs = self.topology.gpu_copy_legs(src, dst)
         peer = dst if engine_gpu == src else src
-        yield from self.transfer(legs, nbytes, gpu=engine_gpu, stream=stream, op=op, iteration=iteration,
-                                 category=category, peer=peer)
+        yield from self.transfer(
+            legs,
+            nbytes,
+            gpu=engine_gpu,
+            stream=stream,
+            op=op,
+            iteration=iteration,
+            category=category,
+            peer=peer,
+        )
 
     def host_work(self, host: Host, duration: float, *, cores: int = 1, op: str, iteration: int, **args):
         """``duration`` seconds of CPU work holding ``cores`` cores of ``host``."""
@@ -194,8 +324,16 @@ class Machine:
             yield self.env.timeout(duration)
         for req in requests:
             host.cores.release(req)
-        self.record(iteration=iteration, resource=host.name, stream="cores", op=op, start=start,
-                    end=self.env.now, category=None, args={"cores": len(requests), **args})
+        self.record(
+            iteration=iteration,
+            resource=host.name,
+            stream="cores",
+            op=op,
+            start=start,
+            end=self.env.now,
+            category=None,
+            args={"cores": len(requests), **args},
+        )
 
 
 def build_machine(topology, env: simpy.Environment | None = None, **kwargs) -> Machine:

@@ -7,7 +7,7 @@ going so the run finishes and the result can say "needs X GiB, has Y GiB".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 GIB = 2**30
 
@@ -20,19 +20,20 @@ class MemoryEvent:
     category: str
 
 
-@dataclass
 class MemoryTracker:
-    """Bytes in use on one device over time; ``peak`` and ``by_category`` at that peak."""
+    """Bytes in use on one device over time; ``peak`` and what was held then (``peak_by_category``)."""
 
-    capacity: float
-    name: str = ""
-    record: bool = True
-    in_use: float = 0.0
-    peak: float = 0.0
-    timeline: list[MemoryEvent] = field(default_factory=list)
-    _by_category: dict[str, float] = field(default_factory=dict)
-    peak_by_category: dict[str, float] = field(default_factory=dict)
-    peak_time: float = 0.0
+    def __init__(self, capacity: float, name: str = "", *, record: bool = True):
+        self.capacity = capacity
+        self.name = name
+        self.record = record
+        self.in_use = 0.0
+        self.peak = 0.0
+        self.peak_time = 0.0
+        self.timeline: list[MemoryEvent] = []
+        self._by_category: dict[str, float] = {}
+        self._peak_by_category: dict[str, float] = {}
+        self._at_peak = False  # the current state is the peak; snapshot it lazily, when it is left
 
     def alloc(self, time: float, nbytes: float, category: str) -> None:
         if nbytes <= 0:
@@ -47,6 +48,9 @@ class MemoryTracker:
         self._change(time, -min(nbytes, held), category)
 
     def _change(self, time: float, delta: float, category: str) -> None:
+        if delta < 0 and self._at_peak:
+            self._peak_by_category = {k: v for k, v in self._by_category.items() if v > 0}
+            self._at_peak = False
         self.in_use += delta
         self._by_category[category] = self._by_category.get(category, 0.0) + delta
         if self.record:
@@ -54,7 +58,13 @@ class MemoryTracker:
         if self.in_use > self.peak * (1 + 1e-12):
             self.peak = self.in_use
             self.peak_time = time
-            self.peak_by_category = {k: v for k, v in self._by_category.items() if v > 0}
+            self._at_peak = True
+
+    @property
+    def peak_by_category(self) -> dict[str, float]:
+        if self._at_peak:
+            return {k: v for k, v in self._by_category.items() if v > 0}
+        return dict(self._peak_by_category)
 
     @property
     def out_of_memory(self) -> bool:

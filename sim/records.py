@@ -16,8 +16,21 @@ from pathlib import Path
 
 from .replay import write_atomic
 
-COLUMNS = ("iteration", "kind", "resource", "stream", "op", "layer", "category", "start_s", "end_s",
-           "duration_s", "bytes", "peer", "route")
+COLUMNS = (
+    "iteration",
+    "kind",
+    "resource",
+    "stream",
+    "op",
+    "layer",
+    "category",
+    "start_s",
+    "end_s",
+    "duration_s",
+    "bytes",
+    "peer",
+    "route",
+)
 
 
 def _route(route) -> str:
@@ -46,17 +59,42 @@ def records(result) -> list[dict]:
         raise ValueError("the result carries no machine (simulate with record=True)")
     rows = []
     for op in machine.ops:
-        rows.append({"iteration": op.iteration, "kind": "gpu" if op.resource in machine.gpus else "host",
-                     "resource": op.resource, "stream": op.stream, "op": op.op, "layer": op.layer or "",
-                     "category": op.category or "", "start_s": op.start, "end_s": op.end,
-                     "duration_s": op.end - op.start, "bytes": op.nbytes, "peer": op.peer or "",
-                     "route": _route(op.route)})
+        rows.append(
+            {
+                "iteration": op.iteration,
+                "kind": "gpu" if op.resource in machine.gpus else "host",
+                "resource": op.resource,
+                "stream": op.stream,
+                "op": op.op,
+                "layer": op.layer or "",
+                "category": op.category or "",
+                "start_s": op.start,
+                "end_s": op.end,
+                "duration_s": op.end - op.start,
+                "bytes": op.nbytes,
+                "peer": op.peer or "",
+                "route": _route(op.route),
+            }
+        )
     for rec in machine.net.records or []:
         iteration, what = _tag_parts(rec.tag)
-        rows.append({"iteration": iteration, "kind": "flow", "resource": rec.route[0][0] if rec.route else "",
-                     "stream": what.split(":")[0], "op": what, "layer": "", "category": "",
-                     "start_s": rec.started, "end_s": rec.finished, "duration_s": rec.finished - rec.started,
-                     "bytes": rec.nbytes, "peer": "", "route": _route(rec.route)})
+        rows.append(
+            {
+                "iteration": iteration,
+                "kind": "flow",
+                "resource": rec.route[0][0] if rec.route else "",
+                "stream": what.split(":")[0],
+                "op": what,
+                "layer": "",
+                "category": "",
+                "start_s": rec.started,
+                "end_s": rec.finished,
+                "duration_s": rec.finished - rec.started,
+                "bytes": rec.nbytes,
+                "peer": "",
+                "route": _route(rec.route),
+            }
+        )
     rows.sort(key=lambda r: (r["start_s"], r["end_s"], r["kind"], r["resource"], r["stream"], r["op"]))
     return rows
 

@@ -27,6 +27,7 @@ import simpy
 from trainsim.errors import TrainsimError
 from trainsim.sim.kineto import KinetoTrace, load_traces
 from trainsim.sim.trace_graph import GpuOp, TraceGraph, build_graph
+from trainsim.sim.whatif import WhatIf
 
 OpTime = Callable[[simpy.Environment, int, GpuOp], "float | simpy.Event | None"]
 
@@ -64,6 +65,7 @@ class RankReplay:
     op_start: list[float]
     op_end: list[float]
     steps: list[StepReport] = field(default_factory=list)
+    max_in_flight: int = 0            # most launches pending on one stream at once
 
     def cpu_time(self, thread: int, t: float) -> float:
         """Replayed time of measured instant t on a thread: it moves with the thread's latest point."""
@@ -126,8 +128,19 @@ def _graph_summary(graph: TraceGraph) -> dict:
 # ---------------------------------------------------------------- the engine
 
 class _RankEngine:
-    def __init__(self, env: simpy.Environment, graph: TraceGraph, op_time: OpTime | None):
+    def __init__(self, env: simpy.Environment, graph: TraceGraph, op_time: OpTime | None,
+                 launch_queue: int | None):
         self.env, self.graph, self.op_time = env, graph, op_time
+        # The driver queues a bounded number of launches per stream; when the GPU falls that far behind,
+        # the launching call blocks, so a CPU thread cannot run arbitrarily far ahead of a slow GPU.
+        self.launch_queue = launch_queue
+        self.launches_at: dict[int, list[tuple]] = {}
+        for o in graph.ops:
+            if o.launch is not None:
+                self.launches_at.setdefault(o.launch, []).append(o.stream_key)
+        self.in_flight: dict[tuple, int] = dict.fromkeys(graph.streams, 0)
+        self.max_in_flight = 0
+        self.slot_freed: dict[tuple, simpy.Event | None] = dict.fromkeys(graph.streams)
         self.point_time = [math.nan] * len(graph.points)
         self.op_start = [math.nan] * len(graph.ops)
         self.op_end = [math.nan] * len(graph.ops)
@@ -156,6 +169,13 @@ class _RankEngine:
                     target = max(target, self.point_time[q] + slack)
             if target > env.now:
                 yield env.timeout(target - env.now)
+            for s in self.launches_at.get(i, ()):
+                while self.launch_queue is not None and self.in_flight[s] >= self.launch_queue:
+                    if self.slot_freed[s] is None:
+                        self.slot_freed[s] = env.event()
+                    yield self.slot_freed[s]
+                self.in_flight[s] += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight[s])
             self.point_time[i] = env.now
             done = self.point_done.get(i)
             if done is not None:
@@ -190,13 +210,24 @@ class _RankEngine:
                 yield env.timeout(duration)
             self.op_end[i] = env.now
             self.op_done[i].succeed()
+            if o.launch is not None:
+                s = o.stream_key
+                self.in_flight[s] -= 1
+                freed, self.slot_freed[s] = self.slot_freed[s], None
+                if freed is not None:
+                    freed.succeed()
 
 
-def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None) -> ReplayResult:
+LAUNCH_QUEUE = 1024   # pending launches per stream before a launch blocks (CUDA's documented-in-practice
+                      # queue depth; override with replay(..., launch_queue=N), None for unbounded)
+
+
+def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None,
+           launch_queue: int | None = LAUNCH_QUEUE) -> ReplayResult:
     """Replay the ranks' graphs together; measured durations unless ``op_time`` says otherwise."""
     graphs = list(graphs)
     env = simpy.Environment()
-    engines = [_RankEngine(env, g, op_time) for g in graphs]
+    engines = [_RankEngine(env, g, op_time, launch_queue) for g in graphs]
     env.run()
     ranks = []
     for eng in engines:
@@ -206,15 +237,19 @@ def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None) -> Re
             raise TrainsimError(f"replay of rank {eng.graph.rank} deadlocked: {stuck_ops} GPU ops and "
                                 f"{stuck_points} CPU points never ran (circular dependencies in the trace?)",
                                 file=eng.graph.trace.path)
-        rr = RankReplay(eng.graph, eng.point_time, eng.op_start, eng.op_end)
+        rr = RankReplay(eng.graph, eng.point_time, eng.op_start, eng.op_end, max_in_flight=eng.max_in_flight)
         rr.steps = _step_reports(rr)
         ranks.append(rr)
     return ReplayResult(ranks)
 
 
-def replay_traces(paths: Iterable[str | Path], *, op_time: OpTime | None = None,
-                  progress: Callable[[str], None] | None = None) -> ReplayResult:
-    """Load per-rank trace files of one run, build their graphs and replay them."""
+def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, checks: bool = True,
+                  progress: Callable[[str], None] | None = None) -> ReplayReport:
+    """Load per-rank trace files of one run, build their graphs, replay them with the measured durations
+    and, when ``whatif`` changes something, again under the what-if; with ``checks`` also compare every
+    collective and memcpy with its simulation on the topology the trace ran on."""
+    from trainsim.sim.whatif import WhatIfModel, collective_check, home_topology, memcpy_check
+
     paths = list(paths)
     if progress:
         progress(f"reading {len(paths)} trace file(s)")
@@ -224,9 +259,104 @@ def replay_traces(paths: Iterable[str | Path], *, op_time: OpTime | None = None,
         if progress:
             progress(f"building the dependency graph of rank {t.rank}")
         graphs.append(build_graph(t))
+    model = WhatIfModel(graphs, whatif) if whatif is not None and whatif.active else None
     if progress:
-        progress("replaying")
-    return replay(graphs, op_time=op_time)
+        progress("replaying with the measured durations")
+    report = ReplayReport(replay(graphs), whatif_config=whatif)
+    if model is not None:
+        if progress:
+            progress("replaying the what-if")
+        report.whatif = replay(graphs, op_time=model)
+    if checks:
+        ran_on = (whatif.ran_on if whatif is not None else None) or home_topology(graphs)
+        if progress:
+            progress(f"checking collectives and memcpys against {ran_on or 'the GPU model'}")
+        if ran_on is not None:
+            algo = whatif.algo if whatif is not None else "auto"
+            report.checks["collectives"] = collective_check(graphs, ran_on, algo=algo)
+        report.checks["memcpys"] = memcpy_check(graphs, ran_on)
+    return report
+
+
+@dataclass
+class ReplayReport:
+    """What `trainsim replay` reports: the replay with measured durations, the what-if, the checks."""
+
+    replay: ReplayResult
+    whatif: ReplayResult | None = None
+    whatif_config: WhatIf | None = None
+    checks: dict = field(default_factory=dict)          # name -> whatif.CheckResult
+
+    def to_dict(self, *, provenance: dict | None = None) -> dict:
+        doc = self.replay.to_dict(provenance=provenance)
+        if self.whatif is not None:
+            steps = []
+            for m, w in zip(self.replay.steps, self.whatif.steps, strict=True):
+                steps.append({"rank": m.rank, "step": m.step, "measured_s": m.measured_s,
+                              "predicted_s": w.replayed_s,
+                              "change_pct": 100.0 * (w.replayed_s - m.measured_s) / m.measured_s,
+                              "breakdown": w.replayed_breakdown})
+            doc["whatif"] = {"config": self.whatif_config.to_dict(), "steps": steps,
+                             "mean_predicted_s": _mean([s["predicted_s"] for s in steps])}
+        doc["checks"] = {name: check.to_dict() for name, check in self.checks.items()}
+        return doc
+
+    def lines(self) -> list[str]:
+        """The report as text."""
+        def ms(x: float) -> str:
+            return f"{x * 1e3:10.2f}"
+
+        wi = self.whatif
+        head = f"{'rank':>4} {'step':>5} {'measured ms':>12} {'replayed ms':>12} {'error %':>8}"
+        if wi is not None:
+            head += f" {'what-if ms':>11} {'change %':>9}"
+        lines = [head]
+        if not self.replay.steps:
+            lines.append("(no ProfilerStep#N spans in the trace: record it with torch.profiler's schedule "
+                         "and prof.step() to compare step times)")
+        for i, s in enumerate(self.replay.steps):
+            row = f"{s.rank:>4} {s.step:>5} {ms(s.measured_s):>12} {ms(s.replayed_s):>12} {s.error_pct:>8.2f}"
+            if wi is not None:
+                w = wi.steps[i]
+                row += f" {ms(w.replayed_s):>11} {100 * (w.replayed_s - s.measured_s) / s.measured_s:>9.1f}"
+            lines.append(row)
+        lines.append("")
+        lines.append(f"GPU time per step, ms (mean over steps){'':4}{'compute':>10}{'comm':>10}"
+                     f"{'comm exp':>10}{'copy exp':>10}{'gpu idle':>10}")
+        rows = [("measured", [s.measured_breakdown for s in self.replay.steps]),
+                ("replayed", [s.replayed_breakdown for s in self.replay.steps])]
+        if wi is not None:
+            rows.append(("what-if", [s.replayed_breakdown for s in wi.steps]))
+        for label, parts in rows:
+            if not parts:
+                continue
+            mean = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0]}
+            lines.append(f"  {label:<41}{ms(mean['compute_s'])}{ms(mean['communication_s'])}"
+                         f"{ms(mean['communication_exposed_s'])}{ms(mean['copies_exposed_s'])}{ms(mean['gpu_idle_s'])}")
+        if wi is not None:
+            cfg = {k: v for k, v in self.whatif_config.to_dict().items() if v not in (None, False, "none")}
+            lines.append("what-if: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+        for name, check in self.checks.items():
+            sm = check.summary
+            where = f" on {check.topology}" if check.topology else ""
+            if not sm.get("count"):
+                lines.append(f"{name} check{where}: nothing to compare")
+                continue
+            line = (f"{name} check{where}: {sm['count']} ops, simulated vs measured error median "
+                    f"{sm['median_error_pct']:.1f} % (p10 {sm['p10_error_pct']:.1f}, "
+                    f"p90 {sm['p90_error_pct']:.1f})")
+            big = sm.get("at_least_1MiB")
+            if big and big.get("count"):
+                line += f"; >= 1 MiB: {big['count']} ops, median {big['median_error_pct']:.1f} %"
+            lines.append(line)
+            lines.append(f"  ({check.note})")
+        for rr in self.replay.ranks:
+            st, g = rr.graph.stats, rr.graph
+            lines.append(f"rank {g.rank}: {len(g.ops)} GPU ops on {len(g.streams)} streams, "
+                         f"{len(g.threads)} CPU threads, {st.get('event_waits_inferred', 0)} inferred and "
+                         f"{st.get('event_waits_exact', 0)} recorded event waits, "
+                         f"{st.get('thread_handoffs', 0)} thread hand-offs")
+        return lines
 
 
 # ---------------------------------------------------------------- reports
@@ -302,30 +432,6 @@ def _step_reports(rr: RankReplay) -> list[StepReport]:
             measured_breakdown=breakdown(g.ops, measured_start, measured_end, (m0, m1)),
             replayed_breakdown=breakdown(g.ops, rr.op_start, rr.op_end, (r0, r1))))
     return reports
-
-
-def report_lines(result: ReplayResult) -> list[str]:
-    """The per-step report as text: measured, replayed, error, and the GPU breakdown of both."""
-    def ms(x: float) -> str:
-        return f"{x * 1e3:9.2f}"
-
-    lines = [f"{'rank':>4} {'step':>5} {'measured ms':>12} {'replayed ms':>12} {'error %':>8}   "
-             f"{'compute':>9} {'comm exp':>9} {'copy exp':>9} {'gpu idle':>9}  (ms, measured / replayed)"]
-    for s in result.steps:
-        m, r = s.measured_breakdown, s.replayed_breakdown
-        lines.append(f"{s.rank:>4} {s.step:>5} {ms(s.measured_s):>12} {ms(s.replayed_s):>12} "
-                     f"{s.error_pct:>8.2f}   "
-                     f"{ms(m['compute_s'])} {ms(m['communication_exposed_s'])} {ms(m['copies_exposed_s'])} "
-                     f"{ms(m['gpu_idle_s'])}")
-        lines.append(f"{'':>45}{ms(r['compute_s'])} {ms(r['communication_exposed_s'])} "
-                     f"{ms(r['copies_exposed_s'])} {ms(r['gpu_idle_s'])}")
-    for rr in result.ranks:
-        st = rr.graph.stats
-        lines.append(f"rank {rr.graph.rank}: {len(rr.graph.ops)} GPU ops on {len(rr.graph.streams)} streams, "
-                     f"{len(rr.graph.threads)} CPU threads, {st.get('event_waits_inferred', 0)} inferred and "
-                     f"{st.get('event_waits_exact', 0)} recorded event waits, "
-                     f"{st.get('thread_handoffs', 0)} thread hand-offs")
-    return lines
 
 
 # ---------------------------------------------------------------- output files

@@ -4,10 +4,10 @@
 one (the moment its last rank finished) to its own end. Every instant of that span on the *critical GPU*
 (the rank that finished the last iteration last; the lowest index on a tie) is put in exactly one class,
 by precedence: **compute** (its compute stream busy) > **exposed communication** (a collective or a peer
-copy it takes part in, while it is not computing) > **exposed host-device transfer** (its input/output
-copies, while neither of the above) > **data preparation** (waiting for its data loader) > **idle**
-(waiting for other ranks, or nothing to do). The per-iteration means are reported, so the five add up to
-the mean iteration time.
+copy it takes part in, or waiting for a parameter server's update, while it is not computing) >
+**exposed host-device transfer** (its input/output copies, while neither of the above) > **data
+preparation** (waiting for its data loader) > **idle** (waiting for other ranks, or nothing to do).
+The per-iteration means are reported, so the five add up to the mean iteration time.
 """
 
 from __future__ import annotations
@@ -19,11 +19,17 @@ from .machine import COMM, COMPUTE, DATA, TRANSFER, Op
 from .memory import GIB
 
 CATEGORIES = (COMPUTE, COMM, TRANSFER, DATA)
-BREAKDOWN_KEYS = {COMPUTE: "compute", COMM: "exposed_communication", TRANSFER: "exposed_transfer",
-                  DATA: "data_preparation"}
+BREAKDOWN_KEYS = {
+    COMPUTE: "compute",
+    COMM: "exposed_communication",
+    TRANSFER: "exposed_transfer",
+    DATA: "data_preparation",
+}
 
 
-def classify(intervals: list[tuple[float, float, int]], start: float, end: float, n_classes: int) -> list[float]:
+def classify(
+    intervals: list[tuple[float, float, int]], start: float, end: float, n_classes: int
+) -> list[float]:
     """Seconds of [start, end] in each class; ``intervals`` are (a, b, class) with a lower class winning
     where they overlap; the last slot is the time no interval covers."""
     totals = [0.0] * (n_classes + 1)
@@ -50,7 +56,13 @@ def classify(intervals: list[tuple[float, float, int]], start: float, end: float
 
 def busy_time(intervals: list[tuple[float, float]], start: float, end: float) -> float:
     """Length of the union of intervals inside [start, end]."""
-    return classify([(a, b, 0) for a, b in intervals], start, end, 1)[0]
+    total, reach = 0.0, start
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
 
 
 @dataclass
@@ -68,13 +80,17 @@ class GpuResult:
         return self.memory_peak_bytes > self.memory_capacity_bytes
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "index": self.index, "device": self.device,
-                "utilisation": round(self.utilisation, 6),
-                "memory_peak_gib": round(self.memory_peak_bytes / GIB, 4),
-                "memory_capacity_gib": round(self.memory_capacity_bytes / GIB, 4),
-                "memory_peak_bytes": int(round(self.memory_peak_bytes)),
-                "memory_at_peak_bytes": {k: int(round(v)) for k, v in sorted(self.memory_at_peak.items())},
-                "oom": self.oom}
+        return {
+            "name": self.name,
+            "index": self.index,
+            "device": self.device,
+            "utilisation": round(self.utilisation, 6),
+            "memory_peak_gib": round(self.memory_peak_bytes / GIB, 4),
+            "memory_capacity_gib": round(self.memory_capacity_bytes / GIB, 4),
+            "memory_peak_bytes": int(round(self.memory_peak_bytes)),
+            "memory_at_peak_bytes": {k: int(round(v)) for k, v in sorted(self.memory_at_peak.items())},
+            "oom": self.oom,
+        }
 
 
 @dataclass
@@ -91,8 +107,13 @@ class LinkResult:
         return f"{self.src}->{self.dst}"
 
     def to_dict(self) -> dict:
-        return {"link": self.name, "kind": self.kind, "bandwidth_gbps": round(self.bandwidth / 1e9, 4),
-                "bytes": int(round(self.bytes)), "utilisation": round(self.utilisation, 6)}
+        return {
+            "link": self.name,
+            "kind": self.kind,
+            "bandwidth_gbps": round(self.bandwidth / 1e9, 4),
+            "bytes": int(round(self.bytes)),
+            "utilisation": round(self.utilisation, 6),
+        }
 
 
 @dataclass
@@ -116,6 +137,8 @@ class Result:
     iteration_ends_s: list[float] = field(default_factory=list)  # every iteration, warm-up included
     stats: dict[str, Any] = field(default_factory=dict)
     machine: Any = field(default=None, repr=False, compare=False)  # for the trace and the records
+    # strategy-specific figures (e.g. easgd's "staleness", pipeline's "stages"); in to_dict when present
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def iteration_time_s(self) -> float:
@@ -128,8 +151,11 @@ class Result:
     @property
     def oom(self) -> list[str]:
         """One line per GPU that runs out of memory: "gpu0 needs X GiB, has Y GiB"."""
-        return [f"{g.name} needs {g.memory_peak_bytes / GIB:.2f} GiB, has {g.memory_capacity_bytes / GIB:.2f} GiB"
-                for g in self.gpus if g.oom]
+        return [
+            f"{g.name} needs {g.memory_peak_bytes / GIB:.2f} GiB, has {g.memory_capacity_bytes / GIB:.2f} GiB"
+            for g in self.gpus
+            if g.oom
+        ]
 
     def busiest_links(self, n: int = 5) -> list[LinkResult]:
         return sorted(self.links, key=lambda link: (-link.utilisation, link.name))[:n]
@@ -152,13 +178,15 @@ class Result:
             "samples_per_s": _r(self.samples_per_s),
             "critical_gpu": self.critical_gpu,
             "breakdown_s": {k: _r(v) for k, v in self.breakdown_s.items()},
-            "breakdown_pct": {k: round(100 * v / total, 3) if total > 0 else 0.0
-                              for k, v in self.breakdown_s.items()},
+            "breakdown_pct": {
+                k: round(100 * v / total, 3) if total > 0 else 0.0 for k, v in self.breakdown_s.items()
+            },
             "gpus": [g.to_dict() for g in self.gpus],
             "oom": self.oom,
             "busiest_links": [link.to_dict() for link in self.busiest_links()],
             "links": [link.to_dict() for link in self.links],
             "stats": self.stats,
+            **({"extra": self.extra} if self.extra else {}),
             "provenance": provenance or {},
         }
 
@@ -170,8 +198,11 @@ def _r(x: float) -> float:
 def breakdown(ops: list[Op], gpu: str, windows: list[tuple[float, float]]) -> dict[str, float]:
     """Total seconds per class over ``windows`` on ``gpu`` (see the module docstring)."""
     rank = {cat: i for i, cat in enumerate(CATEGORIES)}
-    intervals = [(op.start, op.end, rank[op.category]) for op in ops
-                 if op.category in rank and (op.resource == gpu or op.peer == gpu)]
+    intervals = [
+        (op.start, op.end, rank[op.category])
+        for op in ops
+        if op.category in rank and (op.resource == gpu or op.peer == gpu)
+    ]
     totals = [0.0] * (len(CATEGORIES) + 1)
     for start, end in windows:
         for i, value in enumerate(classify(intervals, start, end, len(CATEGORIES))):

@@ -60,21 +60,24 @@ def build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
     if len(gpus) == 2:
         return (Channel(tuple(gpus), 1.0),)  # one ring uses both directions of every path between them
     machines = sorted({topo.machine_of(g) for g in gpus})
-    candidates = [(Channel(tuple(gpus), 1.0),)]
+    candidates = [(Channel(tuple(gpus), 1.0),)]  # the GPUs in the order given
     if len(machines) > 1:
         candidates.append(_rail_channels(topo, gpus, machines))
+        candidates.append(_spread_machine_rings(topo, gpus, machines))
     else:
         candidates.append((Channel(_greedy_order(topo, gpus), 1.0),))
         mesh = _mesh_channels(topo, gpus)
         if mesh:
             candidates.append(mesh)
-    return min(candidates, key=lambda chans: ring_cost(topo, chans))
+    return min((c for c in candidates if c), key=lambda chans: ring_cost(topo, chans))
 
 
 # ---- several machines ------------------------------------------------------------------------------------
 
 def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tuple[Channel, ...]:
+    # Inside each machine the ring follows that machine's own best ring (NVLink hops on a mesh).
     local = {m: [g for g in gpus if topo.machine_of(g) == m] for m in machines}
+    local = {m: list(build_channels(topo, lst)[0].order) if len(lst) > 1 else lst for m, lst in local.items()}
     channels = []
     for start in rail_starts(topo, local[machines[0]]):
         order: list[str] = []
@@ -86,14 +89,48 @@ def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tupl
     return tuple(Channel(tuple(o), 1.0 / len(channels)) for o in channels)
 
 
+def _spread_machine_rings(topo: Topology, gpus: list[str], machines: list[int]) -> tuple[Channel, ...]:
+    """Every ring of a machine (e.g. a mesh's NVLink cycles) chained across the machines, each entering and
+    leaving a machine by the NICs the other rings use least, so NVLinks and NICs both share the load."""
+    local = [[g for g in gpus if topo.machine_of(g) == m] for m in machines]
+    rings = [build_channels(topo, lst) if len(lst) > 1 else (Channel(tuple(lst), 1.0),) for lst in local]
+    count = min(len(r) for r in rings)
+    if count < 2:
+        return ()
+    into: dict = defaultdict(int)
+    out: dict = defaultdict(int)
+    channels = []
+    for c in range(count):
+        first = rings[0][c].order
+        # enter by first[pos], leave by the GPU before it in the ring
+        def crowding(p: int, first=first) -> tuple[int, int]:
+            return into[_nic(topo, first[p])] + out[_nic(topo, first[p - 1])], p
+
+        pos = min(range(len(first)), key=crowding)
+        into[_nic(topo, first[pos])] += 1
+        out[_nic(topo, first[pos - 1])] += 1
+        order: list[str] = []
+        for machine_rings in rings:
+            ring = machine_rings[c].order
+            k = pos % len(ring)
+            order.extend(ring[k:] + ring[:k])
+        channels.append(Channel(tuple(order), rings[0][c].weight))
+    total = sum(ch.weight for ch in channels)
+    return tuple(Channel(ch.order, ch.weight / total) for ch in channels)
+
+
+def _nic(topo: Topology, gpu: str) -> str | None:
+    try:
+        return topo.nic_of(gpu)
+    except TrainsimError:
+        return None
+
+
 def rail_starts(topo: Topology, chain: list[str]) -> list[int]:
     """Positions in a machine's GPU list of the first GPU behind each distinct NIC (its "rails")."""
     starts, seen = [], set()
     for i, gpu in enumerate(chain):
-        try:
-            nic = topo.nic_of(gpu)
-        except TrainsimError:  # no NIC on a network: a single rail
-            nic = None
+        nic = _nic(topo, gpu)  # None without a NIC on a network: a single rail
         if nic not in seen:
             seen.add(nic)
             starts.append(i)

@@ -25,7 +25,7 @@ from .costs import rank_costs
 from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
 from .result import GpuResult, LinkResult, Result, breakdown, busy_time
-from .strategies import Context, get_strategy
+from .strategies import Context, get_strategy, rank_batch_hook
 from .workload import Workload, load_workload
 
 __all__ = ["Simulation", "build_machine", "simulate", "load_inputs"]
@@ -44,6 +44,7 @@ class CountingEnvironment(simpy.Environment):
 
 
 # ---- inputs -----------------------------------------------------------------------------------------------
+
 
 def _resolve_path(text: str, base_dir: str | None) -> str:
     if base_dir and not Path(text).is_absolute() and (Path(base_dir) / text).exists():
@@ -91,8 +92,10 @@ def _read_bundle(path: str) -> tuple[str, list[Path], dict[str, DeviceSpec]]:
     if not workloads:
         raise TrainsimError("calibration bundle has no workload-<model>.json", file=str(path))
     devices: dict[str, DeviceSpec] = {}
-    device_file = root / "device.json"
-    if device_file.is_file():
+    # the measured CPU device of a CPU-calibrated box (machine.json; device.json in early bundles)
+    for device_file in (root / "machine.json", root / "device.json"):
+        if not device_file.is_file():
+            continue
         try:
             data = json.loads(device_file.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -101,6 +104,9 @@ def _read_bundle(path: str) -> tuple[str, list[Path], dict[str, DeviceSpec]]:
         if spec:
             device = device_from_json(spec, file=f"{device_file}: device_spec")
             devices[device.name] = device
+            if device.kind == "cpu":
+                devices.setdefault("cpu", device)  # the spec name a CPU box's topology gives its ranks
+        break
     return str(topology), workloads, devices
 
 
@@ -116,8 +122,9 @@ def load_inputs(scenario, calibration: str | None = None):
     chosen = [p for p in workload_files if p.name == f"workload-{wanted}.json"] or workload_files
     if len(chosen) > 1:
         names = [p.name for p in workload_files]
-        raise TrainsimError(f"bundle has several workloads ({', '.join(names)}) and none is {wanted!r}",
-                            file=calibration)
+        raise TrainsimError(
+            f"bundle has several workloads ({', '.join(names)}) and none is {wanted!r}", file=calibration
+        )
     return topology, load_workload(str(chosen[0])), devices
 
 
@@ -129,23 +136,32 @@ def resolve_gpus(scenario, topology) -> list[str]:
         spec = 1 if scenario.strategy.name == "single" else len(available)
     if isinstance(spec, int):
         if spec > len(available):
-            raise TrainsimError(f"the scenario asks for {spec} GPUs but topology {topology.name!r} has "
-                                f"{len(available)}", file=scenario.source, field="gpus")
+            raise TrainsimError(
+                f"the scenario asks for {spec} GPUs but topology {topology.name!r} has {len(available)}",
+                file=scenario.source,
+                field="gpus",
+            )
         return available[:spec]
     bad = [i for i in spec if i >= len(available)]
     if bad:
-        raise TrainsimError(f"GPU index {bad[0]} is out of range: topology {topology.name!r} has "
-                            f"{len(available)} GPUs (0..{len(available) - 1})", file=scenario.source, field="gpus")
+        raise TrainsimError(
+            f"GPU index {bad[0]} is out of range: topology {topology.name!r} has "
+            f"{len(available)} GPUs (0..{len(available) - 1})",
+            file=scenario.source,
+            field="gpus",
+        )
     return [available[i] for i in spec]
 
 
 # ---- the simulation ---------------------------------------------------------------------------------------
 
+
 class Simulation:
     """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
 
-    def __init__(self, scenario, *, calibration: str | None = None, machine: Machine | None = None,
-                 record: bool = True):
+    def __init__(
+        self, scenario, *, calibration: str | None = None, machine: Machine | None = None, record: bool = True
+    ):
         from trainsim.scenarios.loader import load_scenario
 
         self.scenario = load_scenario(scenario) if not hasattr(scenario, "strategy") else scenario
@@ -156,14 +172,26 @@ class Simulation:
         self.topology = topology
         self.ranks = resolve_gpus(sc, topology)
         n = len(self.ranks)
-        if sc.batch_size % n:
-            raise TrainsimError(f"batch_size {sc.batch_size} does not divide over {n} GPUs", file=sc.source,
-                                field="batch_size")
+        batch_hook = rank_batch_hook(sc.strategy.name)  # pipeline: micro-batches over replicas
+        if batch_hook is None and sc.batch_size % n:
+            raise TrainsimError(
+                f"batch_size {sc.batch_size} does not divide over {n} GPUs",
+                file=sc.source,
+                field="batch_size",
+            )
         self.strategy = get_strategy(sc.strategy.name)
         self.env = CountingEnvironment() if machine is None else machine.env
-        self.machine = machine or Machine(topology, self.env, devices=devices, record_link_rates=record,
-                                          record_flows=record, record_memory=record)
+        self.machine = machine or Machine(
+            topology,
+            self.env,
+            devices=devices,
+            record_link_rates=record,
+            record_flows=record,
+            record_memory=record,
+        )
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
+        if batch_hook is not None:
+            per_gpu = batch_hook(sc, self.ranks, self.workload)
         measured_on = None
         spec = self.workload.provenance.device_spec
         if spec is not None and spec in devices:
@@ -173,20 +201,51 @@ class Simulation:
         for gpu in self.ranks:
             device = self.machine.gpus[gpu].device
             if device.name not in cache:
-                cache[device.name] = rank_costs(self.workload, device, per_gpu, sc.precision, sc.optimizer.name,
-                                                measured_on=measured_on)
+                cache[device.name] = rank_costs(
+                    self.workload, device, per_gpu, sc.precision, sc.optimizer.name, measured_on=measured_on
+                )
             costs[gpu] = cache[device.name]
+
+        def costs_for(gpu: str, batch: int):
+            device = self.machine.gpus[gpu].device
+            if (device.name, batch) not in cache:
+                cache[device.name, batch] = rank_costs(
+                    self.workload, device, batch, sc.precision, sc.optimizer.name, measured_on=measured_on
+                )
+            return cache[device.name, batch]
+
         prep = self.workload.input.prep_s_per_sample or 0.0
         st = sc.strategy
         self.ctx = Context(
-            machine=self.machine, ranks=self.ranks, costs=costs,
-            total_iterations=sc.warmup_iterations + sc.iterations, precision=sc.precision,
-            optimizer=sc.optimizer.name, pinned=sc.host.pinned, data_workers=sc.host.data_workers,
-            prep_s_per_sample=prep, bucket_cap_bytes=st.bucket_cap_mb * 2**20,
-            first_bucket_cap_bytes=(st.first_bucket_cap_mb * 2**20 if st.first_bucket_cap_mb is not None
-                                    else st.bucket_cap_mb * 2**20),
-            collectives=st.collectives, collective_algo=st.collective_algo, ps_cores=st.ps_cores,
-            ps_socket=st.ps_socket)
+            machine=self.machine,
+            ranks=self.ranks,
+            costs=costs,
+            total_iterations=sc.warmup_iterations + sc.iterations,
+            precision=sc.precision,
+            optimizer=sc.optimizer.name,
+            pinned=sc.host.pinned,
+            data_workers=sc.host.data_workers,
+            prep_s_per_sample=prep,
+            bucket_cap_bytes=st.bucket_cap_mb * 2**20,
+            first_bucket_cap_bytes=(
+                st.first_bucket_cap_mb * 2**20
+                if st.first_bucket_cap_mb is not None
+                else st.bucket_cap_mb * 2**20
+            ),
+            collectives=st.collectives,
+            collective_algo=st.collective_algo,
+            ps_cores=st.ps_cores,
+            ps_socket=st.ps_socket,
+            detail=record,
+            workload=self.workload,
+            spec=sc.strategy,
+            optimizations=sc.optimizations,
+            batch_size=sc.batch_size,
+            costs_for=costs_for,
+        )
+        from .data_movement import prepare
+
+        prepare(self.ctx, sc, calibration)  # ScaleDNN / vDNN switches: codec, preload, offload plan
         self._link_snapshot = None
 
     def _on_finish(self, iteration: int) -> None:
@@ -224,16 +283,30 @@ class Simulation:
         parts = breakdown(self.machine.ops, critical, windows)
         span = (windows[0][0], windows[-1][1])
         return Result(
-            scenario=sc.name, strategy=sc.strategy.name, topology=self.topology.name, workload=self.workload.name,
-            gpus=self._gpu_results(span), batch_size=sc.batch_size, precision=sc.precision,
-            iterations=sc.iterations, warmup_iterations=w,
+            scenario=sc.name,
+            strategy=sc.strategy.name,
+            topology=self.topology.name,
+            workload=self.workload.name,
+            gpus=self._gpu_results(span),
+            batch_size=sc.batch_size,
+            precision=sc.precision,
+            iterations=sc.iterations,
+            warmup_iterations=w,
             iteration_times_s=[b - a for a, b in windows],
-            breakdown_s={k: v / n_it for k, v in parts.items()}, critical_gpu=critical,
-            links=self._link_results(span), measured_window_s=span, iteration_ends_s=ends,
-            stats={"events": getattr(env, "events_processed", None), "wall_s": round(wall, 6),
-                   "flows": self.machine.net.stats.flows_started,
-                   "recomputes": self.machine.net.stats.recomputes},
-            machine=self.machine)
+            breakdown_s={k: v / n_it for k, v in parts.items()},
+            critical_gpu=critical,
+            links=self._link_results(span),
+            measured_window_s=span,
+            iteration_ends_s=ends,
+            stats={
+                "events": getattr(env, "events_processed", None),
+                "wall_s": round(wall, 6),
+                "flows": self.machine.net.stats.flows_started,
+                "recomputes": self.machine.net.stats.recomputes,
+            },
+            machine=self.machine,
+            extra=dict(ctx.extra),
+        )
 
     def _gpu_results(self, span) -> list[GpuResult]:
         by_gpu: dict[str, list] = {g: [] for g in self.ranks}
@@ -245,8 +318,17 @@ class Simulation:
         for g in self.ranks:
             gpu = self.machine.gpus[g]
             util = busy_time(by_gpu[g], *span) / length if length > 0 else 0.0
-            out.append(GpuResult(g, gpu.index, gpu.device.name, util, gpu.memory.peak, gpu.memory.capacity,
-                                 dict(gpu.memory.peak_by_category)))
+            out.append(
+                GpuResult(
+                    g,
+                    gpu.index,
+                    gpu.device.name,
+                    util,
+                    gpu.memory.peak,
+                    gpu.memory.capacity,
+                    dict(gpu.memory.peak_by_category),
+                )
+            )
         return out
 
     def _link_results(self, span) -> list[LinkResult]:
@@ -260,8 +342,16 @@ class Simulation:
             if moved[i] <= 0.5:
                 continue
             cap = float(net.capacity[i])
-            out.append(LinkResult(link[0], link[1], graph.edges[link]["kind"], cap, float(moved[i]),
-                                  float(moved[i] / (cap * length)) if length > 0 else 0.0))
+            out.append(
+                LinkResult(
+                    link[0],
+                    link[1],
+                    graph.edges[link]["kind"],
+                    cap,
+                    float(moved[i]),
+                    float(moved[i] / (cap * length)) if length > 0 else 0.0,
+                )
+            )
         return sorted(out, key=lambda link: link.name)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 
@@ -22,9 +23,13 @@ from .costs import RankCosts
 from .machine import COMM, COMPUTE, DATA, Machine
 
 # NCCL-style kernel names, so trace tools that look for "nccl" kernels find them
-NCCL_KERNEL = {"allreduce": "ncclDevKernel_AllReduce_Sum_{dtype}_{algo}", "broadcast": "ncclDevKernel_Broadcast",
-               "reduce": "ncclDevKernel_Reduce_Sum_{dtype}_{algo}", "allgather": "ncclDevKernel_AllGather_{algo}",
-               "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_{dtype}_{algo}"}
+NCCL_KERNEL = {
+    "allreduce": "ncclDevKernel_AllReduce_Sum_{dtype}_{algo}",
+    "broadcast": "ncclDevKernel_Broadcast",
+    "reduce": "ncclDevKernel_Reduce_Sum_{dtype}_{algo}",
+    "allgather": "ncclDevKernel_AllGather_{algo}",
+    "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_{dtype}_{algo}",
+}
 DTYPE_NAME = {"fp32": "f32", "tf32": "f32", "fp16": "f16", "bf16": "bf16"}
 
 
@@ -47,8 +52,23 @@ class Context:
     collective_algo: str = "auto"
     ps_cores: int | None = None
     ps_socket: int = 0
+    detail: bool = True  # False: one record per run of back-to-back layers instead of one per layer
     iteration_end: dict[int, dict[str, float]] = field(default_factory=dict)
     loaders: dict[str, DataLoader] = field(default_factory=dict)
+    # for strategies that need more than the per-rank costs (pipeline, easgd): the scenario's pieces,
+    # costs at another batch (a micro-batch), and strategy-specific figures that land in Result.extra
+    workload: Any = None
+    spec: Any = None  # the scenario's StrategySpec
+    optimizations: Any = None
+    batch_size: int = 0  # global
+    costs_for: Callable[[str, int], RankCosts] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # data-movement optimizations' per-run state (sim/data_movement.py sets them up)
+    preload_depth: int = 0
+    cpu_batch_split: bool = False
+    preloaders: dict[str, Any] = field(default_factory=dict)
+    offloader: Any = None  # sim/offload.py Offloader when optimizations.offload_activations is on
+    codec: Any = None  # sim/compression.py Codec when optimizations.param_compression is set
 
     @property
     def env(self) -> simpy.Environment:
@@ -69,25 +89,47 @@ class Context:
         return self.loaders[gpu]
 
     def get_batch(self, gpu: str, iteration: int, batch: int | None = None):
-        """Wait for the next prepared batch; the wait is exposed data preparation on ``gpu``."""
+        """Wait for the next prepared batch; the wait is exposed data preparation on ``gpu``. With
+        ``preload``, the rank's preloader takes the batches instead (see `input_copy`)."""
         loader = self.loaders.get(gpu) or self.loader(gpu)
         if batch is not None:
             loader.batch = batch
+        if self.preload_depth:
+            return
+        yield from self.loader_wait(gpu, iteration)
+
+    def loader_wait(self, gpu: str, iteration: int):
+        loader = self.loaders.get(gpu) or self.loader(gpu)
         start = self.env.now
         yield from loader.get()
         if self.env.now > start:
-            self.machine.record(iteration=iteration, resource=gpu, stream="data", op="data_wait", start=start,
-                                end=self.env.now, category=DATA)
+            self.machine.record(
+                iteration=iteration,
+                resource=gpu,
+                stream="data",
+                op="data_wait",
+                start=start,
+                end=self.env.now,
+                category=DATA,
+            )
 
     # ---- the model's passes ---------------------------------------------------------------------------
     def input_copy(self, gpu: str, iteration: int, nbytes: float | None = None):
         """The rank's input batch from its host memory to the GPU (pinned or pageable)."""
         nbytes = self.costs[gpu].input_bytes if nbytes is None else nbytes
+        if self.preload_depth:  # ScaleDNN pre-loading: the copy ran ahead on the H2D engine (sim/preload.py)
+            if gpu not in self.preloaders:
+                from .preload import Preloader
+
+                self.preloaders[gpu] = Preloader(self, gpu, nbytes, self.preload_depth)
+            yield from self.preloaders[gpu].take(iteration)
+            return
         self.machine.gpus[gpu].memory.alloc(self.env.now, nbytes, "input")
         yield from self.machine.h2d(gpu, nbytes, iteration=iteration, pinned=self.pinned)
 
-    def _segment(self, gpu: str, iteration: int, op: str, layers: list[int], times: list[float],
-                 saved_delta: int):
+    def _segment(
+        self, gpu: str, iteration: int, op: str, layers: list[int], times: list[float], saved_delta: int
+    ):
         """Layers back to back on the compute stream in one timeout (a rank's own stream runs them without a
         gap, so one event stands for many); each layer is still recorded, and its activations allocated
         (forward, ``saved_delta`` = +1) or freed (backward, -1) at its own start or end."""
@@ -95,30 +137,58 @@ class Context:
         memory = machine.gpus[gpu].memory
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
-            t = env.now
+            t = start = env.now
             total = sum(times[i] for i in layers)
             for i in layers:
                 end = t + times[i]
                 if saved_delta > 0:
                     memory.alloc(t, costs.saved_bytes_per_layer[i], "activations")
-                machine.record(iteration=iteration, resource=gpu, stream="compute", op=op, start=t, end=end,
-                               category=COMPUTE, layer=costs.layer_names[i])
+                if self.detail:
+                    machine.record(
+                        iteration=iteration,
+                        resource=gpu,
+                        stream="compute",
+                        op=op,
+                        start=t,
+                        end=end,
+                        category=COMPUTE,
+                        layer=costs.layer_names[i],
+                    )
                 if saved_delta < 0:
                     memory.free(end, costs.saved_bytes_per_layer[i], "activations")
-                elif i == 0:
-                    memory.free(end, costs.input_bytes, "input")  # the first layer made its own copy
+                    if i == 0:  # the training loop holds the batch until its backward is done
+                        memory.free(end, costs.input_bytes, "input")
                 t = end
+            if not self.detail:
+                machine.record(
+                    iteration=iteration,
+                    resource=gpu,
+                    stream="compute",
+                    op=op,
+                    start=start,
+                    end=start + total,
+                    category=COMPUTE,
+                    layer=f"{costs.layer_names[layers[0]]}..{costs.layer_names[layers[-1]]}",
+                )
             if total > 0:
                 yield env.timeout(total)
 
     def forward(self, gpu: str, iteration: int):
         """Every layer's forward on the compute stream; saved activations allocated as they are made."""
+        if self.offloader is not None:  # vDNN: offloaded layers' activations go to host memory
+            yield from self.offloader.forward(gpu, iteration)
+            return
         costs = self.costs[gpu]
-        yield from self._segment(gpu, iteration, "forward", list(range(len(costs.layer_names))), costs.forward_s, +1)
+        yield from self._segment(
+            gpu, iteration, "forward", list(range(len(costs.layer_names))), costs.forward_s, +1
+        )
 
     def backward(self, gpu: str, iteration: int, stops: dict[int, Callable[[], None]] | None = None):
         """Every layer's backward in reverse order, freeing its saved activations when done; after layer i,
         ``stops[i]()`` is called (e.g. a DDP bucket is complete)."""
+        if self.offloader is not None:  # vDNN: each offloaded layer waits for its prefetch
+            yield from self.offloader.backward(gpu, iteration, stops or {})
+            return
         costs = self.costs[gpu]
         stops = stops or {}
         segment: list[int] = []
@@ -131,8 +201,14 @@ class Context:
                     stops[i]()
 
     def optimizer_step(self, gpu: str, iteration: int):
-        yield from self.machine.run(gpu, "compute", self.costs[gpu].step_s, op="optimizer", iteration=iteration,
-                                    optimizer=self.optimizer)
+        yield from self.machine.run(
+            gpu,
+            "compute",
+            self.costs[gpu].step_s,
+            op="optimizer",
+            iteration=iteration,
+            optimizer=self.optimizer,
+        )
 
     def hold_model(self, gpu: str, *, grads: bool = True, state: bool = True, buckets: float = 0.0) -> None:
         """Allocate what stays on the GPU for the whole run."""
@@ -145,8 +221,9 @@ class Context:
         memory.alloc(self.env.now, buckets, "buckets")
 
     # ---- communication --------------------------------------------------------------------------------
-    def collective(self, op: str, nbytes: float, iteration: int, *, gpus: list[str] | None = None,
-                   label: str = ""):
+    def collective(
+        self, op: str, nbytes: float, iteration: int, *, gpus: list[str] | None = None, label: str = ""
+    ):
         """One collective over ``gpus`` (default all ranks) on their communication channels: flows on the
         topology, or the analytic alpha-beta time when ``collectives: analytic``."""
         from . import collectives as coll
@@ -160,19 +237,41 @@ class Context:
         start = env.now
         tag = f"it{iteration}:{op}{label}"
         if self.collectives == "analytic":
-            yield env.timeout(coll.collective_time(machine.topology, op, gpus, nbytes, algo=self.collective_algo))
+            yield env.timeout(
+                coll.collective_time(machine.topology, op, gpus, nbytes, algo=self.collective_algo)
+            )
         else:
-            yield env.process(coll.run_collective(env, machine.net, machine.topology, op, gpus, nbytes,
-                                                  algo=self.collective_algo, tag=tag))
+            yield env.process(
+                coll.run_collective(
+                    env, machine.net, machine.topology, op, gpus, nbytes, algo=self.collective_algo, tag=tag
+                )
+            )
         for g, req in zip(gpus, requests, strict=True):
             machine.gpus[g].streams["comm"].release(req)
-        kernel = NCCL_KERNEL.get(op, "ncclDevKernel_" + op).format(
-            dtype=DTYPE_NAME[self.precision], algo=self.collective_algo.upper())
+        algo = self.collective_algo
+        if algo == "auto":  # name the kernel after what "auto" ran, as NCCL's kernel names do
+            algo = coll.choose_algorithm(machine.topology, op, gpus, nbytes)
+        kernel = NCCL_KERNEL.get(op, "ncclDevKernel_" + op).format(dtype=DTYPE_NAME[self.precision],
+                                                                   algo=algo.upper())
         for rank, g in enumerate(gpus):
-            machine.record(iteration=iteration, resource=g, stream="comm", op=op, start=start, end=env.now,
-                           category=COMM, nbytes=nbytes, layer=label.strip(":") or None,
-                           args={"kernel": kernel, "group_size": len(gpus), "rank": rank,
-                                 "method": self.collectives, "algo": self.collective_algo})
+            machine.record(
+                iteration=iteration,
+                resource=g,
+                stream="comm",
+                op=op,
+                start=start,
+                end=env.now,
+                category=COMM,
+                nbytes=nbytes,
+                layer=label.strip(":") or None,
+                args={
+                    "kernel": kernel,
+                    "group_size": len(gpus),
+                    "rank": rank,
+                    "method": self.collectives,
+                    "algo": algo,
+                },
+            )
 
 
 class DataLoader:
@@ -201,8 +300,13 @@ class DataLoader:
 
     def _worker(self, w: int, workers: int):
         for iteration in range(w, self.ctx.total_iterations, workers):
-            yield from self.ctx.machine.host_work(self.host, self.batch * self.ctx.prep_s_per_sample,
-                                                  op="data_prep", iteration=iteration, gpu=self.gpu)
+            yield from self.ctx.machine.host_work(
+                self.host,
+                self.batch * self.ctx.prep_s_per_sample,
+                op="data_prep",
+                iteration=iteration,
+                gpu=self.gpu,
+            )
             yield self.store.put(iteration)
 
     def get(self):
@@ -222,14 +326,39 @@ def register(name: str):
     def wrap(fn: StrategyFn) -> StrategyFn:
         _REGISTRY[name] = fn
         return fn
+
     return wrap
 
 
 def strategies() -> dict[str, StrategyFn]:
     # importing the strategy modules registers them
-    from . import strategy_ddp, strategy_dp_gpu0, strategy_ps  # noqa: F401
+    from . import (  # noqa: F401
+        strategy_ddp,
+        strategy_dp_gpu0,
+        strategy_easgd,
+        strategy_pipeline,
+        strategy_ps,
+        strategy_spatial,
+    )
 
     return dict(_REGISTRY)
+
+
+#: strategies whose ranks do not each take batch_size / GPUs samples: name -> fn(scenario, ranks, workload)
+#: returning the batch the per-rank costs are computed at (and checking the strategy's options)
+_RANK_BATCH: dict[str, Callable[..., int]] = {}
+
+
+def register_rank_batch(name: str):
+    def wrap(fn):
+        _RANK_BATCH[name] = fn
+        return fn
+    return wrap
+
+
+def rank_batch_hook(name: str) -> Callable[..., int] | None:
+    strategies()
+    return _RANK_BATCH.get(name)
 
 
 def get_strategy(name: str) -> StrategyFn:

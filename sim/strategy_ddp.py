@@ -14,7 +14,9 @@ from __future__ import annotations
 from .strategies import Context, register
 
 
-def assign_buckets(grad_bytes_per_layer: list[float], cap: float, first_cap: float | None = None) -> list[list[int]]:
+def assign_buckets(
+    grad_bytes_per_layer: list[float], cap: float, first_cap: float | None = None
+) -> list[list[int]]:
     """Layer indices per bucket, in the order backward fills them (reverse layer order).
 
     A bucket closes once its bytes reach its cap (as PyTorch's ``compute_bucket_assignment_by_size``); layers
@@ -61,8 +63,31 @@ def _reducer(ctx: Context, buckets: list[list[int]], ready, done, bucket_bytes: 
     for it in range(ctx.total_iterations):
         for b in range(len(buckets)):
             yield ready(it, b)
-            yield from ctx.collective("allreduce", bucket_bytes[b], it, label=f":bucket{b}")
+            if ctx.codec is None:
+                yield from ctx.collective("allreduce", bucket_bytes[b], it, label=f":bucket{b}")
+            else:
+                yield from _compressed_allreduce(ctx, buckets[b], it, b)
             done(it, b).succeed()
+
+
+def _codec_pass(ctx: Context, which: str, layers: list[int], it: int, b: int):
+    """Encode or decode one bucket on every rank's compute stream (a DDP comm hook's tensor ops)."""
+    codec, env = ctx.codec, ctx.env
+    grads = ctx.costs[ctx.ranks[0]].grad_bytes_per_layer
+    seconds = codec.encode_s(grads, layers) if which == "encode" else codec.decode_s(grads, layers)
+    yield env.all_of([
+        env.process(ctx.machine.run(g, "compute", seconds, op=f"{which}_grads", iteration=it,
+                                    layer=f"bucket{b}", codec=codec.spec.label()))
+        for g in ctx.ranks
+    ])
+
+
+def _compressed_allreduce(ctx: Context, layers: list[int], it: int, b: int):
+    """``param_compression``: encode, all-reduce the compressed bytes, decode (sim/compression.py)."""
+    grads = ctx.costs[ctx.ranks[0]].grad_bytes_per_layer
+    yield from _codec_pass(ctx, "encode", layers, it, b)
+    yield from ctx.collective("allreduce", ctx.codec.wire_bytes(grads, layers), it, label=f":bucket{b}")
+    yield from _codec_pass(ctx, "decode", layers, it, b)
 
 
 def _events(env):
@@ -81,8 +106,11 @@ def _events(env):
 def run_ddp(ctx: Context) -> None:
     first = ctx.ranks[0]
     costs = ctx.costs[first]
-    buckets = assign_buckets(costs.grad_bytes_per_layer, ctx.bucket_cap_bytes, ctx.first_bucket_cap_bytes) \
-        if ctx.n > 1 else []
+    buckets = (
+        assign_buckets(costs.grad_bytes_per_layer, ctx.bucket_cap_bytes, ctx.first_bucket_cap_bytes)
+        if ctx.n > 1
+        else []
+    )
     bucket_bytes = [sum(costs.grad_bytes_per_layer[i] for i in bucket) for bucket in buckets]
     ready, done = _events(ctx.env), _events(ctx.env)
     counts: dict[tuple[int, int], int] = {}

@@ -24,35 +24,99 @@ def _all(ctx: Context, bodies):
     return ctx.env.all_of([ctx.env.process(body) for body in bodies])
 
 
+def _own_shard(ctx: Context, gpu: str, it: int):
+    yield from ctx.get_batch(gpu, it)
+    yield from ctx.input_copy(gpu, it)
+
+
+def _all_layers(ctx: Context, gpu: str) -> list[int]:
+    return list(range(len(ctx.costs[gpu].layer_names)))
+
+
+def _compressed_copy(ctx: Context, src: str, dst: str, full: float, it: int, op: str, stream: str):
+    """A peer copy of parameters or gradients; with ``param_compression`` the wire carries the compressed
+    bytes and ``dst`` decodes them on its compute stream (the sender encoded them, see `_iteration`)."""
+    engine = dst if stream == "h2d" else src
+    if ctx.codec is None:
+        yield from ctx.machine.peer_copy(src, dst, full, iteration=it, op=op, engine_gpu=engine, stream=stream)
+        return
+    grads, layers = ctx.costs[src].grad_bytes_per_layer, _all_layers(ctx, src)
+    wire = ctx.codec.wire_bytes(grads, layers)
+    yield from ctx.machine.peer_copy(src, dst, wire, iteration=it, op=op, engine_gpu=engine, stream=stream)
+    yield from ctx.machine.run(dst, "compute", ctx.codec.decode_s(grads, layers), op=f"decode_{op}",
+                               iteration=it, codec=ctx.codec.spec.label())
+
+
+def _encode(ctx: Context, gpu: str, it: int, what: str):
+    grads, layers = ctx.costs[gpu].grad_bytes_per_layer, _all_layers(ctx, gpu)
+    yield from ctx.machine.run(gpu, "compute", ctx.codec.encode_s(grads, layers), op=f"encode_{what}",
+                               iteration=it, codec=ctx.codec.spec.label())
+
+
 def _iteration(ctx: Context, it: int):
     machine = ctx.machine
     root, others = ctx.ranks[0], ctx.ranks[1:]
     costs = ctx.costs
     total_input = sum(costs[g].input_bytes for g in ctx.ranks)
-    yield from ctx.get_batch(root, it)
-    machine.gpus[root].memory.alloc(ctx.env.now, total_input, "input")
-    yield from machine.h2d(root, total_input, iteration=it, pinned=ctx.pinned)
-    machine.gpus[root].memory.free(ctx.env.now, total_input - costs[root].input_bytes, "input")
-    scatter = [machine.peer_copy(root, g, costs[g].input_bytes, iteration=it, op="scatter_input",
-                                 engine_gpu=g, stream="h2d") for g in others]
-    replicate = [machine.peer_copy(root, g, costs[g].param_bytes, iteration=it, op="broadcast_params",
-                                   engine_gpu=g, stream="h2d") for g in others]
-    for g in others:
-        machine.gpus[g].memory.alloc(ctx.env.now, costs[g].input_bytes, "input")
+    if ctx.cpu_batch_split:
+        # ScaleDNN: the host splits the batch; every GPU copies its shard from its own socket's memory
+        yield _all(ctx, [_own_shard(ctx, g, it) for g in ctx.ranks])
+        scatter = []
+    else:
+        yield from ctx.get_batch(root, it)
+        yield from ctx.input_copy(root, it, nbytes=total_input)
+        machine.gpus[root].memory.free(ctx.env.now, total_input - costs[root].input_bytes, "input")
+        scatter = [
+            machine.peer_copy(
+                root, g, costs[g].input_bytes, iteration=it, op="scatter_input", engine_gpu=g, stream="h2d"
+            )
+            for g in others
+        ]
+        for g in others:
+            machine.gpus[g].memory.alloc(ctx.env.now, costs[g].input_bytes, "input")
+    if ctx.codec is not None and others:
+        yield from _encode(ctx, root, it, "params")
+    replicate = [
+        _compressed_copy(ctx, root, g, costs[g].param_bytes, it, "broadcast_params", "h2d") for g in others
+    ]
     yield _all(ctx, scatter + replicate)
     yield _all(ctx, [ctx.forward(g, it) for g in ctx.ranks])
     gathered = sum(costs[g].output_bytes for g in others)
     machine.gpus[root].memory.alloc(ctx.env.now, gathered, "buffers")
-    yield _all(ctx, [machine.peer_copy(g, root, costs[g].output_bytes, iteration=it, op="gather_outputs",
-                                       engine_gpu=g, stream="d2h") for g in others])
-    yield _all(ctx, [machine.peer_copy(root, g, costs[g].output_bytes, iteration=it, op="scatter_output_grads",
-                                       engine_gpu=g, stream="h2d") for g in others])
+    yield _all(
+        ctx,
+        [
+            machine.peer_copy(
+                g, root, costs[g].output_bytes, iteration=it, op="gather_outputs", engine_gpu=g, stream="d2h"
+            )
+            for g in others
+        ],
+    )
+    yield _all(
+        ctx,
+        [
+            machine.peer_copy(
+                root,
+                g,
+                costs[g].output_bytes,
+                iteration=it,
+                op="scatter_output_grads",
+                engine_gpu=g,
+                stream="h2d",
+            )
+            for g in others
+        ],
+    )
     machine.gpus[root].memory.free(ctx.env.now, gathered, "buffers")
     yield _all(ctx, [ctx.backward(g, it) for g in ctx.ranks])
     grads = costs[root].grad_bytes
     machine.gpus[root].memory.alloc(ctx.env.now, grads * len(others), "buffers")
-    yield _all(ctx, [machine.peer_copy(g, root, costs[g].grad_bytes, iteration=it, op="reduce_grads",
-                                       engine_gpu=g, stream="d2h") for g in others])
+    if ctx.codec is not None:
+        yield _all(ctx, [_encode(ctx, g, it, "grads") for g in others])
+    yield _all(
+        ctx,
+        [_compressed_copy(ctx, g, root, costs[g].grad_bytes, it, "reduce_grads", "d2h") for g in others],
+    )
     device = machine.gpus[root].device
     sum_s = grads * (len(others) + 2) / device.memory_bandwidth  # read n copies, write the sum
     yield from machine.run(root, "compute", sum_s, op="reduce_add", iteration=it, category=COMPUTE)
@@ -72,6 +136,7 @@ def run_dp_gpu0(ctx: Context) -> None:
     root = ctx.ranks[0]
     for g in ctx.ranks:
         ctx.hold_model(g, state=(g == root))
-    # one loader, on GPU0's socket, prepares the whole batch
-    ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)
+    # one loader, on GPU0's socket, prepares the whole batch (with cpu_batch_split: each GPU's loader its shard)
+    if not ctx.cpu_batch_split:
+        ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)
     ctx.env.process(_driver(ctx))

@@ -8,6 +8,8 @@ optimizer state, so it runs as flows over the socket's DRAM link (reads DRAM -> 
 at ``ps_cores`` x the rate one core streams memory (`PAGEABLE_COPY_RATE`, the same single-core memcpy
 figure) and holding those cores. Then every rank copies the new parameters from the server's memory (H2D)
 and starts its next iteration. The GPUs hold parameters, gradients and activations, no optimizer state.
+While a rank waits for the server's update it records ``wait_parameter_server``, counted as exposed
+communication (the gradient exchange is not over).
 """
 
 from __future__ import annotations
@@ -25,12 +27,18 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
         yield from ctx.input_copy(gpu, it)
         yield from ctx.forward(gpu, it)
         yield from ctx.backward(gpu, it)
-        yield from ctx.machine.d2h(gpu, ctx.costs[gpu].grad_bytes, iteration=it, op="push_grads", dst=dram,
-                                   category=COMM)
+        yield from ctx.machine.d2h(
+            gpu, ctx.costs[gpu].grad_bytes, iteration=it, op="push_grads", dst=dram, category=COMM
+        )
         pushed(it).succeed()
+        waiting = ctx.env.now
         yield pulled(it)
-        yield from ctx.machine.h2d(gpu, ctx.costs[gpu].param_bytes, iteration=it, op="pull_params", src=dram,
-                                   category=COMM)
+        if ctx.env.now > waiting:  # the exchange is not over until the server has updated: communication
+            ctx.machine.record(iteration=it, resource=gpu, stream="wait", op="wait_parameter_server",
+                               start=waiting, end=ctx.env.now, category=COMM)
+        yield from ctx.machine.h2d(
+            gpu, ctx.costs[gpu].param_bytes, iteration=it, op="pull_params", src=dram, category=COMM
+        )
         ctx.finish(it, gpu)
 
 
@@ -51,15 +59,26 @@ def _server(ctx: Context, host, pushed, pulled):
         yield env.all_of(requests)
         start = env.now
         # reads and writes share the core's streaming rate in proportion to their bytes
-        read = machine.net.transfer([(dram, cpu)], reads, max_rate=rate * reads / (reads + writes),
-                                    tag=f"it{it}:ps_update_read")
-        write = machine.net.transfer([(cpu, dram)], writes, max_rate=rate * writes / (reads + writes),
-                                     tag=f"it{it}:ps_update_write")
+        read = machine.net.transfer(
+            [(dram, cpu)], reads, max_rate=rate * reads / (reads + writes), tag=f"it{it}:ps_update_read"
+        )
+        write = machine.net.transfer(
+            [(cpu, dram)], writes, max_rate=rate * writes / (reads + writes), tag=f"it{it}:ps_update_write"
+        )
         yield env.all_of([read, write])
         for req in requests:
             host.cores.release(req)
-        machine.record(iteration=it, resource=cpu, stream="cores", op="ps_update", start=start, end=env.now,
-                       category=None, nbytes=reads + writes, args={"cores": cores, "optimizer": ctx.optimizer})
+        machine.record(
+            iteration=it,
+            resource=cpu,
+            stream="cores",
+            op="ps_update",
+            start=start,
+            end=env.now,
+            category=None,
+            nbytes=reads + writes,
+            args={"cores": cores, "optimizer": ctx.optimizer},
+        )
         pulled(it).succeed()
 
 
@@ -72,8 +91,10 @@ def run_ps(ctx: Context) -> None:
     machine, env = ctx.machine, ctx.env
     cpus = machine.topology.cpus
     if ctx.ps_socket >= len(cpus):
-        raise TrainsimError(f"the topology has {len(cpus)} cpu sockets (0..{len(cpus) - 1}), "
-                            f"no socket {ctx.ps_socket}", field="strategy.ps_socket")
+        raise TrainsimError(
+            f"the topology has {len(cpus)} cpu sockets (0..{len(cpus) - 1}), no socket {ctx.ps_socket}",
+            field="strategy.ps_socket",
+        )
     host = machine.hosts[cpus[ctx.ps_socket]]
     push_events: dict = {}
     pull_events: dict = {}

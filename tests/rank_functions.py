@@ -24,6 +24,15 @@ def crash_on(ctx, rank):
 def describe(ctx):
     import torch
 
-    return {"rank": ctx.rank, "world": ctx.world_size, "env_rank": os.environ["RANK"],
-            "master": os.environ["MASTER_ADDR"], "affinity": sorted(os.sched_getaffinity(0)),
-            "threads": torch.get_num_threads(), "cores": list(ctx.cores)}
+    from trainsim.calibrate.launch import all_reduce_check
+
+    return {
+        "all_reduce": all_reduce_check(ctx),
+        "rank": ctx.rank,
+        "world": ctx.world_size,
+        "env_rank": os.environ["RANK"],
+        "master": os.environ["MASTER_ADDR"],
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "threads": torch.get_num_threads(),
+        "cores": list(ctx.cores),
+    }

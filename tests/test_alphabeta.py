@@ -64,8 +64,10 @@ def test_prediction_and_units():
     assert AlphaBeta.from_json(fit.to_json()) == fit
 
 
-@pytest.mark.parametrize(("sizes", "times"), [([1024], [1e-6]), ([1024, 1024], [1e-6, 2e-6]),
-                                              ([1024, 2048], [1e-6, 0.0]), ([1024, 2048], [1e-6])])
+@pytest.mark.parametrize(
+    ("sizes", "times"),
+    [([1024], [1e-6]), ([1024, 1024], [1e-6, 2e-6]), ([1024, 2048], [1e-6, 0.0]), ([1024, 2048], [1e-6])],
+)
 def test_bad_points_are_one_line_errors(sizes, times):
     with pytest.raises(TrainsimError):
         fit_alpha_beta(sizes, times)

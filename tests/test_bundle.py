@@ -10,16 +10,43 @@ from trainsim.errors import TrainsimError
 
 
 def meta(steps_done=None, status="complete"):
-    return {"schema": "trainsim.calibration/1", "provenance": {"tool": "trainsim"}, "config": {"model": "tiny-cnn"},
-            "status": status, "steps_planned": ["links"], "steps_done": steps_done or {}, "notes": []}
+    return {
+        "schema": "trainsim.calibration/1",
+        "provenance": {"tool": "trainsim"},
+        "config": {"model": "tiny-cnn"},
+        "status": status,
+        "steps_planned": ["links"],
+        "steps_done": steps_done or {},
+        "notes": [],
+    }
 
 
 def links_doc():
-    fit = {"model": "alpha_beta", "alpha_s": 1e-6, "beta_bytes_per_s": 1e10, "latency_us": 1.0,
-           "bandwidth_gbps": 10.0, "rel_rms": 0.01, "points": 2}
-    return {"schema": "trainsim.links/1", "provenance": {}, "device": "cpu",
-            "classes": [{"name": "rank_copy", "kind": "rank_copy", "src": "a", "dst": "b",
-                         "points": [[1024, 1.1e-6, 0.0], [2048, 1.2e-6, 0.0]], "fit": fit, "note": None}]}
+    fit = {
+        "model": "alpha_beta",
+        "alpha_s": 1e-6,
+        "beta_bytes_per_s": 1e10,
+        "latency_us": 1.0,
+        "bandwidth_gbps": 10.0,
+        "rel_rms": 0.01,
+        "points": 2,
+    }
+    return {
+        "schema": "trainsim.links/1",
+        "provenance": {},
+        "device": "cpu",
+        "classes": [
+            {
+                "name": "rank_copy",
+                "kind": "rank_copy",
+                "src": "a",
+                "dst": "b",
+                "points": [[1024, 1.1e-6, 0.0], [2048, 1.2e-6, 0.0]],
+                "fit": fit,
+                "note": None,
+            }
+        ],
+    }
 
 
 def links_step():
@@ -46,15 +73,26 @@ def test_a_partial_bundle_loads_with_what_it_has(tmp_path):
     assert loaded.topology is None and loaded.workload is None and loaded.collectives is None
 
 
-@pytest.mark.parametrize(("corrupt", "match"), [
-    (lambda d: "{not json", r"links\.json: not valid JSON \(line 1"),
-    (lambda d: json.dumps({**d, "schema": "trainsim.links/9"}), r"links\.json: schema: expected schema"),
-    (lambda d: json.dumps({**d, "device": "tpu"}), r"links\.json: device: "),
-    (lambda d: json.dumps({**d, "surprise": 1}), r"links\.json: surprise: unknown field"),
-    (lambda d: json.dumps({**d, "classes": [{**d["classes"][0], "fit": {**d["classes"][0]["fit"],
-                                                                        "beta_bytes_per_s": -1}}]}),
-     r"links\.json: classes\.0\.fit\.beta_bytes_per_s"),
-])
+@pytest.mark.parametrize(
+    ("corrupt", "match"),
+    [
+        (lambda d: "{not json", r"links\.json: not valid JSON \(line 1"),
+        (lambda d: json.dumps({**d, "schema": "trainsim.links/9"}), r"links\.json: schema: expected schema"),
+        (lambda d: json.dumps({**d, "device": "tpu"}), r"links\.json: device: "),
+        (lambda d: json.dumps({**d, "surprise": 1}), r"links\.json: surprise: unknown field"),
+        (
+            lambda d: json.dumps(
+                {
+                    **d,
+                    "classes": [
+                        {**d["classes"][0], "fit": {**d["classes"][0]["fit"], "beta_bytes_per_s": -1}}
+                    ],
+                }
+            ),
+            r"links\.json: classes\.0\.fit\.beta_bytes_per_s",
+        ),
+    ],
+)
 def test_corrupt_files_are_one_line_errors_naming_file_and_field(tmp_path, corrupt, match):
     bf.write_json(tmp_path / "meta.json", meta(links_step()))
     (tmp_path / "links.json").write_text(corrupt(links_doc()))
@@ -82,6 +120,8 @@ def test_corrupt_meta_and_topology(tmp_path):
     (tmp_path / "topology.yaml").write_text("nodes: [\n")
     with pytest.raises(TrainsimError, match=r"topology\.yaml: not valid YAML \(line"):
         bf.load_bundle(tmp_path)
-    (tmp_path / "topology.yaml").write_text("schema: trainsim.topology/1\nname: x\nnodes: []\nlinks: []\nbogus: 1\n")
+    (tmp_path / "topology.yaml").write_text(
+        "schema: trainsim.topology/1\nname: x\nnodes: []\nlinks: []\nbogus: 1\n"
+    )
     with pytest.raises(TrainsimError, match="topology.yaml"):
         bf.load_bundle(tmp_path)

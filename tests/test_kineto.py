@@ -68,7 +68,7 @@ def test_collective_type_size_dtype_group(tmp_path):
     t = load_trace(small_trace().write(tmp_path / "t.json"))
     (nccl,) = [g for g in t.gpu_events if g.kind == "collective"]
     assert nccl.collective == Collective("allreduce", 1000, "Float", 2, "0", (0, 1))
-    assert nccl.collective.nbytes == 4000
+    assert nccl.collective.nbytes == nccl.collective.array_bytes == 4000
 
 
 def test_collective_without_sizes_keeps_type_only(tmp_path):

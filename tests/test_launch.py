@@ -1,6 +1,5 @@
 """The torchrun-like launcher: N gloo ranks, results back in rank order, failures as one line."""
 
-import operator
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,9 @@ def rank_functions(monkeypatch):
     return rank_functions
 
 
-def test_two_gloo_ranks_all_reduce():
-    assert launch(all_reduce_check, 2) == [1.0, 1.0]
-
-
-def test_ranks_get_torchrun_environment_and_own_cores(rank_functions):
+def test_two_gloo_ranks_with_torchrun_environment_and_own_cores(rank_functions):
     infos = launch(rank_functions.describe, 2)
+    assert [i["all_reduce"] for i in infos] == [1.0, 1.0]  # 0 + 1, on both ranks
     assert [i["rank"] for i in infos] == [0, 1]
     assert all(i["world"] == 2 and i["master"] == "127.0.0.1" for i in infos)
     assert [i["env_rank"] for i in infos] == ["0", "1"]
@@ -51,17 +47,12 @@ def test_a_failing_rank_fails_the_run_with_one_line(rank_functions):
 
 def test_a_rank_that_dies_fails_the_run(rank_functions):
     with pytest.raises(TrainsimError, match=r"rank 0 died \(exit code 3\)"):
-        launch(rank_functions.crash_on, 2, args=(0,))
+        launch(rank_functions.crash_on, 1, args=(0,))
 
 
 def test_timeout(rank_functions):
     with pytest.raises(TrainsimError, match="did not finish within"):
-        launch(rank_functions.sleep, 2, args=(60,), timeout_s=6)
-
-
-def test_a_function_with_the_wrong_signature_is_reported():
-    with pytest.raises(TrainsimError, match="TypeError"):
-        launch(operator.truediv, 1, args=(0,))
+        launch(rank_functions.sleep, 1, args=(60,), timeout_s=3)
 
 
 def test_bad_arguments():

@@ -43,10 +43,22 @@ def test_cpu_sweep_points_and_fits():
 
 
 def test_stalls_are_not_read_as_bandwidth():
-    stall = LinkClass("dram_copy", "dram_copy", "dram", "dram", points=[(8 * MIB, 8e-3, 0), (128 * MIB, 8e-3, 0)],
-                      fit=AlphaBeta(alpha_s=8e-3, beta_bytes_per_s=2e12, rel_rms=0.0, points=2))
-    copy = LinkClass("rank_copy", "rank_copy", "a", "b", points=[(KIB, 1e-6, 0), (64 * MIB, 6e-3, 0)],
-                     fit=AlphaBeta(alpha_s=1e-6, beta_bytes_per_s=11e9, rel_rms=0.0, points=2))
+    stall = LinkClass(
+        "dram_copy",
+        "dram_copy",
+        "dram",
+        "dram",
+        points=[(8 * MIB, 8e-3, 0), (128 * MIB, 8e-3, 0)],
+        fit=AlphaBeta(alpha_s=8e-3, beta_bytes_per_s=2e12, rel_rms=0.0, points=2),
+    )
+    copy = LinkClass(
+        "rank_copy",
+        "rank_copy",
+        "a",
+        "b",
+        points=[(KIB, 1e-6, 0), (64 * MIB, 6e-3, 0)],
+        fit=AlphaBeta(alpha_s=1e-6, beta_bytes_per_s=11e9, rel_rms=0.0, points=2),
+    )
     assert not scales_with_size(stall) and scales_with_size(copy)
     assert dram_bandwidth([copy, stall]) == pytest.approx(22e9)
     with pytest.raises(TrainsimError):

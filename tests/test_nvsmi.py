@@ -11,15 +11,28 @@ from trainsim.topologies import load_topology
 DATA = Path(__file__).parent / "data" / "nvsmi"
 
 # REFERENCE.md: DGX-1 NVLink 2 links per GPU pair.
-DGX1_NVLINKS = [[0, 2, 1, 1, 2, 0, 0, 0], [2, 0, 1, 2, 0, 1, 0, 0], [1, 1, 0, 2, 0, 0, 2, 0],
-                [1, 2, 2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2, 1, 1], [0, 1, 0, 0, 2, 0, 1, 2],
-                [0, 0, 2, 0, 1, 1, 0, 2], [0, 0, 0, 1, 1, 2, 2, 0]]
+DGX1_NVLINKS = [
+    [0, 2, 1, 1, 2, 0, 0, 0],
+    [2, 0, 1, 2, 0, 1, 0, 0],
+    [1, 1, 0, 2, 0, 0, 2, 0],
+    [1, 2, 2, 0, 0, 0, 0, 1],
+    [2, 0, 0, 0, 0, 2, 1, 1],
+    [0, 1, 0, 0, 2, 0, 1, 2],
+    [0, 0, 2, 0, 1, 1, 0, 2],
+    [0, 0, 0, 1, 1, 2, 2, 0],
+]
 
 
 def build(name, spec, pcie, inter_socket, **kw):
     matrix = parse_topo_matrix((DATA / f"{name}.txt").read_text(), source=name)
-    doc = to_topology(matrix, name=name, gpu_specs=[spec] * len(matrix.gpus), pcie_generation=pcie,
-                      inter_socket=inter_socket, **kw)
+    doc = to_topology(
+        matrix,
+        name=name,
+        gpu_specs=[spec] * len(matrix.gpus),
+        pcie_generation=pcie,
+        inter_socket=inter_socket,
+        **kw,
+    )
     return matrix, doc, load_topology(doc)
 
 
@@ -44,10 +57,15 @@ def test_dgx1_nvlink_mesh_and_pcie_tree():
     # 2 GPUs + 1 NIC per PCIe switch (grouped through the NICs: NV# hides the GPU-GPU PCIe relation).
     assert kinds(doc, "pcie_switch") == ["sw0", "sw1", "sw2", "sw3"]
     assert [children(doc, f"sw{k}") for k in range(4)] == [
-        ["gpu0", "gpu1", "nic0"], ["gpu2", "gpu3", "nic1"], ["gpu4", "gpu5", "nic2"], ["gpu6", "gpu7", "nic3"]]
+        ["gpu0", "gpu1", "nic0"],
+        ["gpu2", "gpu3", "nic1"],
+        ["gpu4", "gpu5", "nic2"],
+        ["gpu6", "gpu7", "nic3"],
+    ]
     assert children(doc, "cpu0") == ["sw0", "sw1"] and children(doc, "cpu1") == ["sw2", "sw3"]
     assert [link for link in doc["links"] if link["kind"] == "upi"] == [
-        {"a": "cpu0", "b": "cpu1", "kind": "upi", "generation": "qpi"}]
+        {"a": "cpu0", "b": "cpu1", "kind": "upi", "generation": "qpi"}
+    ]
     assert {n["cores"] for n in doc["nodes"] if n["kind"] == "cpu"} == {40}
     # The library routes over NVLink where a link exists.
     assert {topo.graph.edges[e]["kind"] for e in topo.route("gpu0", "gpu1")} == {"nvlink"}
@@ -75,7 +93,11 @@ def test_pcie_server_two_sockets_two_switches_each():
     _, doc, topo = build("pcie-8gpu-2socket", "V100", 3, "skl")
     assert not [link for link in doc["links"] if link["kind"] == "nvlink"]
     assert [children(doc, f"sw{k}") for k in range(4)] == [
-        ["gpu0", "gpu1"], ["gpu2", "gpu3"], ["gpu4", "gpu5"], ["gpu6", "gpu7"]]
+        ["gpu0", "gpu1"],
+        ["gpu2", "gpu3"],
+        ["gpu4", "gpu5"],
+        ["gpu6", "gpu7"],
+    ]
     assert children(doc, "cpu0") == ["sw0", "sw1"] and children(doc, "cpu1") == ["sw2", "sw3"]
     cross = {topo.graph.edges[e]["kind"] for e in topo.route("gpu0", "gpu4")}
     assert "upi" in cross
@@ -92,8 +114,10 @@ def test_consumer_box_root_ports_no_switch_no_p2p():
 
 def test_nvml_overrides_names_memory_pcie_and_p2p():
     matrix = parse_topo_matrix((DATA / "consumer-2gpu.txt").read_text())
-    nvml = {"gpus": [{"spec": "RTX3090", "memory_gib": 24, "pcie_generation": 4, "pcie_width": 8}] * 2,
-            "p2p": True}
+    nvml = {
+        "gpus": [{"spec": "RTX3090", "memory_gib": 24, "pcie_generation": 4, "pcie_width": 8}] * 2,
+        "p2p": True,
+    }
     doc = to_topology(matrix, name="x", nvml=nvml)
     assert [n["spec"] for n in doc["nodes"] if n["kind"] == "gpu"] == ["RTX3090", "RTX3090"]
     assert {(link["generation"], link["lanes"]) for link in doc["links"]} == {(4, 8)}
@@ -106,12 +130,15 @@ def test_ansi_codes_and_single_gpu():
     assert matrix.gpus == ["GPU0"] and matrix.cpu_affinity == {"GPU0": "0-7"}
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ("hello\n", "no header row"),
-    ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tQQQ\t0-7\nGPU1\tPHB\t X \t0-7\n", "unknown relation 'QQQ'"),
-    ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\n", "no row for GPU1"),
-    ("\tGPU0\tGPU1\nGPU0\t X\nGPU1\tPHB\t X\n", "has 1 cells"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("hello\n", "no header row"),
+        ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tQQQ\t0-7\nGPU1\tPHB\t X \t0-7\n", "unknown relation 'QQQ'"),
+        ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\n", "no row for GPU1"),
+        ("\tGPU0\tGPU1\nGPU0\t X\nGPU1\tPHB\t X\n", "has 1 cells"),
+    ],
+)
 def test_malformed_tables_are_one_line_errors(text, match):
     with pytest.raises(TrainsimError, match=match) as err:
         parse_topo_matrix(text, source="topo.txt")

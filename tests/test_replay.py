@@ -99,6 +99,21 @@ def test_join_waits_for_the_other_thread(tmp_path):
     assert rr.steps[0].replayed_s == pytest.approx(5050 * US)
 
 
+def test_full_launch_queue_blocks_the_cpu(tmp_path):
+    """With room for 2 pending launches, the third launch waits until the first kernel has finished."""
+    b = TraceBuilder()
+    b.step(1, MAIN, 0, 400)
+    for k in range(3):
+        b.launch(MAIN, 10 + 10 * k, 5, stream=7, gpu_ts=20 + 101 * k, gpu_dur=100, name=f"k{k}")
+    g = build_graph(load_trace(b.write(tmp_path / "t.json")))
+    third = next(o for o in g.ops if o.name == "k2").launch
+    free = replay([g]).ranks[0]
+    assert free.point_time[third] == pytest.approx(30 * US)
+    blocked = replay([g], launch_queue=2).ranks[0]
+    assert blocked.point_time[third] == pytest.approx(120 * US)          # k0 ends at 120
+    assert blocked.steps[0].replayed_s == pytest.approx(490 * US)        # the 90 us wait moves the step end
+
+
 def test_op_time_may_return_a_simpy_event(tmp_path):
     def op_time(env, rank, op):
         return env.timeout(op.event.dur / 2)

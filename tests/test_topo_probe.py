@@ -7,15 +7,21 @@ import pytest
 from trainsim.calibrate.alphabeta import AlphaBeta
 from trainsim.calibrate.linkbench import LinkClass
 from trainsim.calibrate.nvsmi import parse_topo_matrix, to_topology
-from trainsim.calibrate.topo_probe import apply_link_fits, cpu_topology, host_probe
+from trainsim.calibrate.topo_probe import apply_link_fits, cpu_topology, cuda_topology, host_probe
 from trainsim.topologies import load_topology
 
 DATA = Path(__file__).parent / "data" / "nvsmi"
 
 
 def fitted(name, kind, gbps, us, src="a", dst="b"):
-    return LinkClass(name, kind, src, dst, points=[(1024, 1e-6, 0.0)],
-                     fit=AlphaBeta(alpha_s=us * 1e-6, beta_bytes_per_s=gbps * 1e9, rel_rms=0.0, points=8))
+    return LinkClass(
+        name,
+        kind,
+        src,
+        dst,
+        points=[(1024, 1e-6, 0.0)],
+        fit=AlphaBeta(alpha_s=us * 1e-6, beta_bytes_per_s=gbps * 1e9, rel_rms=0.0, points=8),
+    )
 
 
 def test_host_probe():
@@ -25,9 +31,16 @@ def test_host_probe():
 
 
 def test_cpu_ranks_topology_loads_and_carries_the_copy_figures():
-    host = {"cores": 4, "sockets": [{"id": 0, "cpus": [0, 1]}, {"id": 1, "cpus": [2, 3]}],
-            "memory_bytes": 8 * 2**30, "cpu_model": "Test CPU", "cpu_vendor": "GenuineIntel"}
-    doc = cpu_topology(host, 4, dram_bandwidth_gbps=40.0, rank_link=fitted("rank_copy", "rank_copy", 11.0, 1.2))
+    host = {
+        "cores": 4,
+        "sockets": [{"id": 0, "cpus": [0, 1]}, {"id": 1, "cpus": [2, 3]}],
+        "memory_bytes": 8 * 2**30,
+        "cpu_model": "Test CPU",
+        "cpu_vendor": "GenuineIntel",
+    }
+    doc = cpu_topology(
+        host, 4, dram_bandwidth_gbps=40.0, rank_link=fitted("rank_copy", "rank_copy", 11.0, 1.2)
+    )
     topo = load_topology(doc)
     assert topo.gpus == ["gpu0", "gpu1", "gpu2", "gpu3"]
     assert topo.cpus == ["cpu0", "cpu1"]
@@ -45,8 +58,12 @@ def test_cpu_ranks_topology_loads_and_carries_the_copy_figures():
 def test_apply_link_fits_on_a_dgx1():
     matrix = parse_topo_matrix((DATA / "dgx1-v100.txt").read_text())
     doc = to_topology(matrix, name="dgx1", gpu_specs=["V100"] * 8, pcie_generation=3, inter_socket="qpi")
-    links = [fitted("h2d_pinned/gpu0", "h2d_pinned", 11.0, 10.0), fitted("d2h_pinned/gpu0", "d2h_pinned", 13.0, 12.0),
-             fitted("p2p/gpu0-gpu1", "p2p", 45.0, 3.0), fitted("p2p/gpu0-gpu5", "p2p", 9.0, 20.0)]
+    links = [
+        fitted("h2d_pinned/gpu0", "h2d_pinned", 11.0, 10.0),
+        fitted("d2h_pinned/gpu0", "d2h_pinned", 13.0, 12.0),
+        fitted("p2p/gpu0-gpu1", "p2p", 45.0, 3.0),
+        fitted("p2p/gpu0-gpu5", "p2p", 9.0, 20.0),
+    ]
     apply_link_fits(doc, links, p2p=True)
     by_ends = {(link["a"], link["b"]): link for link in doc["links"]}
     assert by_ends[("sw0", "gpu0")]["bandwidth_gbps"] == pytest.approx(12.0)
@@ -66,3 +83,29 @@ def test_apply_link_fits_through_an_nvswitch():
     assert gpu0["bandwidth_gbps"] == pytest.approx(260.0)
     assert gpu0["latency_us"] == pytest.approx(2.0)  # half a GPU-GPU copy: two hops through the switch
     load_topology(doc)
+
+
+def test_cuda_skeleton_from_nvidia_smi_or_fallback(monkeypatch):
+    from trainsim.calibrate import nvsmi
+
+    host = {
+        "cores": 80,
+        "sockets": [],
+        "memory_bytes": 2**40,
+        "cpu_model": "Xeon",
+        "cpu_vendor": "GenuineIntel",
+    }
+    monkeypatch.setattr(nvsmi, "read_nvidia_smi", lambda: (DATA / "dgx1-v100.txt").read_text())
+    monkeypatch.setattr(nvsmi, "nvml_probe", lambda: None)
+    names = ["Tesla V100-SXM2-16GB"] * 8
+    doc = cuda_topology(host, gpu_names=names, gpu_memory_gib=[16.0] * 8, dram_bandwidth_gbps=100.0)
+    topo = load_topology(doc)
+    assert topo.gpu_spec("gpu3") == "V100" and len(topo.cpus) == 2
+    assert sum(link["kind"] == "nvlink" for link in doc["links"]) == 16
+    # CUDA_VISIBLE_DEVICES showing 2 of the 8 GPUs: the table does not apply, one socket with root ports.
+    doc = cuda_topology(host, gpu_names=names[:2], gpu_memory_gib=[16.0] * 2, dram_bandwidth_gbps=100.0)
+    assert [link["b"] for link in doc["links"]] == ["gpu0", "gpu1"]
+    load_topology(doc)
+    monkeypatch.setattr(nvsmi, "read_nvidia_smi", lambda: "garbage")
+    doc = cuda_topology(host, gpu_names=names[:1], gpu_memory_gib=[16.0], dram_bandwidth_gbps=100.0)
+    assert load_topology(doc).gpus == ["gpu0"]

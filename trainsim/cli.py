@@ -60,26 +60,39 @@ def version(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
 def replay_cmd(
     traces: list[str] = typer.Argument(
         ..., metavar="TRACE...", help="Kineto trace files (.json or .json.gz), one per rank of one run."),
-    trace_out: str | None = typer.Option(None, "--trace", metavar="OUT.json.gz",
-                                         help="Write the replay as a Chrome/Perfetto trace."),
+    topology: str | None = typer.Option(
+        None, "--topology", metavar="NAME|FILE",
+        help="What-if: re-simulate collectives and host copies on this topology (flow model)."),
+    gpu: str | None = typer.Option(None, "--gpu", metavar="SPEC",
+                                   help="What-if: rescale GPU work to this device (`trainsim device list`)."),
+    sets: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE",
+        help="What-if switches: compression=fp16|bf16, pinned=true, collectives=flow|analytic, "
+             "algo=ring|tree|nvls|auto, network=isolated|shared (transfers alone or contending), "
+             "ran_on=TOPOLOGY (the machine the trace ran on, for the checks)."),
+    trace_out: str | None = typer.Option(
+        None, "--trace", metavar="OUT.json.gz",
+        help="Write the replay (the what-if, if any) as a Chrome/Perfetto trace."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Import PyTorch profiler traces, replay them, and compare replayed with measured step times."""
+    """Import PyTorch profiler traces, replay them against the measured step times, and answer what-ifs."""
     from rich.console import Console
 
     from trainsim.provenance import provenance
     from trainsim.sim import replay as rp
+    from trainsim.sim.whatif import WhatIf
 
+    whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
     with console.status("replaying") as status:
-        result = rp.replay_traces(traces, progress=lambda msg: status.update(msg))
-    prov = provenance(timestamp=False, traces=[str(t) for t in traces])
+        report = rp.replay_traces(traces, whatif=whatif, progress=lambda msg: status.update(msg))
+    prov = provenance(timestamp=False, traces=[str(t) for t in traces], whatif=whatif.to_dict())
     if trace_out:
-        rp.write_chrome_trace(result, trace_out, provenance=prov)
+        rp.write_chrome_trace(report.whatif or report.replay, trace_out, provenance=prov)
     if as_json:
-        print_json(result.to_dict(provenance=prov))
+        print_json(report.to_dict(provenance=prov))
         return
-    for line in rp.report_lines(result):
+    for line in report.lines():
         typer.echo(line)
     if trace_out:
         typer.echo(f"replay trace written to {trace_out}")
@@ -457,10 +470,10 @@ def device_show(
 @app.command("simulate")
 def simulate_cmd(
     scenario: str = typer.Argument(..., metavar="SCENARIO",
-                                   help="A shipped scenario name (see `trainsim scenarios list`) or a YAML file."),
+                                   help="A shipped scenario (see `trainsim scenarios list`) or a YAML file."),
     overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
-                                        help="Override a scenario field, e.g. --set strategy.bucket_cap_mb=50 "
-                                             "(repeatable; the value is parsed as YAML)."),
+                                        help="Override a scenario field, e.g. --set batch_size=512 "
+                                        "(repeatable; the value is parsed as YAML)."),
     variant: str | None = typer.Option(None, "--variant", help="Apply one of the scenario's named variants."),
     calibration: str | None = typer.Option(None, "--calibration", metavar="DIR",
                                            help="A calibration bundle: its topology and workload replace the "
@@ -525,6 +538,121 @@ def scenarios_list(as_json: bool = typer.Option(False, "--json", help="Print JSO
         typer.echo(f"{name:<{width}}  {description}")
 
 
+# ---- trainsim execute: the real PyTorch executor (calibrate/executor.py) ----------------------------------
+
+@app.command("execute")
+def execute_cmd(
+    scenario: str = typer.Argument(..., metavar="SCENARIO",
+                                   help="A shipped scenario (e.g. validate-cpu) or a YAML file."),
+    variants: list[str] = typer.Option([], "--variant", help="Run only this variant (repeatable; "
+                                       "default: every variant, or the scenario itself when it has none)."),
+    iterations: int | None = typer.Option(None, "--iterations", min=1,
+                                          help="Override the measured iterations."),
+    warmup: int | None = typer.Option(None, "--warmup", min=0, help="Override the warm-up iterations."),
+    out: str | None = typer.Option(None, "--out", metavar="FILE.json", help="Also write the measurements."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Run a scenario's variants for real with PyTorch on this box and print what was measured.
+
+    Variants this box cannot run (no CUDA, too few cores or GPUs, ...) are listed as skipped, with why.
+    """
+    from rich.console import Console
+
+    from trainsim.calibrate.exec_config import load_scenario_dict
+    from trainsim.calibrate.executor import (
+        execution_report,
+        outcome_lines,
+        outcomes_table,
+        run_scenario,
+        write_measurements,
+    )
+    from trainsim.provenance import provenance
+
+    data = load_scenario_dict(scenario)
+    overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
+    err = Console(stderr=True)
+    with err.status(f"executing {scenario}") as status:
+        outcomes = run_scenario(data, variants or None, file=scenario, progress=status.update, **overrides)
+    prov = provenance(scenario=scenario, variants=list(variants), **overrides)
+    doc = execution_report(outcomes, provenance=prov)
+    if out:
+        write_measurements(doc, out)
+    if as_json:
+        print_json(doc)
+        raise typer.Exit(1 if any(o.failed for o in outcomes) else 0)
+    console = Console()
+    console.print(outcomes_table(outcomes))
+    for line in outcome_lines(outcomes):
+        console.print(line, soft_wrap=True, markup=False)
+    if out:
+        console.print(f"measurements written to {out}")
+    if any(o.failed for o in outcomes):
+        raise typer.Exit(1)
+
+
+# ---- plan: per-layer spatial/hybrid decomposition (logic in trainsim.sim.spatial_plan) -------------------
+
+@app.command("plan")
+def plan_cmd(
+    scenario: str | None = typer.Argument(
+        None, metavar="[SCENARIO]",
+        help="A scenario (shipped name or YAML): its topology, workload, batch, GPUs and precision. "
+        "Or give --workload, --topology and --batch."),
+    workload: str | None = typer.Option(None, "--workload", help="A workload (built-in name or JSON file)."),
+    topology: str | None = typer.Option(None, "--topology", help="A topology (preset name or YAML file)."),
+    batch: int | None = typer.Option(None, "--batch", min=1, help="Global batch size."),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="Use the first N GPUs (default: all)."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, fp16 or bf16 (without SCENARIO)."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
+                                        help="Override a scenario field (repeatable)."),
+    no_simulate: bool = typer.Option(
+        False, "--no-simulate", help="Only the performance model (do not simulate plan and data parallel)."),
+    out: str | None = typer.Option(None, "--out", metavar="FILE.json", help="Also write the plan as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Choose each layer's decomposition (samples x height x width) for a model, machine and batch with a fast
+    performance model (dynamic programming over layers), then simulate the plan and pure data parallelism."""
+    from rich.console import Console
+
+    from trainsim.provenance import provenance
+    from trainsim.sim import spatial_plan
+
+    err = Console(stderr=True)
+    if scenario is not None:
+        if workload or topology or batch:
+            raise TrainsimError("give SCENARIO or --workload/--topology/--batch, not both", field="SCENARIO")
+        if gpus is not None:
+            overrides = [*overrides, f"gpus={gpus}"]
+        with err.status(f"planning {scenario}"):
+            result = spatial_plan.plan_scenario(scenario, overrides, simulate=not no_simulate)
+    else:
+        given = (("--workload", workload), ("--topology", topology), ("--batch", batch))
+        missing = [name for name, value in given if value is None]
+        if missing:
+            raise TrainsimError(f"without SCENARIO, give {', '.join(missing)}", field=missing[0])
+        from trainsim.sim.workload import load_workload
+        from trainsim.topologies import load_topology
+
+        wl, topo = load_workload(workload), load_topology(topology)
+        if precision not in ("fp32", "tf32", "fp16", "bf16"):
+            raise TrainsimError(f"unknown precision {precision!r}; valid choices: bf16, fp16, fp32, tf32",
+                                field="--precision")
+        with err.status(f"planning {wl.name} on {topo.name}"):
+            result = spatial_plan.plan(wl, topo, batch, gpus, precision, simulate=not no_simulate,
+                                       base={"topology": topology, "workload": workload})
+    doc = {**result.to_dict(), "provenance": provenance(timestamp=False, scenario=scenario, workload=workload,
+                                                        topology=topology, batch=batch, gpus=gpus)}
+    if out:
+        spatial_plan.write_plan(doc, out)
+    if as_json:
+        print_json(doc)
+        return
+    for line in spatial_plan.plan_lines(result):
+        typer.echo(line)
+    if out:
+        typer.echo(f"plan written to {out}")
+
+
 # ---- reproduce: the seed papers' claims ----------------------------------------------------------------------
 
 @app.command("reproduce")
@@ -559,6 +687,15 @@ def reproduce_cmd(
         table.add_row(fig.name, ours, published, fig.unit, fig.note)
     console = Console()
     console.print(table)
+    for name, rows in result.tables.items():  # extra detail, e.g. a strong-scaling table
+        if not rows:
+            continue
+        detail = Table(title=name)
+        for column in rows[0]:
+            detail.add_column(column, overflow="fold")
+        for row in rows:
+            detail.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+        console.print(detail)
     for assumption in result.assumptions:
         console.print(f"assumes: {assumption}")
 

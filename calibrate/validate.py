@@ -1,0 +1,376 @@
+"""Predicted vs measured: simulate a scenario's variants from a calibration bundle and execute them for real.
+
+    from trainsim.calibrate.validate import validate
+    result = validate("validate-cpu", "calibration/", report_dir="report/")
+    for row in result.rows: print(row.variant, row.predicted_s, row.measured_s, row.error_pct)
+
+Per variant: the simulator predicts the iteration time on the bundle's topology with the bundle's measured
+workload (its per-layer times on this box) and the per-sample cost of the variant's own input pipeline
+(measured here, the transforms the executor runs); the executor (`executor.run`) trains it for real. The
+row then carries the error of the prediction and the speedup over the baseline variant, both ways.
+
+A variant the box cannot run is *skipped* (the executor's reason); one the simulator cannot model is
+*not simulated* (its one-line reason) but still measured; a run that crashed is *failed*. A bundle made on
+another machine (device names or cores in its meta/machine files differ from this box's) is refused unless
+``force``. With ``report_dir``, the rows so far are written after every variant (``validation.json``), so an
+interrupted run keeps them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainsim.errors import TrainsimError, unknown_name
+
+SCHEMA = "trainsim.validation/1"
+RESULT_FILE = "validation.json"
+TRACES = "traces"
+
+Progress = Callable[[str], None]
+
+
+# ---------------------------------------------------------------- the comparison (pure arithmetic)
+
+
+def percent_error(predicted: float | None, measured: float | None) -> float | None:
+    """Signed error of a prediction, in % of the measurement (positive: the simulator is slower)."""
+    if predicted is None or measured is None or measured <= 0:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+@dataclass
+class ValidationRow:
+    """One variant, both ways. Times in seconds (median over measured iterations)."""
+
+    variant: str
+    strategy: str
+    ranks: int
+    predicted_s: float | None = None
+    measured_s: float | None = None
+    measured_iqr_s: float | None = None
+    error_pct: float | None = None
+    predicted_speedup: float | None = None  # baseline time / this time, as predicted
+    measured_speedup: float | None = None
+    speedup_error_pp: float | None = None  # (predicted - measured speedup) x 100 percentage points
+    skipped: str | None = None  # this box cannot run it: why
+    not_simulated: str | None = None  # the simulator cannot model it: why
+    failed: str | None = None  # the real run crashed: the one-line error
+    prep_s_per_sample: float | None = None  # the variant's input pipeline, measured here, told to the simulator
+    predicted_breakdown_s: dict = field(default_factory=dict)
+    measured_breakdown_s: dict = field(default_factory=dict)
+    sim_trace: str | None = None  # relative to the report folder
+    real_trace: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return "skipped"
+        if self.failed:
+            return "failed"
+        if self.not_simulated:
+            return "not simulated"
+        if self.predicted_s is None or self.measured_s is None:
+            return "pending"
+        return "ok"
+
+    @property
+    def reason(self) -> str | None:
+        return self.skipped or self.failed or self.not_simulated
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "status": self.status}
+
+
+def compare(rows: list[ValidationRow], baseline: str | None) -> None:
+    """Fill each row's error and its speedups over ``baseline`` (both ways) in place."""
+    base = next((r for r in rows if r.variant == baseline), None)
+    for row in rows:
+        row.error_pct = percent_error(row.predicted_s, row.measured_s)
+        row.predicted_speedup = row.measured_speedup = row.speedup_error_pp = None
+        if base is None:
+            continue
+        if base.predicted_s and row.predicted_s:
+            row.predicted_speedup = base.predicted_s / row.predicted_s
+        if base.measured_s and row.measured_s:
+            row.measured_speedup = base.measured_s / row.measured_s
+        if row.predicted_speedup is not None and row.measured_speedup is not None:
+            row.speedup_error_pp = 100.0 * (row.predicted_speedup - row.measured_speedup)
+
+
+def accuracy(rows: list[ValidationRow], baseline: str | None = None) -> dict:
+    """The headline figures: median and worst |error|, speedup errors, and speedups on the wrong side of 1."""
+    compared = [r for r in rows if r.error_pct is not None]
+    speedups = [r for r in compared if r.speedup_error_pp is not None and r.variant != baseline]
+    worst = max(compared, key=lambda r: abs(r.error_pct), default=None)
+    worst_pp = max(speedups, key=lambda r: abs(r.speedup_error_pp), default=None)
+
+    def wrong_side(r: ValidationRow) -> bool:
+        # the prediction says faster (>1) and it is slower, or the reverse; exactly 1.0 counts as either side
+        return (r.predicted_speedup - 1.0) * (r.measured_speedup - 1.0) < 0
+
+    return {
+        "compared": len(compared),
+        "median_abs_error_pct": statistics.median(abs(r.error_pct) for r in compared) if compared else None,
+        "worst_error_pct": worst.error_pct if worst else None,
+        "worst_variant": worst.variant if worst else None,
+        "speedup_error_pp": {r.variant: r.speedup_error_pp for r in speedups},
+        "max_abs_speedup_error_pp": abs(worst_pp.speedup_error_pp) if worst_pp else None,
+        "speedups_on_wrong_side": [r.variant for r in speedups if wrong_side(r)],
+    }
+
+
+@dataclass
+class ValidationResult:
+    scenario: str
+    calibration: str
+    baseline: str | None
+    device: str
+    rows: list[ValidationRow]
+    notes: list[str] = field(default_factory=list)
+    status: str = "complete"  # or "interrupted", "running"
+
+    def accuracy(self) -> dict:
+        return accuracy(self.rows, self.baseline)
+
+    def row(self, variant: str) -> ValidationRow:
+        return next(r for r in self.rows if r.variant == variant)
+
+    def to_dict(self, *, provenance: dict | None = None) -> dict:
+        out = {"schema": SCHEMA, "scenario": self.scenario, "calibration": self.calibration,
+               "baseline": self.baseline, "device": self.device, "status": self.status,
+               "accuracy": self.accuracy(), "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
+        if provenance is not None:
+            out["provenance"] = provenance
+        return out
+
+
+class ValidationInterrupted(TrainsimError):
+    """Ctrl-C during a validation: the rows so far are in ``partial`` (and in the report folder, if any)."""
+
+    def __init__(self, partial: ValidationResult, where: str | None):
+        self.partial = partial
+        done = sum(r.status != "pending" for r in partial.rows)
+        kept = f"; the {done} finished row(s) are in {where}" if where else ""
+        super().__init__(f"interrupted{kept}")
+
+
+# ---------------------------------------------------------------- is the bundle from this machine?
+
+
+def this_machine(device: str) -> dict:
+    """This box as a bundle records it: device names (CPU model or GPU names) and, on CPU, the cores."""
+    if device == "cuda":
+        import torch
+
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return {"devices": names}
+    from trainsim.calibrate.topo_probe import host_probe
+
+    host = host_probe()
+    return {"devices": [host.get("cpu_model") or "cpu"], "cores": host["cores"]}
+
+
+def machine_mismatch(bundle, here: dict) -> str | None:
+    """Why ``bundle`` was not calibrated on the machine ``here`` describes (None: it was)."""
+    recorded = bundle.meta.provenance.get("devices")
+    if recorded is not None and list(recorded) != list(here["devices"]):
+        return f"it was calibrated on {', '.join(map(str, recorded))}; this machine has {', '.join(here['devices'])}"
+    cores = bundle.machine.cpu.cores if bundle.machine is not None else None
+    if bundle.meta.config.get("device") == "cpu" and cores and here.get("cores") and cores != here["cores"]:
+        return f"it was calibrated with {cores} CPU cores; this machine gives {here['cores']}"
+    return None
+
+
+def check_bundle(calibration_dir: str | os.PathLike, *, force: bool = False, here: dict | None = None):
+    """Load the bundle (one-line error if corrupt or incomplete for simulation) and check it is this box's.
+
+    Returns (bundle, notes); a bundle from another machine raises TrainsimError unless ``force``."""
+    from trainsim.calibrate.bundle import load_bundle
+
+    bundle = load_bundle(calibration_dir)
+    missing = [what for what, part in (("topology.yaml", bundle.topology), ("a workload", bundle.workload))
+               if part is None]
+    if missing:
+        raise TrainsimError(f"the bundle has no {' and no '.join(missing)} (status {bundle.meta.status}); "
+                            "finish it with `trainsim calibrate --resume`", file=str(calibration_dir))
+    device = bundle.meta.config.get("device", "cpu")
+    notes = []
+    why = machine_mismatch(bundle, here if here is not None else this_machine(device))
+    if why:
+        if not force:
+            raise TrainsimError(f"calibration bundle from another machine: {why}; calibrate this one, or give "
+                                "--force to compare anyway", file=str(calibration_dir))
+        notes.append(f"--force: bundle from another machine ({why})")
+    if bundle.meta.status != "complete":
+        notes.append(f"the bundle is {bundle.meta.status}: steps done {', '.join(bundle.meta.steps_done)}")
+    return bundle, notes
+
+
+# ---------------------------------------------------------------- the two sides
+
+
+def input_prep_seconds(cfg, samples: int = 16) -> float:
+    """CPU seconds to prepare one input sample exactly as the executor's pipeline does for ``cfg`` (decode,
+    ``augment_repeats`` crop/flip/normalise passes), on this core: what the simulator's data workers cost."""
+    from trainsim.calibrate.datapipe import SyntheticSource
+
+    source = SyntheticSource(cfg.model, cfg.model_cfg, cfg.data, seed=cfg.seed)
+    for i in range(2):  # first-touch warm-up
+        source.sample(0, i)
+    start = time.perf_counter()
+    for i in range(samples):
+        source.sample(1, i)
+    return (time.perf_counter() - start) / samples
+
+
+def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_sample: float | None = None,
+            trace_path: Path | None = None, provenance: dict | None = None):
+    """Simulate ``variant`` from the bundle; returns the Result (TrainsimError if it cannot be modelled)."""
+    from trainsim.scenarios.loader import load_scenario
+    from trainsim.sim.simulation import Simulation
+
+    sim = Simulation(load_scenario(scenario, variant=variant), calibration=calibration)
+    if prep_s_per_sample is not None:
+        # the bundle measured the default pipeline; this variant's executor data config may cost more
+        sim.ctx.prep_s_per_sample = prep_s_per_sample
+    result = sim.run()
+    if trace_path is not None:
+        from trainsim.sim.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(result, trace_path, provenance=provenance)
+    return result
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def _write(result: ValidationResult, report_dir: Path | None, provenance: dict | None) -> None:
+    if report_dir is None:
+        return
+    import json
+
+    from trainsim.calibrate.bundle import write_atomic
+
+    write_atomic(report_dir / RESULT_FILE,
+                 json.dumps(result.to_dict(provenance=provenance), indent=1, default=str) + "\n")
+
+
+def _scenario_label(scenario: str) -> str:
+    return Path(scenario).stem if scenario.endswith((".yaml", ".yml")) else scenario
+
+
+def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[str] | None = None, *,
+             force: bool = False, report_dir: str | os.PathLike | None = None,
+             progress: Progress | None = None, baseline: str | None = None, execute: bool = True,
+             here: dict | None = None, **overrides) -> ValidationResult:
+    """Simulate and execute ``variants`` (default: all) of ``scenario``; compare them.
+
+    ``overrides`` are ExecConfig fields for the real runs (e.g. ``iterations=3, warmup=2``); ``baseline``
+    defaults to the first variant; ``execute=False`` predicts only. With ``report_dir`` the rows are written
+    there as they finish, with the simulated trace and a torch.profiler trace of one real iteration per
+    variant (the markdown report and chart come from `report.write_report`)."""
+    from trainsim.calibrate.exec_config import (
+        exec_config_from_scenario,
+        infeasible_reason,
+        load_scenario_dict,
+        scenario_variants,
+    )
+    from trainsim.calibrate.executor import run as execute_config
+    from trainsim.provenance import provenance as make_provenance
+
+    progress = progress or (lambda text: None)
+    calibration = str(calibration_dir)
+    bundle, notes = check_bundle(calibration, force=force, here=here)
+    data = load_scenario_dict(scenario)
+    known = scenario_variants(data)
+    names = list(variants) if variants else known
+    if not names:
+        raise TrainsimError("the scenario has no variants to compare", file=scenario, field="variants")
+    for name in names:
+        if name not in known:
+            raise unknown_name("variant", name, known, file=scenario, field="variants")
+    if baseline is None:
+        baseline = names[0]
+    elif baseline not in names:
+        raise unknown_name("baseline variant", baseline, names, file=scenario, field="baseline")
+    configs = {name: exec_config_from_scenario(data, name, file=scenario, **overrides) for name in names}
+    bundle_device = bundle.meta.config.get("device", "cpu")
+    for name, cfg in configs.items():
+        if cfg.device != bundle_device:
+            raise TrainsimError(f"variant {name} executes on {cfg.device} but the bundle calibrated {bundle_device}"
+                                f"; use the scenario for {bundle_device} boxes", file=scenario,
+                                field=f"variants.{name}")
+    out = Path(report_dir) if report_dir is not None else None
+    if out is not None:
+        try:
+            (out / TRACES).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TrainsimError(f"cannot create the report folder: {exc.strerror}", file=str(out)) from None
+    prov = make_provenance(timestamp=True, scenario=scenario, calibration=calibration, variants=names,
+                           overrides=overrides, devices=bundle.meta.provenance.get("devices"))
+    result = ValidationResult(scenario=_scenario_label(scenario), calibration=calibration, baseline=baseline,
+                              device=bundle_device, status="running", notes=notes,
+                              rows=[ValidationRow(n, c.strategy, c.ranks) for n, c in configs.items()])
+    _write(result, out, prov)
+    try:
+        for row in result.rows:
+            _one_variant(row, scenario, calibration, configs[row.variant], out, progress, execute,
+                         infeasible_reason, execute_config)
+            compare(result.rows, baseline)
+            _write(result, out, prov)
+    except KeyboardInterrupt:
+        result.status = "interrupted"
+        compare(result.rows, baseline)
+        _write(result, out, prov)
+        raise ValidationInterrupted(result, str(out / RESULT_FILE) if out else None) from None
+    result.status = "complete"
+    compare(result.rows, baseline)
+    _write(result, out, prov)
+    return result
+
+
+def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: Path | None,
+                 progress: Progress, execute: bool, infeasible_reason, execute_config) -> None:
+    import dataclasses
+
+    name = row.variant
+    row.skipped = infeasible_reason(cfg)
+    progress(f"{name}: simulating")
+    try:
+        row.prep_s_per_sample = input_prep_seconds(cfg)
+        sim_trace = (Path(TRACES) / f"{name}.sim.json.gz") if out is not None else None
+        predicted = predict(scenario, name, calibration, prep_s_per_sample=row.prep_s_per_sample,
+                            trace_path=out / sim_trace if sim_trace else None)
+        row.predicted_s = statistics.median(predicted.iteration_times_s)
+        row.predicted_breakdown_s = dict(predicted.breakdown_s)
+        row.sim_trace = str(sim_trace) if sim_trace else None
+    except TrainsimError as exc:
+        row.not_simulated = str(exc)
+    if row.skipped or not execute:
+        return
+    progress(f"{name}: executing ({cfg.strategy}, {cfg.ranks} rank(s), {cfg.device})")
+    real_trace = (Path(TRACES) / f"{name}.torch") if out is not None else None
+    if real_trace is not None:
+        cfg = dataclasses.replace(cfg, profile_trace=str(out / real_trace))
+    try:
+        measured = execute_config(cfg)
+    except TrainsimError as exc:  # one variant's crash does not lose the others
+        row.failed = str(exc)
+        return
+    row.measured_s = measured.median_s
+    row.measured_iqr_s = measured.iqr_s
+    row.measured_breakdown_s = dict(measured.breakdown_s)
+    if real_trace is not None:
+        rank0 = out / f"{real_trace}.rank0.json"
+        row.real_trace = str(rank0.relative_to(out)) if rank0.is_file() else None
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)

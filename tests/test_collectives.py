@@ -1,0 +1,263 @@
+"""Collectives: hand-computable cases, nccl-tests factors, flow vs analytic agreement, contention, errors."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from trainsim.errors import TrainsimError
+from trainsim.sim import collectives as coll
+from trainsim.sim.collective_plans import BASE_LATENCY, HOP_LATENCY, dtree_parents
+from trainsim.sim.collectives import (
+    COLLECTIVES,
+    bench,
+    bus_factor,
+    choose_algorithm,
+    collective_time,
+    parse_sizes,
+    run_collective,
+    simulate_collective,
+)
+from trainsim.sim.flows import FlowNetwork
+from trainsim.sim.rings import Channel, build_channels, ring_cost
+from trainsim.topologies import list_presets, load_topology
+
+MIB, GIB = 2**20, 2**30
+
+
+@pytest.fixture(scope="module")
+def presets():
+    return {name: load_topology(name) for name in list_presets()}
+
+
+def two_gpus(bandwidth_gbps=10.0, latency_us=1.0):
+    """Two GPUs joined by one NVLink of known bandwidth and latency (plus their PCIe to a socket)."""
+    return load_topology({
+        "name": "two-gpus", "nodes": [
+            {"name": "cpu0", "kind": "cpu", "cores": 4, "dram_bandwidth_gbps": 100},
+            {"name": "gpu0", "kind": "gpu", "spec": "V100"}, {"name": "gpu1", "kind": "gpu", "spec": "V100"}],
+        "links": [
+            {"a": "cpu0", "b": "gpu0", "kind": "pcie", "generation": 3},
+            {"a": "cpu0", "b": "gpu1", "kind": "pcie", "generation": 3},
+            {"a": "gpu0", "b": "gpu1", "kind": "nvlink", "bandwidth_gbps": bandwidth_gbps,
+             "latency_us": latency_us}]})
+
+
+def flow_time(topo, op, gpus, nbytes, algo="auto", **kwargs):
+    env = simpy.Environment()
+    net = FlowNetwork.from_topology(env, topo)
+    env.process(run_collective(env, net, topo, op, gpus, nbytes, algo=algo, **kwargs))
+    env.run()
+    return env.now, net
+
+
+# ---- hand-computable cases ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["flow", "analytic"])
+def test_two_gpu_allreduce_is_the_textbook_formula(method):
+    topo, size = two_gpus(), 64 * MIB
+    n, bandwidth, link_latency = 2, 10e9, 1e-6
+    # 2(n-1) ring steps, each paying NCCL's NVLink hop latency plus the link's own.
+    expected = (BASE_LATENCY + 2 * (n - 1) * (HOP_LATENCY["nvlink"] + link_latency)
+                + 2 * (n - 1) / n * size / bandwidth)
+    got = flow_time(topo, "allreduce", None, size)[0] if method == "flow" else collective_time(
+        topo, "allreduce", None, size)
+    assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_two_gpu_broadcast_and_sendrecv_move_the_array_once():
+    topo, size = two_gpus(), 8 * MIB
+    expected = BASE_LATENCY + HOP_LATENCY["nvlink"] + 1e-6 + size / 10e9
+    for op in ("broadcast", "reduce", "sendrecv"):
+        t, net = flow_time(topo, op, None, size)
+        assert t == pytest.approx(expected, rel=1e-9)
+        assert collective_time(topo, op, None, size) == pytest.approx(expected, rel=1e-9)
+    _, net = flow_time(topo, "sendrecv", ["gpu0", "gpu1"], size)
+    assert len(net.records) == 1 and net.records[0].route == (("gpu0", "gpu1"),)
+
+
+def test_nvswitch_ring_allreduce_matches_alpha_beta(presets):
+    topo = presets["dgx-a100"]
+    n, size = len(topo.gpus), GIB
+    link = topo.edge("gpu0", "nvsw0")["bandwidth"]  # every GPU's port into the switch
+    hop = HOP_LATENCY["nvlink"] + topo.route_latency(topo.route("gpu0", "gpu1"))
+    expected = BASE_LATENCY + 2 * (n - 1) * hop + 2 * (n - 1) / n * size / link
+    assert collective_time(topo, "allreduce", None, size, algo="ring") == pytest.approx(expected, rel=1e-9)
+    assert flow_time(topo, "allreduce", None, size, algo="ring")[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_nvls_moves_n_plus_one_shards_each_way(presets):
+    topo = presets["dgx-h100"]
+    n, size = len(topo.gpus), GIB
+    link = topo.edge("gpu0", "nvsw0")["bandwidth"]
+    t = flow_time(topo, "allreduce", None, size, algo="nvls")[0]
+    trip = HOP_LATENCY["nvlink"] + topo.route_latency(topo.route("gpu0", "gpu1"))  # to the switch and back
+    # reduce-scatter then multicast: two trips; S/n shards x (n reads + 1 multicast store) each way
+    assert t == pytest.approx(BASE_LATENCY + 2 * trip + (n + 1) / n * size / link, rel=1e-9)
+    assert choose_algorithm(topo, "allreduce", None, GIB) == "nvls"
+    assert choose_algorithm(presets["dgx-a100"], "allreduce", None, GIB) != "nvls"  # no in-switch reduction
+
+
+def test_single_gpu_group_costs_nothing(presets):
+    topo = presets["dgx-a100"]
+    assert collective_time(topo, "allreduce", ["gpu3"], GIB) == 0.0
+    assert flow_time(topo, "allreduce", ["gpu3"], GIB)[0] == 0.0
+
+
+# ---- bus bandwidth factors ------------------------------------------------------------------------
+
+def test_bus_factors_are_nccl_tests():
+    assert bus_factor("allreduce", 8) == pytest.approx(2 * 7 / 8)
+    for op in ("reduce_scatter", "allgather", "alltoall"):
+        assert bus_factor(op, 8) == pytest.approx(7 / 8)
+    for op in ("broadcast", "reduce", "sendrecv"):
+        assert bus_factor(op, 8) == 1.0
+
+
+def test_bench_rows_report_algbw_and_busbw(presets):
+    rows = bench(presets["pcie-4gpu-gen3"], "allgather", [MIB, 16 * MIB])
+    assert [(r["size_bytes"], r["method"]) for r in rows] == [
+        (MIB, "flow"), (MIB, "analytic"), (16 * MIB, "flow"), (16 * MIB, "analytic")]
+    for r in rows:
+        assert r["algbw_gbps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 3 / 4)
+        assert r["algo"] == "ring"
+
+
+# ---- rings follow the hardware --------------------------------------------------------------------
+
+def test_dgx1_rings_cover_every_nvlink(presets):
+    topo = presets["dgx1-v100"]
+    channels = build_channels(topo, topo.gpus)
+    # 24 NVLinks / 8 per Hamiltonian cycle = 3 cycles, each run both ways: 6 rings, each hop a direct NVLink
+    assert len(channels) == 6
+    for ch in channels:
+        assert all(topo.route(a, b) == [(a, b)] for a, b in ch.hops())
+    per_link = topo.edge("gpu0", "gpu2")["bandwidth"]  # a single NVLink 2
+    t = flow_time(topo, "allreduce", None, GIB, algo="ring")[0]
+    busbw = GIB / t * bus_factor("allreduce", 8)
+    assert busbw == pytest.approx(6 * per_link, rel=0.02)  # every GPU sends on its 6 NVLinks at once
+
+
+def test_pcie_ring_keeps_neighbours_under_one_switch(presets):
+    topo = presets["pcie-8gpu-2socket"]
+    interleaved = ["gpu0", "gpu2", "gpu1", "gpu3"]  # as given, every hop would cross a switch uplink
+    forced = ring_cost(topo, (Channel(tuple(interleaved), 1.0),))
+    chosen = build_channels(topo, interleaved)
+    assert ring_cost(topo, chosen) == pytest.approx(forced / 2)  # one ring hop per uplink direction, not two
+
+
+def test_cross_socket_link_bounds_the_pcie_server(presets):
+    topo = presets["pcie-8gpu-2socket"]
+    t = flow_time(topo, "allreduce", None, GIB, algo="ring")[0]
+    busbw = GIB / t * bus_factor("allreduce", 8)
+    assert busbw == pytest.approx(topo.edge("cpu0", "cpu1")["bandwidth"], rel=0.02)
+
+
+def test_shared_uplink_slows_the_collective_in_the_flow_model(presets):
+    topo = presets["pcie-4gpu-gen3"]
+    size = 256 * MIB
+    alone = flow_time(topo, "allreduce", None, size)[0]
+
+    def with_traffic(dst):
+        env = simpy.Environment()
+        net = FlowNetwork.from_topology(env, topo)
+        for _ in range(4):  # host-to-device copies through the switch's single uplink
+            net.transfer(topo.route("cpu0.dram", dst), size)
+        proc = env.process(run_collective(env, net, topo, "allreduce", None, size))
+        env.run(until=proc)
+        return env.now
+
+    assert with_traffic("gpu0") > 1.3 * alone  # the copies share sw0 -> gpu0 with a ring hop
+    assert with_traffic("cpu0") == pytest.approx(alone, rel=1e-9)  # host-only traffic shares nothing
+    assert collective_time(topo, "allreduce", None, size) == pytest.approx(alone, rel=1e-9)
+
+
+def test_double_binary_tree_is_two_trees():
+    for n in (2, 3, 4, 7, 8):
+        for parents in dtree_parents(n):
+            assert sorted(parents).count(-1) == 1
+            for r in range(n):  # following parents reaches the root without a cycle
+                seen, x = set(), r
+                while parents[x] >= 0:
+                    assert x not in seen
+                    seen.add(x)
+                    x = parents[x]
+        if n > 2:
+            first, second = dtree_parents(n)
+            leaves = [set(range(n)) - set(p) for p in (first, second)]
+            assert leaves[0] != leaves[1]
+
+
+# ---- the two paths agree --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,op,algo", [
+    ("dgx-a100", "allreduce", "ring"), ("dgx-a100", "allreduce", "tree"), ("dgx-h100", "allreduce", "nvls"),
+    ("dgx1-v100", "allreduce", "ring"), ("dgx1-v100", "allgather", "ring"),
+    ("pcie-8gpu-2socket", "allreduce", "ring"), ("pcie-8gpu-2socket", "broadcast", "ring"),
+    ("consumer-2gpu-nop2p", "allreduce", "ring"), ("dgx-a100-2node", "allreduce", "ring"),
+    ("dgx-a100-2node", "allreduce", "tree"), ("dgx2-v100", "alltoall", "p2p")])
+def test_flow_and_analytic_agree_from_1_mib(presets, name, op, algo):
+    topo = presets[name]
+    for size in (MIB, 64 * MIB, GIB):
+        flow = simulate_collective(topo, op, None, size, algo=algo)["time_s"]
+        assert flow == pytest.approx(collective_time(topo, op, None, size, algo=algo), rel=0.05)
+
+
+def test_grouping_ring_steps_keeps_the_time(presets):
+    topo = presets["dgx-a100-2node"]
+    exact, net_exact = flow_time(topo, "allreduce", None, 64 * MIB, algo="ring", max_flows=10**9)
+    grouped, net_grouped = flow_time(topo, "allreduce", None, 64 * MIB, algo="ring", max_flows=500)
+    assert net_grouped.stats.flows_finished < net_exact.stats.flows_finished / 4
+    assert grouped == pytest.approx(exact, rel=1e-6)
+
+
+def test_every_collective_runs_on_every_preset(presets):
+    for name, topo in presets.items():
+        for op in COLLECTIVES:
+            t = simulate_collective(topo, op, None, 64 * 1024)["time_s"]
+            assert 0 < t < 0.01, (name, op)
+            assert collective_time(topo, op, None, 64 * 1024) > 0
+
+
+def test_subgroups_and_indices(presets):
+    topo = presets["dgx1-v100"]
+    by_index = collective_time(topo, "allreduce", [0, 1, 2, 3], GIB)
+    by_name = collective_time(topo, "allreduce", ["gpu0", "gpu1", "gpu2", "gpu3"], GIB)
+    assert by_index == by_name
+    assert simulate_collective(topo, "allreduce", [0, 5], MIB)["time_s"] > 0  # no NVLink: PCIe and QPI
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"op": "allsum"}, "unknown collective 'allsum'.*allreduce"),
+    ({"algo": "butterfly"}, "unknown algorithm 'butterfly'.*ring"),
+    ({"op": "broadcast", "algo": "tree"}, "broadcast cannot run as 'tree'"),
+    ({"gpus": ["gpu0", "gpu99"]}, "unknown GPU 'gpu99'"),
+    ({"gpus": [0, 12]}, "out of range"),
+    ({"gpus": ["gpu0", "gpu0"]}, "twice"),
+    ({"nbytes": -1}, "nbytes"),
+])
+def test_bad_input_is_a_trainsim_error(presets, kwargs, match):
+    args = {"op": "allreduce", "gpus": None, "nbytes": MIB, "algo": "auto"} | kwargs
+    with pytest.raises(TrainsimError, match=match):
+        collective_time(presets["dgx-a100"], args["op"], args["gpus"], args["nbytes"], algo=args["algo"])
+
+
+def test_nvls_without_switch_reduction_is_refused(presets):
+    with pytest.raises(TrainsimError, match="reduce: true"):
+        collective_time(presets["dgx-a100"], "allreduce", None, MIB, algo="nvls")
+
+
+def test_sizes_parse_like_nccl_tests():
+    assert parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert parse_sizes("1M:1G:32") == [MIB, 32 * MIB, GIB]
+    assert parse_sizes("4096,1M") == [4096, MIB]
+    for bad in ("1Q", "8K:1K", "1K:1G:1", "0:1K"):
+        with pytest.raises(TrainsimError):
+            parse_sizes(bad)
+
+
+def test_module_exports():
+    assert set(coll.ALGORITHMS) >= {"auto", "ring", "tree", "nvls"}

@@ -1,0 +1,48 @@
+"""Per-rank costs: bytes per parameter by precision and optimizer, the optimizer step, layer times."""
+
+import pytest
+
+from trainsim.sim.costs import optimizer_traffic, rank_costs, state_bytes
+from trainsim.sim.devices import get_device
+from trainsim.sim.roofline import layer_times
+from trainsim.sim.workload import load_workload
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter():
+    # REFERENCE.md: 2 (fp16 weights) + 2 (grads) + 12 (fp32 master, m, v)
+    wl = load_workload("tiny-cnn")
+    costs = rank_costs(wl, get_device("a100"), 4, "fp16", "adam")
+    psi = wl.num_params
+    assert costs.param_bytes == 2 * psi and costs.grad_bytes == 2 * psi and costs.state_bytes == 12 * psi
+    fp32 = rank_costs(wl, get_device("a100"), 4, "fp32", "momentum")
+    assert fp32.param_bytes == 4 * psi and fp32.grad_bytes == 4 * psi and fp32.state_bytes == 4 * psi
+    assert state_bytes(psi, "fp32", "sgd") == 0
+
+
+def test_activations_scale_with_precision_and_batch():
+    wl = load_workload("tiny-cnn")
+    a = rank_costs(wl, get_device("a100"), 8, "fp32", "sgd")
+    b = rank_costs(wl, get_device("a100"), 8, "bf16", "sgd")
+    assert a.saved_bytes == pytest.approx(wl.saved_activation_bytes(8))
+    assert b.saved_bytes == pytest.approx(a.saved_bytes / 2)
+    assert a.input_bytes == 8 * wl.input.bytes_per_sample
+
+
+def test_layer_times_come_from_the_roofline_module():
+    wl = load_workload("resnet50")
+    device = get_device("v100")
+    costs = rank_costs(wl, device, 32, "fp32", "sgd")
+    times = layer_times(wl, device, 32, "fp32")
+    assert costs.forward_s == [f for f, _ in times] and costs.backward_s == [b for _, b in times]
+
+
+def test_unmeasured_optimizer_step_is_memory_bound():
+    wl = load_workload("resnet50")
+    device = get_device("a100")
+    psi = wl.num_params
+    costs = rank_costs(wl, device, 32, "fp32", "adam")
+    # Adam fp32: read grads (4), read+write weights (8), read+write m and v (16) = 28 B per parameter
+    assert optimizer_traffic(psi, "fp32", "adam") == 28 * psi
+    assert costs.step_s == pytest.approx(28 * psi / device.memory_bandwidth)
+    # SGD: read grads, read and write weights
+    assert optimizer_traffic(psi, "fp32", "sgd") == 12 * psi

@@ -1,0 +1,166 @@
+"""Per-layer timing on the CPU (CUDA when present), memory limits, bad input, the `calibrate layers` CLI."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from trainsim.calibrate import layer_profile  # noqa: E402
+from trainsim.calibrate.layer_profile import profile_layers, resolve_device, training_bytes  # noqa: E402
+from trainsim.cli import app  # noqa: E402
+from trainsim.errors import TrainsimError  # noqa: E402
+from trainsim.sim.workload import load_workload, save_workload  # noqa: E402
+
+FAST = dict(repeats=3, warmup=1, threads=1, prep_samples=8)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return profile_layers("tiny-cnn", "cpu", [2, 4], **FAST)
+
+
+def test_every_layer_timed_at_every_batch(tiny):
+    names = ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "fc"]
+    assert [layer.name for layer in tiny.layers] == names
+    for layer in tiny.layers:
+        for model in (layer.forward, layer.backward):
+            assert [p[0] for p in model.points] == [2, 4]
+            assert all(t > 0 and spread >= 0 for _, t, spread in model.points)
+            assert model.fit["model"] == "affine"
+    # the first conv's backward (weight gradient only) is measured, not lost to a full-backward-hook pitfall
+    conv1 = tiny.layer("conv1")
+    assert min(t for _, t, _ in conv1.backward.points) > layer_profile.MIN_TIME_S
+    assert [p[0] for p in tiny.optimizer_step.points] == [2, 4]
+    assert tiny.measured
+
+
+def test_iteration_is_accounted_for(tiny):
+    it = tiny.provenance.model_extra["iteration"]
+    for (b, plain, _), (_, layers), (_, opt), (_, rest) in zip(it["plain"], it["layers_sum"], it["optimizer"],
+                                                                it["unattributed"], strict=True):
+        assert layers + opt + rest == pytest.approx(plain, rel=1e-9, abs=1e-12)
+        assert layers > 0 and opt > 0
+        summed = sum(layer.forward.at(b) + layer.backward.at(b) for layer in tiny.layers)
+        assert summed == pytest.approx(layers, rel=1e-6)
+
+
+def test_provenance_and_input(tiny):
+    prov = tiny.provenance.model_extra
+    assert tiny.provenance.device_spec == "cpu"
+    assert prov["threads"] == 1 and prov["cores_available"] >= 1
+    assert prov["batch_sizes_measured"] == [2, 4] and prov["largest_batch_that_fits"] == 4
+    assert prov["optimizer"]["name"] == "sgd"
+    assert tiny.input.prep_s_per_sample > 0 and tiny.input.bytes_per_sample == 3 * 32 * 32
+
+
+def test_static_fields_are_describes(tiny):
+    from trainsim.calibrate.describe import describe
+
+    analytic = describe("tiny-cnn")
+    for measured, static in zip(tiny.layers, analytic.layers, strict=True):
+        assert measured.model_copy(update={"forward": None, "backward": None}) == static
+
+
+def test_round_trip(tiny, tmp_path):
+    path = save_workload(tiny, tmp_path / "w.json")
+    assert load_workload(str(path)) == tiny
+
+
+def test_threads_restored():
+    before = torch.get_num_threads()
+    profile_layers("tiny-cnn", "cpu", [1], repeats=1, warmup=0, threads=1, prep_samples=0)
+    assert torch.get_num_threads() == before
+
+
+def test_batch_that_does_not_fit_is_skipped(monkeypatch):
+    static = layer_profile.describe_layers("tiny-cnn")
+    # memory for batch 2 but not for batch 64
+    budget = (training_bytes(static, 2) + training_bytes(static, 64)) / 2 / layer_profile.CPU_MEMORY_FRACTION
+    monkeypatch.setattr(layer_profile, "memory_available_bytes", lambda: budget)
+    wl = profile_layers("tiny-cnn", "cpu", [2, 64, 128], repeats=1, warmup=0, threads=1, prep_samples=0)
+    prov = wl.provenance.model_extra
+    assert prov["batch_sizes_measured"] == [2] and prov["largest_batch_that_fits"] == 2
+    assert [s["batch"] for s in prov["skipped"]] == [64, 128]
+    assert "GiB" in prov["skipped"][0]["reason"]
+    monkeypatch.setattr(layer_profile, "memory_available_bytes", lambda: 1000)
+    with pytest.raises(TrainsimError, match="no batch size fits"):
+        profile_layers("tiny-cnn", "cpu", [2], repeats=1, warmup=0, prep_samples=0)
+
+
+def test_out_of_memory_during_a_run_is_skipped(monkeypatch):
+    real = layer_profile._measure_batch
+
+    def flaky(model, optimizer, name, batch, *args, **kwargs):
+        if batch > 2:
+            raise MemoryError("simulated")
+        return real(model, optimizer, name, batch, *args, **kwargs)
+
+    monkeypatch.setattr(layer_profile, "_measure_batch", flaky)
+    wl = profile_layers("tiny-cnn", "cpu", [2, 3, 4], repeats=1, warmup=0, threads=1, prep_samples=0)
+    skipped = wl.provenance.model_extra["skipped"]
+    assert [s["batch"] for s in skipped] == [3, 4] and "out of memory" in skipped[0]["reason"]
+
+
+def test_is_oom():
+    assert layer_profile._is_oom(MemoryError())
+    assert layer_profile._is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert layer_profile._is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
+    assert not layer_profile._is_oom(RuntimeError("shape mismatch"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu_is_an_error():
+    with pytest.raises(TrainsimError, match="no CUDA GPU") as exc:
+        resolve_device("cuda")
+    assert exc.value.field == "device"
+    assert resolve_device("auto").type == "cpu"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"device": "tpu"}, "device"),
+    ({"batch_sizes": []}, "batch_sizes"),
+    ({"batch_sizes": [0]}, "batch_sizes"),
+    ({"repeats": 0}, "repeats"),
+    ({"optimizer": "lion"}, "optimizer"),
+    ({"threads": 0}, "threads"),
+])
+def test_bad_input_names_the_field(kwargs, field):
+    args = {"device": "cpu", "batch_sizes": [2], **kwargs}
+    with pytest.raises(TrainsimError) as exc:
+        profile_layers("tiny-cnn", **args)
+    assert exc.value.field == field
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_profile_with_events():
+    wl = profile_layers("tiny-cnn", "cuda", [8, 32], repeats=5, warmup=2, prep_samples=8)
+    prov = wl.provenance.model_extra
+    assert prov["torch_device"].startswith("cuda") and "CUDA events" in prov["timing"]
+    assert all(peak > 0 for _, peak in prov["peak_memory_bytes"])
+    assert all(t > 0 for layer in wl.layers for _, t, _ in layer.forward.points)
+
+
+runner = CliRunner()
+
+
+def test_cli_layers_json(tmp_path):
+    out = tmp_path / "tiny.json"
+    result = runner.invoke(app, ["calibrate", "layers", "tiny-cnn", "--device", "cpu", "--batch-sizes", "2",
+                                 "--repeats", "2", "--warmup", "0", "--threads", "1", "--out", str(out),
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{"):])
+    assert summary["measured"] is True and summary["file"] == str(out)
+    assert "2" in summary["iteration_s"]
+    assert load_workload(str(out)).measured
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cli_layers_cuda_without_gpu_is_one_line():
+    result = runner.invoke(app, ["calibrate", "layers", "tiny-cnn", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert "no CUDA GPU" in result.output and "Traceback" not in result.output

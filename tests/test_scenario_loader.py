@@ -1,0 +1,114 @@
+"""Scenario files: the schema, shipped scenarios, --set overrides and variants."""
+
+import pytest
+
+from trainsim.errors import TrainsimError
+from trainsim.scenarios.loader import check_variants, list_scenarios, load_scenario, parse_override
+from trainsim.scenarios.schema import Scenario
+
+BASE = {
+    "schema": "trainsim.scenario/1",
+    "name": "base",
+    "topology": "dgx-a100",
+    "workload": "resnet50",
+    "strategy": {"name": "ddp"},
+    "batch_size": 256,
+}
+
+
+def test_every_shipped_scenario_validates():
+    names = list_scenarios()
+    required = {"single-gpu-resnet50", "ddp-resnet50-dgx-a100", "ddp-resnet50-64gpu"}
+    for model in ("resnet50", "vgg16"):
+        for machine in ("pcie-4gpu-gen3", "dgx1-v100"):
+            required |= {f"dp-gpu0-{model}-{machine}", f"ddp-{model}-{machine}"}
+    assert required <= set(names)
+    for name in names:
+        scenario = load_scenario(name)
+        assert isinstance(scenario, Scenario) and scenario.name == name and names[name]
+    for name in required:
+        check_variants(name)
+
+
+def test_defaults_and_types():
+    scenario = load_scenario(BASE)
+    assert scenario.strategy.bucket_cap_mb == 25
+    assert scenario.iterations == 3 and scenario.warmup_iterations == 1
+    assert scenario.optimizer.name == "sgd" and scenario.precision == "fp32"
+    assert scenario.host.pinned and scenario.gpus is None
+
+
+def test_set_overrides_parse_yaml_values():
+    scenario = load_scenario(
+        BASE,
+        [
+            "batch_size=512",
+            "strategy.bucket_cap_mb=50",
+            "gpus=[0, 1]",
+            "host.pinned=false",
+            "workload.image_size=112",
+        ],
+    )
+    assert scenario.batch_size == 512 and scenario.strategy.bucket_cap_mb == 50
+    assert scenario.gpus == [0, 1] and scenario.host.pinned is False
+    assert scenario.workload.name == "resnet50" and scenario.workload.overrides == {"image_size": 112}
+
+
+def test_set_unknown_key_lists_the_valid_ones():
+    with pytest.raises(TrainsimError) as err:
+        load_scenario(BASE, ["strategy.bucket_size=3"])
+    assert "unknown key at strategy 'bucket_size'" in str(err.value)
+    assert "bucket_cap_mb" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(TrainsimError, match="valid choices: .*batch_size"):
+        load_scenario(BASE, ["batchsize=3"])
+    with pytest.raises(TrainsimError, match="key.path=value"):
+        parse_override("batch_size")
+
+
+def test_unknown_fields_and_bad_values_are_rejected():
+    with pytest.raises(TrainsimError, match="optimizations.prefetch: unknown field"):
+        load_scenario({**BASE, "optimizations": {"prefetch": True}})
+    with pytest.raises(TrainsimError, match="colour: unknown field"):
+        load_scenario({**BASE, "colour": "red"})
+    with pytest.raises(TrainsimError, match="strategy.name"):
+        load_scenario({**BASE, "strategy": {"name": "zero-3"}})
+    with pytest.raises(TrainsimError, match="batch_size"):
+        load_scenario({**BASE, "batch_size": 0})
+    with pytest.raises(TrainsimError, match="strategy single runs on one GPU"):
+        load_scenario({**BASE, "strategy": {"name": "single"}, "gpus": [0, 1]})
+    with pytest.raises(TrainsimError, match="unsupported schema"):
+        load_scenario({**BASE, "schema": "trainsim.scenario/9"})
+
+
+def test_files_names_and_yaml_errors(tmp_path):
+    with pytest.raises(
+        TrainsimError, match="unknown scenario 'nope'; valid choices: .*ddp-resnet50-dgx-a100"
+    ):
+        load_scenario("nope")
+    with pytest.raises(TrainsimError, match="file not found"):
+        load_scenario(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(TrainsimError, match="malformed YAML"):
+        load_scenario(str(bad))
+    good = tmp_path / "good.yaml"
+    good.write_text("topology: dgx-a100\nworkload: resnet50\nstrategy: {name: ddp}\nbatch_size: 64\n")
+    scenario = load_scenario(str(good))
+    assert scenario.source == str(good) and scenario.base_dir == str(tmp_path.resolve())
+
+
+def test_variants_merge_and_are_checked():
+    data = {**BASE, "variants": {"old-way": {"strategy": {"name": "dp-gpu0"}, "batch_size": 128}}}
+    base = load_scenario(data)
+    variant = load_scenario(data, variant="old-way")
+    assert base.strategy.name == "ddp"
+    assert (
+        variant.strategy.name == "dp-gpu0" and variant.batch_size == 128 and variant.name == "base[old-way]"
+    )
+    with pytest.raises(TrainsimError, match="unknown variant 'x'; valid choices: old-way"):
+        load_scenario(data, variant="x")
+    broken = {**BASE, "variants": {"fine": {"batch_size": 64}, "broken": {"batch_size": -1}}}
+    assert load_scenario(broken).batch_size == 256  # a variant is checked when chosen
+    with pytest.raises(TrainsimError, match="scenario variant broken: batch_size"):
+        check_variants(broken)
+    assert check_variants(data) == ["old-way"]

@@ -1,0 +1,143 @@
+"""`trainsim simulate` and `trainsim scenarios list` through the CLI."""
+
+import json
+
+import pytest
+from simtools import tiny_topology
+from typer.testing import CliRunner
+
+from trainsim.cli import app
+
+runner = CliRunner()
+SMALL = ["--set", "workload=tiny-cnn", "--set", "batch_size=64", "--set", "iterations=1"]
+
+
+def run(args):
+    return runner.invoke(app, args, catch_exceptions=False)
+
+
+def test_summary_table():
+    result = run(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL])
+    assert result.exit_code == 0, result.output
+    for text in ("iteration", "samples/s", "exposed communication", "idle", "GPUs", "gpu3", "Busiest links"):
+        assert text in result.output
+
+
+def test_json_trace_records_and_determinism(tmp_path):
+    outputs = []
+    for i in range(2):
+        trace, records = tmp_path / f"t{i}.json.gz", tmp_path / f"r{i}.csv"
+        result = run(
+            [
+                "simulate",
+                "dp-gpu0-resnet50-pcie-4gpu-gen3",
+                *SMALL,
+                "--json",
+                "--trace",
+                str(trace),
+                "--records",
+                str(records),
+            ]
+        )
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.output)
+        data["stats"].pop("wall_s")
+        outputs.append((data, trace.read_bytes(), records.read_bytes()))
+    assert outputs[0] == outputs[1]
+    data = outputs[0][0]
+    assert data["schema"] == "trainsim.simulation/1" and data["strategy"] == "dp-gpu0"
+    assert sum(data["breakdown_s"].values()) == pytest.approx(data["iteration_time_s"], rel=1e-6)
+    assert data["provenance"]["tool"] == "trainsim" and "date" not in data["provenance"]
+
+
+def test_oom_is_printed_as_a_result(tmp_path):
+    result = run(["simulate", "single-gpu-resnet50", "--set", "batch_size=4096", "--set", "iterations=1"])
+    assert result.exit_code == 0, result.output
+    assert "OUT OF MEMORY" in result.output and "needs" in result.output and "has 40.00 GiB" in result.output
+
+
+def test_scenarios_list():
+    result = run(["scenarios", "list", "--json"])
+    assert result.exit_code == 0
+    names = {row["name"] for row in json.loads(result.output)}
+    assert {"single-gpu-resnet50", "ddp-resnet50-dgx-a100", "dp-gpu0-vgg16-dgx1-v100"} <= names
+
+
+def _bad_workload(tmp_path):
+    data = json.loads(
+        json.dumps(
+            {
+                "schema": "trainsim.workload/1",
+                "name": "broken",
+                "dtype": "float32",
+                "input": {"shape": [3], "dtype": "uint8", "bytes_per_sample": 3},
+                "layers": [{"name": "fc", "kind": "linear", "output_bytes_per_sample": 4}],
+                "provenance": {"device": "analytic"},
+            }
+        )
+    )
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "workload=resnet5"], "unknown workload 'resnet5'; valid choices: alexnet"),
+        (["--set", "topology=dgx-z"], "unknown topology 'dgx-z'; valid choices: "),
+        (["--set", "strategy.name=zero"], "strategy.name: Input should be 'single', 'dp-gpu0', 'ddp'"),
+        (["--set", "batch_size=100", "--set", "gpus=3"], "batch_size 100 does not divide over 3 GPUs"),
+        (["--set", "gpus=9"], "asks for 9 GPUs but topology 'pcie-4gpu-gen3' has 4"),
+        (["--set", "strategy.bucket=1"], "unknown key at strategy 'bucket'; valid choices: bucket_cap_mb"),
+        (["--variant", "nope"], "unknown variant 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line(args, message):
+    result = runner.invoke(app, ["simulate", "ddp-resnet50-pcie-4gpu-gen3", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.output
+    assert "Traceback" not in result.output
+
+
+def test_workload_lacking_fields_and_corrupt_bundle(tmp_path):
+    result = runner.invoke(
+        app, ["simulate", "ddp-resnet50-pcie-4gpu-gen3", "--set", f"workload={_bad_workload(tmp_path)}"]
+    )
+    assert result.exit_code == 2
+    assert "layers.0(fc).param_bytes: Field required" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "topology.yaml").write_text("nodes: [\n")
+    (bundle / "workload-tiny-cnn.json").write_text("{}")
+    result = runner.invoke(app, ["simulate", "single-gpu-resnet50", "--calibration", str(bundle)])
+    assert result.exit_code == 2 and "malformed YAML" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_calibration_bundle_replaces_topology_and_workload(tmp_path):
+    import yaml
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "topology.yaml").write_text(yaml.safe_dump(tiny_topology(gpus=2)))
+    from trainsim.sim.workload import dumps_workload, load_workload
+
+    (bundle / "workload-tiny-cnn.json").write_text(dumps_workload(load_workload("tiny-cnn")))
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "ddp-resnet50-dgx-a100",
+            "--calibration",
+            str(bundle),
+            "--set",
+            "batch_size=64",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["topology"] == "tiny" and data["workload"] == "tiny-cnn" and data["num_gpus"] == 2

@@ -1,0 +1,219 @@
+"""`spatial` / `hybrid`: halo bytes, halo/interior overlap, redistribution, reductions to single and ddp."""
+
+import json
+from fractions import Fraction
+
+import pytest
+from simtools import scenario as make_scenario
+from simtools import tiny_topology
+from typer.testing import CliRunner
+
+from trainsim.cli import app
+from trainsim.errors import TrainsimError
+from trainsim.sim.simulation import simulate
+from trainsim.sim.spatial import boundary_fraction, halo_bytes, redistribution, trunk_end
+from trainsim.sim.workload import Workload
+
+F32 = 4
+
+
+def conv(name, in_hw, c_in, c_out, k, params=0):
+    """An analytic stride-1 'same' conv layer (no measured times: the roofline times it)."""
+    flops = 2 * c_out * c_in * k * k * in_hw * in_hw
+    return {
+        "name": name,
+        "kind": "conv2d",
+        "param_bytes": params,
+        "saved_activation_bytes_per_sample": c_in * in_hw * in_hw * F32,
+        "output_bytes_per_sample": c_out * in_hw * in_hw * F32,
+        "flops_forward_per_sample": flops,
+        "flops_backward_per_sample": 2 * flops,
+        "memory_bytes_forward_per_sample": (c_in + c_out) * in_hw * in_hw * F32,
+        "memory_bytes_backward_per_sample": 2 * (c_in + c_out) * in_hw * in_hw * F32,
+        "spatial": {
+            "in_h": in_hw,
+            "in_w": in_hw,
+            "in_c": c_in,
+            "out_c": c_out,
+            "kernel_h": k,
+            "kernel_w": k,
+            "stride": 1,
+            "padding": k // 2,
+            "out_h": in_hw,
+            "out_w": in_hw,
+        },
+    }
+
+
+def workload(layers, tmp_path, name="convs"):
+    data = {
+        "schema": "trainsim.workload/1",
+        "name": name,
+        "dtype": "float32",
+        "input": {"shape": [4, 8, 8], "dtype": "uint8", "bytes_per_sample": 256},
+        "layers": layers,
+        "provenance": {"device": "analytic"},
+    }
+    Workload.model_validate(data)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def spatial_scenario(topo, wl, strategy, batch, grid=None, **extra):
+    sc = make_scenario(topo, wl, strategy, batch, **extra)
+    if grid is not None:
+        sc["strategy"]["grid"] = grid
+    return sc
+
+
+def link_bytes(result, name):
+    return next((link.bytes for link in result.links if link.name == name), 0.0)
+
+
+def test_halo_bytes_on_the_link_match_the_formula(tmp_path):
+    # two convs, all trunk (no head: no redistribution), no parameters (no all-reduce): the NVLink between the
+    # two GPUs carries only halos. Per direction and iteration, with N = 2 samples, a 2-way row split:
+    # forward  N * C_in * (k//2) * edge * 4:  c1: 2*4*1*8*4 = 256,  c2: 2*8*2*8*4 = 1024
+    # backward N * C_out * (k//2) * edge * 4: c2: 2*8*2*8*4 = 1024 (c1 is the first layer: no input gradient)
+    wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 8, 5)], tmp_path)
+    result = simulate(spatial_scenario(tiny_topology(gpus=2), wl, "spatial", 2, grid=[1, 2, 1], iterations=3))
+    per_iteration = 256 + 1024 + 1024
+    assert link_bytes(result, "gpu0->gpu1") == pytest.approx(3 * per_iteration, rel=1e-12)
+    assert link_bytes(result, "gpu1->gpu0") == pytest.approx(3 * per_iteration, rel=1e-12)
+    # 2*N*C*(k//2)*edge*bytes cross each boundary: both directions together
+    c2 = Workload.model_validate(json.loads(open(wl).read())).layers[1]
+    assert 2 * halo_bytes(c2, (1, 2, 1), 2, F32, "h", "forward") == 2 * 2 * 8 * 2 * 8 * F32
+    assert result.extra["spatial"]["halo_bytes_per_iteration_rank0"] == per_iteration
+
+
+def test_halo_along_width_and_on_a_2d_grid(tmp_path):
+    data = json.loads(open(workload([conv("c1", 8, 4, 8, 3)], tmp_path)).read())
+    layer = Workload.model_validate(data).layers[0]
+    # a 2x2 grid: the slab is 4x4; a row halo spans the slab's width (4), a column halo its height (4)
+    assert halo_bytes(layer, (1, 2, 2), 4, F32, "h", "forward") == 4 * 4 * 1 * 4 * F32
+    assert halo_bytes(layer, (1, 2, 2), 4, F32, "w", "backward") == 4 * 8 * 1 * 4 * F32
+    # a hybrid 2x2x1 grid: 2 local samples of a batch of 4
+    assert halo_bytes(layer, (2, 2, 1), 4, F32, "h", "forward") == 2 * 4 * 1 * 8 * F32
+    # boundary: 1 halo row of 4 local rows on a 2-way split; on a 2x2 grid, one row and one column of 4x4
+    assert boundary_fraction(layer, (1, 2, 1), 2, 0) == pytest.approx(1 / 4)
+    assert boundary_fraction(layer, (1, 2, 2), 4, 0) == pytest.approx(1 - 3 * 3 / 16)
+
+
+def _forward_parts(result, gpu, layer, iteration):
+    ops = [
+        op
+        for op in result.machine.ops
+        if op.resource == gpu and op.op == "forward" and op.layer == layer and op.iteration == iteration
+    ]
+    return {op.args["part"]: op for op in ops}
+
+
+@pytest.mark.parametrize("pcie_gbps", [0.001, 1000.0])
+def test_halo_overlaps_the_interior_and_the_boundary_waits(tmp_path, pcie_gbps):
+    # one conv, two GPUs joined only through a PCIe switch (no NVLink): a slow switch makes the halo the
+    # longer branch, a fast one the interior; either way the layer takes max(interior, halo) + boundary
+    wl = workload([conv("c1", 8, 4, 8, 3)], tmp_path)
+    topo = tiny_topology(gpus=2, nvlink=False, pcie_gbps=pcie_gbps)
+    result = simulate(spatial_scenario(topo, wl, "spatial", 2, grid=[1, 2, 1]))
+    parts = _forward_parts(result, "gpu0", "c1", 1)
+    interior, boundary = parts["interior"], parts["boundary"]
+    halo = 2 * 4 * 1 * 8 * F32 / (pcie_gbps * 1e9)  # two PCIe hops through the switch, no latency
+    whole = interior.duration + boundary.duration
+    assert boundary.duration == pytest.approx(whole / 4, rel=1e-9)  # 1 of 4 local rows
+    assert boundary.start - interior.start == pytest.approx(max(interior.duration, halo), rel=1e-9)
+    assert (halo > interior.duration) == (pcie_gbps < 1)
+
+
+def test_spatial_on_one_gpu_equals_single(tmp_path):
+    topo = tiny_topology(gpus=1, nvlink=False)
+    single = simulate(make_scenario(topo, "tiny-cnn", "single", 8, gpus=1))
+    spatial = simulate(spatial_scenario(topo, "tiny-cnn", "spatial", 8, grid=[1, 1, 1], gpus=1))
+    assert spatial.iteration_time_s == pytest.approx(single.iteration_time_s, rel=1e-12)
+    assert spatial.gpus[0].memory_peak_bytes == pytest.approx(single.gpus[0].memory_peak_bytes, rel=1e-12)
+
+
+def test_hybrid_samples_only_equals_ddp(tmp_path):
+    # [2, 1, 1] is data parallelism: same slabs (whole samples), same buckets, same all-reduce, no halo
+    topo = tiny_topology(gpus=2)
+    ddp = simulate(make_scenario(topo, "tiny-cnn", "ddp", 8))
+    hybrid = simulate(spatial_scenario(topo, "tiny-cnn", "hybrid", 8, grid=[2, 1, 1]))
+    assert hybrid.iteration_time_s == pytest.approx(ddp.iteration_time_s, rel=1e-12)
+    assert link_bytes(hybrid, "gpu0->gpu1") == pytest.approx(link_bytes(ddp, "gpu0->gpu1"), rel=1e-12)
+    assert hybrid.extra["spatial"]["halo_bytes_per_iteration_rank0"] == 0
+
+
+def test_spatial_split_halves_trunk_activations_and_gathers_the_head_input(tmp_path):
+    topo = tiny_topology(gpus=2)
+    spatial = simulate(spatial_scenario(topo, "tiny-cnn", "spatial", 2, grid=[1, 2, 1]))
+    single = simulate(make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 2, gpus=1))
+    # tiny-cnn's saved bytes per sample: trunk conv1 3x32x32 + relu1 16x32x32 + pool1 indices 16x16x16 int64
+    # + conv2 16x16x16 + relu2 32x16x16; head pool2 indices 32x8x8 int64 + fc 32x8x8 (fp32 unless int64)
+    trunk = (3 * 32 * 32 + 16 * 32 * 32 + 16 * 16 * 16 * 2 + 16 * 16 * 16 + 32 * 16 * 16) * F32
+    head = (32 * 8 * 8 * 2 + 32 * 8 * 8) * F32
+    assert single.gpus[0].memory_at_peak["activations"] == 2 * (trunk + head)
+    # each GPU holds half of each trunk activation of both samples; the head is replicated
+    assert spatial.gpus[0].memory_at_peak["activations"] == 2 * (trunk / 2 + head)
+    # the head's input (relu2's output, 32x16x16 fp32 per sample, 2 samples) is gathered: each GPU receives
+    # the half it lacks, going forward; the gradient going back is already where it is needed
+    assert spatial.extra["spatial"]["redistribution_bytes_per_iteration"] == 2 * 32 * 16 * 16 * F32
+
+
+def test_redistribution_by_hand():
+    # rows split over 2 GPUs -> samples split over 2 GPUs: each GPU lacks a quarter of the tensor
+    moves = redistribution((1, 2, 1), (2, 1, 1), 2)
+    assert sorted(moves) == [(0, 1, Fraction(1, 4)), (1, 0, Fraction(1, 4))]
+    # replicated (every GPU holds everything) -> split: nothing moves
+    assert redistribution((1, 1, 1), (1, 2, 1), 2) == []
+    # split -> replicated: an all-gather, each GPU receives the half it lacks
+    assert sorted(redistribution((1, 2, 1), (1, 1, 1), 2)) == [(0, 1, Fraction(1, 2)), (1, 0, Fraction(1, 2))]
+    # 2x2 grid -> 4-way samples on 4 GPUs: each GPU keeps its quarter of a quarter
+    moves = redistribution((1, 2, 2), (4, 1, 1), 4)
+    assert sum(share for _, _, share in moves) == Fraction(3, 4)
+
+
+def test_trunk_ends_before_the_classifier():
+    from trainsim.sim.workload import load_workload
+
+    wl = load_workload("resnet50")
+    assert wl.layers[trunk_end(wl)].name == "avgpool"
+    tiny = load_workload("tiny-cnn")
+    assert tiny.layers[trunk_end(tiny)].name == "pool2"
+
+
+@pytest.mark.parametrize(
+    "strategy, grid, gpus, batch, message",
+    [
+        ("spatial", [1, 3, 1], 3, 3, "splits layer 'conv1' 3x1 but its output is 32x32"),
+        ("hybrid", [2, 2, 1], 2, 4, "has 4 cells but the scenario runs on 2 GPUs"),
+        ("hybrid", [2, 1, 1], 2, 3, "batch_size 3 does not divide into the 2 sample groups"),
+        ("spatial", [2, 1, 1], 2, 2, "strategy spatial splits samples 1 way"),
+        ("hybrid", None, 2, 2, "strategy hybrid needs strategy.grid"),
+    ],
+)
+def test_bad_grids_are_one_line_naming_the_fields(strategy, grid, gpus, batch, message):
+    topo = tiny_topology(gpus=3)
+    sc = spatial_scenario(topo, "tiny-cnn", strategy, batch, grid=grid, gpus=gpus)
+    with pytest.raises(TrainsimError, match="strategy.grid") as info:
+        simulate(sc)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_head_layer_cannot_be_split_spatially():
+    sc = spatial_scenario(tiny_topology(gpus=2), "tiny-cnn", "spatial", 2, grid=[1, 2, 1])
+    sc["strategy"]["layer_grids"] = {"fc": [1, 2, 1]}
+    with pytest.raises(TrainsimError, match="strategy.layer_grids.fc.*no spatial extent"):
+        simulate(sc)
+
+
+def test_cli_rejects_a_bad_split_in_one_line(tmp_path):
+    import yaml
+
+    sc = spatial_scenario(tiny_topology(gpus=3), "tiny-cnn", "spatial", 3, grid=[1, 3, 1], gpus=3)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    result = CliRunner().invoke(app, ["simulate", str(path)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "conv1" in lines[0] and "strategy.grid" in lines[0] and "out_h" in lines[0]

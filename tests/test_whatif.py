@@ -1,0 +1,204 @@
+"""What-if replays: collectives and host copies on a topology, another GPU, compression, and the checks.
+
+Expected values come from the models themselves (the topology's links, the device specs, a collective
+simulated alone), so these tests pin down how the replay composes them, not particular numbers.
+"""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainsim.cli import app
+from trainsim.errors import TrainsimError
+from trainsim.sim.collectives import simulate_collective
+from trainsim.sim.devices import get_device
+from trainsim.sim.kineto import load_trace
+from trainsim.sim.kineto_builder import TraceBuilder
+from trainsim.sim.machine import PAGEABLE_COPY_RATE
+from trainsim.sim.replay import replay, replay_traces
+from trainsim.sim.trace_graph import build_graph
+from trainsim.sim.whatif import WhatIf, WhatIfModel, collective_check, compute_ratio, memcpy_check
+from trainsim.topologies import load_topology
+
+SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
+A100 = "NVIDIA A100-SXM4-40GB"
+MAIN, US = 1, 1e-6
+NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+runner = CliRunner()
+
+
+def allreduce_args(nelems: int, dtype: str = "Float") -> dict:
+    return {"Collective name": "allreduce", "In msg nelems": nelems, "Out msg nelems": nelems, "dtype": dtype,
+            "Group size": 2, "Process Group Name": "0", "Process Group Ranks": "[0, 1]"}
+
+
+def graph(b: TraceBuilder, path):
+    return build_graph(load_trace(b.write(path), single_file=False))
+
+
+def alone_allreduce(nbytes: float) -> float:
+    return simulate_collective(load_topology("dgx-a100"), "allreduce", ["gpu0", "gpu1"], nbytes)["time_s"]
+
+
+def whatif_replay(graphs, **options):
+    model = WhatIfModel(graphs, WhatIf(**options))
+    return replay(graphs, op_time=model)
+
+
+def duration(rr, name):
+    return next(rr.op_end[o.index] - rr.op_start[o.index] for o in rr.graph.ops if o.name == name)
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_host_copy_is_a_flow_on_the_topology(tmp_path, pinned):
+    nbytes = 64 * 2**20
+    kind = "Pinned" if pinned else "Pageable"
+    b = TraceBuilder(device_name=A100)
+    b.step(1, MAIN, 0, 6000)
+    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=5000, name=f"Memcpy HtoD ({kind} -> Device)",
+             kind="gpu_memcpy", bytes=nbytes)
+    g = graph(b, tmp_path / "t.json")
+    rr = whatif_replay([g], topology="dgx-a100").ranks[0]
+    topo = load_topology("dgx-a100")
+    route = topo.route(topo.host_memory("gpu0"), "gpu0")
+    rate = topo.bottleneck(route) if pinned else min(topo.bottleneck(route), PAGEABLE_COPY_RATE)
+    expected = topo.route_latency(route) + nbytes / rate
+    assert duration(rr, f"Memcpy HtoD ({kind} -> Device)") == pytest.approx(expected)
+
+
+def test_shared_network_makes_concurrent_copies_contend(tmp_path):
+    """Two equal pinned H2D copies at once on two streams: alone each takes t; sharing the link, both 2t."""
+    nbytes = 64 * 2**20
+    b = TraceBuilder(device_name=A100)
+    for stream, name in ((7, "Memcpy HtoD (Pinned -> Device) a"), (8, "Memcpy HtoD (Pinned -> Device) b")):
+        b.launch(MAIN, 10, 1, stream=stream, gpu_ts=20, gpu_dur=5000, name=name, kind="gpu_memcpy",
+                 bytes=nbytes)
+    g = graph(b, tmp_path / "t.json")
+    topo = load_topology("dgx-a100")
+    route = topo.route(topo.host_memory("gpu0"), "gpu0")
+    lat, rate = topo.route_latency(route), topo.bottleneck(route)
+    alone = whatif_replay([g], topology="dgx-a100").ranks[0]
+    shared = whatif_replay([g], topology="dgx-a100", network="shared").ranks[0]
+    assert duration(alone, "Memcpy HtoD (Pinned -> Device) a") == pytest.approx(lat + nbytes / rate)
+    assert duration(shared, "Memcpy HtoD (Pinned -> Device) a") == pytest.approx(lat + 2 * nbytes / rate)
+    assert duration(shared, "Memcpy HtoD (Pinned -> Device) b") == pytest.approx(lat + 2 * nbytes / rate)
+
+
+@pytest.mark.parametrize("network", ["isolated", "shared"])
+def test_ranks_join_their_collective(tmp_path, network):
+    """Rank 1 reaches the all-reduce 90 us after rank 0: both finish when the transfer after that ends."""
+    nelems = 4 * 2**20
+    graphs = []
+    for rank, launch in ((0, 10), (1, 100)):
+        b = TraceBuilder(rank=rank, world_size=2, device_name=A100)
+        b.step(1, MAIN, 0, 5000)
+        b.launch(MAIN, launch, 5, stream=9, gpu_ts=launch + 10, gpu_dur=3000, name=NCCL,
+                 **allreduce_args(nelems))
+        graphs.append(graph(b, tmp_path / f"r{rank}.json"))
+    result = whatif_replay(graphs, topology="dgx-a100", network=network)
+    alone = alone_allreduce(nelems * 4)
+    ends = [rr.op_end[rr.graph.ops[0].index] for rr in result.ranks]
+    assert ends[0] == pytest.approx(ends[1])
+    assert ends[0] == pytest.approx(110 * US + alone)
+
+
+def test_collective_of_unknown_size_keeps_its_measured_duration(tmp_path):
+    b = TraceBuilder(device_name=A100)
+    b.launch(MAIN, 10, 5, stream=9, gpu_ts=20, gpu_dur=3000, name=NCCL)
+    rr = whatif_replay([graph(b, tmp_path / "t.json")], topology="dgx-a100").ranks[0]
+    assert duration(rr, NCCL) == pytest.approx(3000 * US)
+
+
+def test_compression_halves_the_payload_and_pays_for_the_casts(tmp_path):
+    nelems = 8 * 2**20
+    b = TraceBuilder(device_name=A100)
+    b.launch(MAIN, 10, 5, stream=9, gpu_ts=20, gpu_dur=3000, name=NCCL, **allreduce_args(nelems))
+    rr = whatif_replay([graph(b, tmp_path / "t.json")], topology="dgx-a100", compression="fp16").ranks[0]
+    topo = load_topology("dgx-a100")
+    half = simulate_collective(topo, "allreduce", ["gpu0", "gpu1"], nelems * 2)["time_s"]
+    casts = 2 * nelems * 6 / get_device("a100-40gb").memory_bandwidth
+    assert duration(rr, NCCL) == pytest.approx(half + casts)
+
+
+def test_another_gpu_rescales_by_kernel_kind(tmp_path):
+    b = TraceBuilder(device_name=A100)
+    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=100, name="cutlass_80_tensorop_s1688gemm_256x64_nn")
+    b.launch(MAIN, 20, 5, stream=7, gpu_ts=130, gpu_dur=100, name="vectorized_elementwise_kernel<add>")
+    rr = whatif_replay([graph(b, tmp_path / "t.json")], gpu="h100-sxm").ranks[0]
+    a100, h100 = get_device("a100-40gb"), get_device("h100-sxm")
+    assert duration(rr, "cutlass_80_tensorop_s1688gemm_256x64_nn") == pytest.approx(
+        100 * US * a100.peak("tf32") / h100.peak("tf32"))
+    assert duration(rr, "vectorized_elementwise_kernel<add>") == pytest.approx(
+        100 * US * a100.memory_bandwidth / h100.memory_bandwidth)
+
+
+def test_compute_ratio_precision_from_the_name():
+    from trainsim.sim.kineto import GpuEvent
+    from trainsim.sim.trace_graph import GpuOp
+
+    a100, v100 = get_device("a100-40gb"), get_device("v100-16gb")
+    fp16 = GpuOp(0, GpuEvent("kernel", "volta_h884gemm_128x64", 0, 7, 0, 1))
+    fp32 = GpuOp(1, GpuEvent("kernel", "ampere_sgemm_128x64_nn", 0, 7, 0, 1))
+    assert compute_ratio(fp16, a100, v100) == pytest.approx(a100.peak("fp16") / v100.peak("fp16"))
+    assert compute_ratio(fp32, a100, v100) == pytest.approx(a100.peak("fp32") / v100.peak("fp32"))
+
+
+def test_unknown_trace_gpu_cannot_be_rescaled(tmp_path):
+    b = TraceBuilder()                                  # "Synthetic GPU"
+    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=100)
+    with pytest.raises(TrainsimError, match="not a known device spec"):
+        WhatIfModel([graph(b, tmp_path / "t.json")], WhatIf(gpu="h100-sxm"))
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["nope=1"], "unknown --set key"), (["compression=int3"], "unknown compression"),
+    (["pinned=maybe"], "pinned must be true or false"), (["compression"], "expected key=value"),
+    (["algo=butterfly"], "unknown algorithm"), (["network=mesh"], "unknown network"),
+])
+def test_bad_switches(sets, message):
+    with pytest.raises(TrainsimError, match=message):
+        WhatIf.from_options(sets=sets)
+
+
+def test_checks_on_a_synthetic_trace(tmp_path):
+    nelems = 2**20
+    b = TraceBuilder(device_name=A100)
+    b.launch(MAIN, 10, 5, stream=9, gpu_ts=20, gpu_dur=1000, name=NCCL, **allreduce_args(nelems))
+    b.launch(MAIN, 20, 5, stream=7, gpu_ts=1100, gpu_dur=20, name="Memcpy DtoD (Device -> Device)",
+             kind="gpu_memcpy", bytes=8 * 2**20)
+    g = graph(b, tmp_path / "t.json")
+    coll = collective_check([g], "dgx-a100")
+    alone = alone_allreduce(nelems * 4)
+    assert coll.summary["count"] == 1
+    assert coll.rows[0]["error_pct"] == pytest.approx(100 * (alone - 1000 * US) / (1000 * US))
+    copies = memcpy_check([g], "dgx-a100")
+    expected = 2 * 8 * 2**20 / get_device("a100-40gb").memory_bandwidth
+    assert copies.rows[0]["simulated_s"] == pytest.approx(expected)
+    assert copies.summary["by_copy"]["D2D"]["count"] == 1
+
+
+@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
+def test_shared_trace_whatif_on_dgx_a100():
+    report = replay_traces([SHARED_TRACE], whatif=WhatIf(topology="dgx-a100"))
+    assert report.checks["collectives"].summary["count"] == 21
+    assert report.checks["memcpys"].summary["count"] == 960
+    for m, w in zip(report.replay.steps, report.whatif.steps, strict=True):
+        # NVSwitch all-reduces are far shorter than the measured NCCL kernels ...
+        assert w.replayed_breakdown["communication_s"] < 0.5 * m.measured_breakdown["communication_s"]
+        # ... but the step is CPU-bound (the GPU idles most of it), so it barely changes.
+        assert w.replayed_s == pytest.approx(m.measured_s, rel=0.03)
+
+
+def test_cli_whatif_and_bad_names(tmp_path):
+    b = TraceBuilder(device_name=A100)
+    b.step(1, MAIN, 0, 200)
+    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=100, name="cutlass_gemm")
+    path = str(b.write(tmp_path / "t.json"))
+    ok = runner.invoke(app, ["replay", path, "--gpu", "h100-sxm", "--topology", "dgx-a100", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert "whatif" in ok.stdout
+    for args, message in ((["--topology", "no-such-box"], "no-such-box"),
+                          (["--gpu", "z80"], "unknown device"), (["--set", "pinned=maybe"], "pinned")):
+        bad = runner.invoke(app, ["replay", path, *args])
+        assert bad.exit_code == 2 and message in bad.output and "Traceback" not in bad.output
