@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+from trainsim.yamlio import parse_yaml_mapping
 
 from .schema import SCHEMA, Scenario
 
@@ -44,16 +45,7 @@ def list_scenarios() -> dict[str, str]:
 
 
 def _read_yaml(text: str, label: str) -> dict:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise TrainsimError(f"malformed YAML: {problem}", file=label, field=where) from None
-    if not isinstance(data, dict):
-        raise TrainsimError("a scenario file must be a YAML mapping", file=label)
-    return data
+    return parse_yaml_mapping(text, label, "scenario file")
 
 
 def read_scenario_data(source: str | os.PathLike) -> tuple[dict, str, Path | None]:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.yamlio import parse_yaml_mapping
 
 from . import links as phys
 from .generators import expand
@@ -42,16 +43,7 @@ def read_yaml(path: Path, label: str) -> dict:
         text = path.read_text()
     except OSError as exc:
         raise TrainsimError(f"cannot read file: {exc.strerror or exc}", file=label) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise TrainsimError(f"malformed YAML: {problem}", file=label, field=where) from None
-    if not isinstance(data, dict):
-        raise TrainsimError("a topology file must be a YAML mapping", file=label)
-    return data
+    return parse_yaml_mapping(text, label, "topology file")
 
 
 def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, str | None]:
