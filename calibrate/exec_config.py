@@ -171,7 +171,7 @@ class ExecConfig:
     capture_params: bool = False  # return every rank's final flat parameters (tests, correctness checks)
     oversubscribe: bool = False  # more CPU ranks than cores (correctness checks only: timings mean little)
     timeout_s: float = 600.0
-    # torch.profiler (Chrome trace) of one iteration, the last warm-up one (so the measured iterations carry no
+    # torch.profiler (Chrome trace) of one iteration, the last warm-up one (the measured iterations carry no
     # profiler overhead), written by every rank to ``<profile_trace>.rank<R>.json``
     profile_trace: str | None = None
 
@@ -188,7 +188,7 @@ class ExecConfig:
         if not (isinstance(self.bucket_cap_mb, int | float) and self.bucket_cap_mb > 0):
             raise TrainsimError(f"must be > 0, got {self.bucket_cap_mb!r}", field="bucket_cap_mb")
         _positive_int(self.batch_size, "batch_size")
-        if self.strategy != "pipeline" and self.batch_size % self.ranks:
+        if self.strategy not in ("pipeline", "spatial") and self.batch_size % self.ranks:
             raise TrainsimError(f"global batch {self.batch_size} does not divide over {self.ranks} ranks",
                                 field="batch_size")
         _choice(self.optimizer, OPTIMIZERS, "optimizer", "optimizer")

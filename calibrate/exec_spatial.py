@@ -13,7 +13,8 @@ padding along the height.
 At the end of the front the slabs are all-gathered (`GatherRows`) and the rest of the model (pooling to a
 fixed size, the classifier) runs on the whole activation on every rank; its backward keeps each rank's rows.
 The convolution weights' gradients are summed over the ranks (each saw only its rows); the classifier's are
-the same on every rank. Every rank loads the whole batch and keeps its rows.
+the same on every rank (dropout masks too: every rank draws them from the same seed in the same order).
+Every rank loads the whole batch and keeps its rows. Activation offload is not applied here.
 
 BatchNorm would need statistics synchronised over the split, so models with it (ResNet, GoogLeNet) are not
 run spatially; tiny-cnn, AlexNet and VGG-16 are.
@@ -207,6 +208,10 @@ class Spatial(Strategy):
 
     def __init__(self, ctx, cfg, model, device):
         super().__init__(ctx, cfg, model, device)
+        if self.offloader is not None:
+            self.offloader.remove()
+        if self.offload_mode != "none":
+            self.notes.append("activation offload is not applied to the spatial split")
         if any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
             raise TrainsimError(f"{cfg.model} has BatchNorm: a spatial split needs synchronised statistics",
                                 field="strategy")

@@ -434,26 +434,27 @@ def write_measurements(doc: dict, path: str) -> None:
 
 
 def outcomes_table(outcomes: list[VariantOutcome]):
-    """A rich table, one row per variant (skipped rows say why)."""
+    """A rich table, one row per variant (why a variant did not run is in `outcome_lines`)."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="measured on this box (median over the measured iterations; IQR = their spread)")
-    for col in ("variant", "strategy", "ranks", "iteration ms", "IQR ms", "samples/s", "data ms", "comm ms",
-                "peak MiB/rank"):
-        table.add_column(col, justify="left" if col in ("variant", "strategy") else "right")
+    table = Table(title="measured here: iteration median and IQR (ms), samples/s, data wait and explicit "
+                  "communication (ms), peak memory per rank (MiB)", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("variant", "ranks", "ms", "IQR", "samples/s", "data", "comm", "MiB"):
+        table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=col != "variant",
+                         overflow="fold")
     for o in outcomes:
         cfg = o.config
-        if o.measurement is None:  # the reason is printed below the table (outcome_lines)
-            status = "skipped" if o.skipped else "failed"
-            table.add_row(o.variant or "-", cfg.strategy, str(cfg.ranks), status, *[""] * 5)
+        if o.measurement is None:
+            table.add_row(o.variant or "-", str(cfg.ranks), "skipped" if o.skipped else "failed", *[""] * 5)
             continue
         m, bd = o.measurement, o.measurement.breakdown_s
         comm = "in bwd" if cfg.strategy == "ddp" else "-"
         if "comm" in bd:
             comm = f"{bd['comm'] * 1e3:.1f}"
-        table.add_row(o.variant or "-", cfg.strategy, str(cfg.ranks), f"{m.median_s * 1e3:.1f}",
-                      f"{m.iqr_s * 1e3:.1f}", f"{m.samples_per_s:.0f}", f"{bd.get('data', 0.0) * 1e3:.1f}",
-                      comm, "/".join(f"{b / 2**20:.0f}" for b in m.peak_memory_bytes))
+        table.add_row(o.variant or "-", str(cfg.ranks), f"{m.median_s * 1e3:.1f}", f"{m.iqr_s * 1e3:.1f}",
+                      f"{m.samples_per_s:.0f}", f"{bd.get('data', 0.0) * 1e3:.1f}", comm,
+                      "/".join(f"{b / 2**20:.0f}" for b in m.peak_memory_bytes))
     return table
 
 

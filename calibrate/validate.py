@@ -62,7 +62,7 @@ class ValidationRow:
     skipped: str | None = None  # this box cannot run it: why
     not_simulated: str | None = None  # the simulator cannot model it: why
     failed: str | None = None  # the real run crashed: the one-line error
-    prep_s_per_sample: float | None = None  # the variant's input pipeline, measured here, told to the simulator
+    prep_s_per_sample: float | None = None  # this variant's input pipeline, measured here, given to the sim
     predicted_breakdown_s: dict = field(default_factory=dict)
     measured_breakdown_s: dict = field(default_factory=dict)
     sim_trace: str | None = None  # relative to the report folder
@@ -145,7 +145,8 @@ class ValidationResult:
     def to_dict(self, *, provenance: dict | None = None) -> dict:
         out = {"schema": SCHEMA, "scenario": self.scenario, "calibration": self.calibration,
                "baseline": self.baseline, "device": self.device, "status": self.status,
-               "accuracy": self.accuracy(), "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
+               "accuracy": self.accuracy(), "rows": [r.to_dict() for r in self.rows],
+               "notes": list(self.notes)}
         if provenance is not None:
             out["provenance"] = provenance
         return out
@@ -181,7 +182,8 @@ def machine_mismatch(bundle, here: dict) -> str | None:
     """Why ``bundle`` was not calibrated on the machine ``here`` describes (None: it was)."""
     recorded = bundle.meta.provenance.get("devices")
     if recorded is not None and list(recorded) != list(here["devices"]):
-        return f"it was calibrated on {', '.join(map(str, recorded))}; this machine has {', '.join(here['devices'])}"
+        return (f"it was calibrated on {', '.join(map(str, recorded))}; this machine has "
+                f"{', '.join(here['devices'])}")
     cores = bundle.machine.cpu.cores if bundle.machine is not None else None
     if bundle.meta.config.get("device") == "cpu" and cores and here.get("cores") and cores != here["cores"]:
         return f"it was calibrated with {cores} CPU cores; this machine gives {here['cores']}"
@@ -205,8 +207,8 @@ def check_bundle(calibration_dir: str | os.PathLike, *, force: bool = False, her
     why = machine_mismatch(bundle, here if here is not None else this_machine(device))
     if why:
         if not force:
-            raise TrainsimError(f"calibration bundle from another machine: {why}; calibrate this one, or give "
-                                "--force to compare anyway", file=str(calibration_dir))
+            raise TrainsimError(f"calibration bundle from another machine: {why}; calibrate this one, or "
+                                "give --force to compare anyway", file=str(calibration_dir))
         notes.append(f"--force: bundle from another machine ({why})")
     if bundle.meta.status != "complete":
         notes.append(f"the bundle is {bundle.meta.status}: steps done {', '.join(bundle.meta.steps_done)}")
@@ -304,8 +306,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     bundle_device = bundle.meta.config.get("device", "cpu")
     for name, cfg in configs.items():
         if cfg.device != bundle_device:
-            raise TrainsimError(f"variant {name} executes on {cfg.device} but the bundle calibrated {bundle_device}"
-                                f"; use the scenario for {bundle_device} boxes", file=scenario,
+            raise TrainsimError(f"variant {name} executes on {cfg.device} but the bundle calibrated "
+                                f"{bundle_device}; use the scenario for {bundle_device} boxes", file=scenario,
                                 field=f"variants.{name}")
     out = Path(report_dir) if report_dir is not None else None
     if out is not None:

@@ -17,8 +17,9 @@ and prefetched back during backward.
 - **auto distance.** `resolve_auto_distance` simulates the scenario at increasing k and keeps the smallest k
   whose stall is as small as the largest k's (no stall when prefetching can hide at all).
 
-Policies: ``all`` (every layer with saved activations), ``conv`` (convolutions, as vDNN_conv), or a list of
-layer names.
+Policies: ``all`` (every layer with saved activations), ``conv`` (vDNN_conv: the tensors convolutions save,
+i.e. each convolution's own and its input's, which the workload counts at the layer just before it in
+execution order: exact for sequential CNNs, the nearest layer for branching ones), or a list of layer names.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def offloaded_layers(workload, policy) -> list[int]:
     if policy == "all":
         chosen = range(len(layers))
     elif policy == "conv":
-        chosen = [i for i, layer in enumerate(layers) if layer.kind.startswith("conv")]
+        # a convolution's input X is counted once, at the layer that produced and saved it (the ReLU or
+        # pool before it), so vDNN_conv's "offload X of every convolution" is that layer plus the conv
+        convs = [i for i, layer in enumerate(layers) if layer.kind.startswith("conv")]
+        chosen = sorted(set(convs) | {i - 1 for i in convs if i > 0})
     else:
         names = {layer.name: i for i, layer in enumerate(layers)}
         unknown = [name for name in policy if name not in names]
@@ -94,6 +98,7 @@ class Offloader:
         self.distance = distance
         self.tokens = contention_tokens(ctx.machine, ctx.ranks) if contention_aware else {}
         self._offloaded: dict[tuple, simpy.Event] = {}
+        self._queues: dict[tuple, simpy.Resource] = {}
         self._prefetched: dict[tuple, simpy.Event] = {}
         self.stall_s: dict[int, float] = {}
         self.stats = {
@@ -122,7 +127,15 @@ class Offloader:
     def _copy(self, gpu: str, direction: str, nbytes: float, iteration: int, layer: str):
         machine = self.ctx.machine
         held = []
-        for pool in self._route_tokens(gpu, direction):  # sorted order: no two copies wait on each other
+        pools = self._route_tokens(gpu, direction)
+        if pools:
+            # a rank's copies queue on its own engine first (they are serial there anyway), so the shared
+            # link's token passes between ranks in turn rather than to one rank's whole backlog
+            queue = self._queues.setdefault((gpu, direction), simpy.Resource(self.ctx.env, capacity=1))
+            turn = queue.request()
+            yield turn
+            held.append((queue, turn))
+        for pool in pools:  # sorted order: no two copies wait on each other
             req = pool.request()
             yield req
             held.append((pool, req))
@@ -130,7 +143,7 @@ class Offloader:
         op = "offload_activations" if direction == "d2h" else "prefetch_activations"
         yield from copy(gpu, nbytes, iteration=iteration, op=op, pinned=True)
         machine.ops[-1].layer = layer
-        for pool, req in held:
+        for pool, req in reversed(held):
             pool.release(req)
 
     def _offload(self, gpu: str, iteration: int, i: int):

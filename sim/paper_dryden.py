@@ -81,13 +81,22 @@ def strong_scaling(scenario_file: str | Path) -> list[dict]:
     """One row per variant (GPU count) of a scenario: data parallel vs the planned hybrid decomposition."""
     from trainsim.scenarios.loader import load_scenario, read_scenario_data
 
-    from .spatial_plan import plan_scenario
+    from .spatial_plan import data_parallel_gpus, plan_scenario
 
     data, _, _ = read_scenario_data(str(scenario_file))
-    rows = []
+    rows: list[dict] = []
+    dp_runs: dict[int, tuple[float, float]] = {}  # data parallel on N GPUs: (seconds, memory peak)
     for variant in sorted(data.get("variants") or {}, key=lambda v: data["variants"][v]["gpus"]):
         sc = load_scenario(str(scenario_file), variant=variant)
-        p = plan_scenario(sc, symmetric=sc.strategy.collectives == "analytic")
+        dp_gpus = data_parallel_gpus(sc.batch_size, sc.gpus)
+        p = plan_scenario(
+            sc, symmetric=sc.strategy.collectives == "analytic", simulate_dp=dp_gpus not in dp_runs
+        )
+        if (
+            dp_gpus in dp_runs
+        ):  # the same run as an earlier row's (symmetric ranks: node count does not matter)
+            p.simulated_dp_s, p.memory_dp_peak_bytes = dp_runs[dp_gpus]
+        dp_runs[dp_gpus] = (p.simulated_dp_s, p.memory_dp_peak_bytes)
         rows.append(
             {
                 "gpus": p.gpus,

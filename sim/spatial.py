@@ -174,26 +174,29 @@ def halo_bytes(layer, grid: Grid, batch: int, element_bytes: int, axis: str, dir
         channels, size_h, size_w = sp.in_c, sp.in_h, sp.in_w
     else:
         channels, size_h, size_w = sp.out_c, sp.out_h, sp.out_w
-    if axis == "h":
-        rows, edge = halo_width(sp.kernel_h, sp.dilation), Fraction(size_w, width)
+    if axis == "h":  # the halo rows span the slab's width
+        rows, edge, cut = halo_width(sp.kernel_h, sp.dilation), size_w, width
     else:
-        rows, edge = halo_width(sp.kernel_w, sp.dilation), Fraction(size_h, height)
-    return float(local * channels * rows * edge * element_bytes)
+        rows, edge, cut = halo_width(sp.kernel_w, sp.dilation), size_h, height
+    return local * channels * rows * edge * element_bytes / cut
+
+
+def boundary_share(layer, grid: Grid, sides_h: int, sides_w: int) -> float:
+    """Share of an output slab that needs halo data with neighbours on ``sides_h`` row sides and ``sides_w``
+    column sides (``k//2`` rows or columns per side)."""
+    sp = layer.spatial
+    if sp is None:
+        return 0.0
+    rows, cols = sp.out_h / grid[1], sp.out_w / grid[2]
+    edge_rows = min(rows, sides_h * halo_width(sp.kernel_h, sp.dilation))
+    edge_cols = min(cols, sides_w * halo_width(sp.kernel_w, sp.dilation))
+    return 1 - (rows - edge_rows) * (cols - edge_cols) / (rows * cols)
 
 
 def boundary_fraction(layer, grid: Grid, n: int, rank: int) -> float:
     """Share of ``rank``'s output slab that needs halo data (``k//2`` rows per neighbour side)."""
-    sp = layer.spatial
-    if sp is None:
-        return 0.0
-    _, height, width = grid
-    rows, cols = Fraction(sp.out_h, height), Fraction(sp.out_w, width)
-    sides = {"h": 0, "w": 0}
-    for _, axis in neighbours(grid, n, rank):
-        sides[axis] += 1
-    edge_rows = min(rows, sides["h"] * halo_width(sp.kernel_h, sp.dilation))
-    edge_cols = min(cols, sides["w"] * halo_width(sp.kernel_w, sp.dilation))
-    return float(1 - (rows - edge_rows) * (cols - edge_cols) / (rows * cols))
+    axes = [axis for _, axis in neighbours(grid, n, rank)]
+    return boundary_share(layer, grid, axes.count("h"), axes.count("w"))
 
 
 def data_grad_share(layer, index: int) -> float:
@@ -240,14 +243,13 @@ def layer_grids(
     grid = check_grid(grid, "strategy.grid", file)
     if math.prod(grid) != n:
         raise TrainsimError(
-            f"strategy.grid {list(grid)} has {math.prod(grid)} cells but the scenario runs on "
-            f"{n} GPUs (gpus)",
+            f"grid {list(grid)} has {math.prod(grid)} cells but the scenario runs on {n} GPUs (gpus)",
             file=file,
             field="strategy.grid",
         )
     if strategy == "spatial" and grid[0] != 1:
         raise TrainsimError(
-            f"strategy spatial splits samples 1 way; strategy.grid {list(grid)} splits them "
+            f"strategy spatial splits samples 1 way; grid {list(grid)} splits them "
             f"{grid[0]} ways (use strategy hybrid)",
             file=file,
             field="strategy.grid",
@@ -276,7 +278,7 @@ def layer_grids(
             )
         if batch % g[0]:
             raise TrainsimError(
-                f"batch_size {batch} does not divide into the {g[0]} sample groups of {where} {list(g)}",
+                f"batch_size {batch} does not divide into the {g[0]} sample groups of grid {list(g)}",
                 file=file,
                 field=where,
             )
@@ -290,7 +292,7 @@ def layer_grids(
         sp = layer.spatial
         if sp is not None and (sp.out_h % g[1] or sp.out_w % g[2]):
             raise TrainsimError(
-                f"{where} {list(g)} splits layer {layer.name!r} {g[1]}x{g[2]} but its output is "
+                f"grid {list(g)} splits layer {layer.name!r} {g[1]}x{g[2]} but its output is "
                 f"{sp.out_h}x{sp.out_w} (workload layers.{layer.name}.spatial.out_h/out_w)",
                 file=file,
                 field=where,

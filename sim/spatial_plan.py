@@ -10,15 +10,19 @@ route's latency plus bytes over its bottleneck bandwidth (staged legs one after 
 - Layer cost (worst rank of the first sample group): forward ``max(interior, halo) + boundary``, the same in
   backward with the output-gradient halo; the halo to several neighbours goes out at once.
 - Redistribution (forward activation + backward gradient): per receiving rank, its incoming pieces one after
-  the other (they share its ingress link), the slowest rank counts.
+  the other (they share its ingress link); the largest latency and per-byte terms over the ranks (an upper
+  bound of the slowest rank).
+- Input copies: every rank's slab from host memory, on the most loaded link of its route (GPUs under one
+  PCIe switch share its uplink).
 - Weight-gradient all-reduce: DDP's buckets replayed against the plan's backward (the analytic collective
   time per bucket, a bucket starting when backward has produced it and the previous one is done); its exposed
   tail is added once the plan is chosen (it barely depends on the decomposition, as every plan all-reduces
   every weight over all GPUs).
 
-What the model leaves out, the simulator has: link sharing between concurrent flows (halo sends sharing a
-PCIe switch, redistribution flows crossing the network), the all-reduce competing with halos. So the final
-figures (:func:`plan` with ``simulate=True``) come from simulating the chosen plan and pure data parallelism.
+What the model leaves out, the simulator has: link sharing between the other concurrent flows (halo sends
+sharing a PCIe switch, redistribution flows crossing the network), the all-reduce competing with halos. So
+the final figures (:func:`plan` with ``simulate=True``) come from simulating the chosen plan and pure data
+parallelism.
 Memory is not a constraint of the search; the simulated peak of the chosen plan is reported.
 """
 
@@ -33,7 +37,7 @@ from trainsim.errors import TrainsimError
 from .costs import RankCosts
 from .spatial import (
     Grid,
-    boundary_fraction,
+    boundary_share,
     data_grad_share,
     grid_str,
     halo_bytes,
@@ -110,6 +114,7 @@ class PerfModel:
     _p2p: dict = field(default_factory=dict, repr=False)
     _moves: dict = field(default_factory=dict, repr=False)
     _layer: dict = field(default_factory=dict, repr=False)
+    _input_routes: tuple | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
@@ -159,29 +164,29 @@ class PerfModel:
     def _layer_cost(self, i: int, grid: Grid) -> float:
         costs = self.costs(grid)
         layer = self.workload.layers[i]
+        if layer.spatial is None or grid[1] * grid[2] == 1:
+            return costs.forward_s[i] + costs.backward_s[i]
+        # per rank of the first sample group: its neighbours and the share of its slab that waits for them
+        ranks = [(r, neighbours(grid, self.n, r)) for r in self._group(grid)]
+        shares: dict[tuple[int, int], float] = {}
         total = 0.0
         for direction, seconds in (("forward", costs.forward_s[i]), ("backward", costs.backward_s[i])):
-            if (
-                layer.spatial is None
-                or grid[1] * grid[2] == 1
-                or (direction == "backward" and data_grad_share(layer, i) == 0)
-            ):
+            waits = 1.0 if direction == "forward" else data_grad_share(layer, i)
+            if waits == 0:
                 total += seconds
                 continue
+            nbytes = {
+                axis: halo_bytes(layer, grid, self.batch, self.element_bytes, axis, direction)
+                for axis in ("h", "w")
+            }
             worst = 0.0
-            for r in self._group(grid):
-                halo = max(
-                    (
-                        self.p2p(
-                            r, peer, halo_bytes(layer, grid, self.batch, self.element_bytes, axis, direction)
-                        )
-                        for peer, axis in neighbours(grid, self.n, r)
-                    ),
-                    default=0.0,
-                )
-                share = boundary_fraction(layer, grid, self.n, r)
-                if direction == "backward":
-                    share *= data_grad_share(layer, i)
+            for r, peers in ranks:
+                halo = max((self.p2p(r, peer, nbytes[axis]) for peer, axis in peers), default=0.0)
+                axes = [axis for _, axis in peers]
+                key = (axes.count("h"), axes.count("w"))
+                if key not in shares:
+                    shares[key] = boundary_share(layer, grid, *key)
+                share = shares[key] * waits
                 worst = max(worst, max(seconds * (1 - share), halo) + seconds * share)
             total += worst
         return total
@@ -223,11 +228,21 @@ class PerfModel:
         return total
 
     def input_time(self, grid: Grid) -> float:
-        topo = self.topology
-        gpu = self.ranks[0]
-        route = topo.route(topo.host_memory(gpu), gpu)
+        """Seconds of every rank's input copy (its slab of its samples) from its host memory, the copies
+        sharing the links their routes have in common (a PCIe switch's uplink, the host's DRAM)."""
+        if self._input_routes is None:
+            topo = self.topology
+            routes = [topo.route(topo.host_memory(g), g) for g in self.ranks]
+            load: dict = {}
+            for route in routes:
+                for edge in route:
+                    load[edge] = load.get(edge, 0) + 1
+            # seconds per byte of one rank's copy on the most loaded link of each route, and the latency
+            per_byte = max(max(load[e] / topo.graph.edges[e]["bandwidth"] for e in route) for route in routes)
+            self._input_routes = (max(topo.route_latency(r) for r in routes), per_byte)
+        latency, per_byte = self._input_routes
         nbytes = self.batch // grid[0] * self.workload.input.bytes_per_sample / (grid[1] * grid[2])
-        return topo.route_latency(route) + nbytes / topo.bottleneck(route)
+        return latency + nbytes * per_byte
 
     def allreduce_tail(self, grids: list[Grid]) -> float:
         """Exposed seconds of DDP-style bucketed all-reduce after the plan's backward ends."""
@@ -412,6 +427,7 @@ def plan(
     base: dict | None = None,
     collectives: str = "flow",
     symmetric: bool = False,
+    simulate_dp: bool = True,
 ) -> Plan:
     """Choose the plan with the model; with ``simulate``, simulate it and pure data parallelism (``ddp`` on
     all GPUs, or on the most GPUs dividing the batch when it is smaller) for the final figures.
@@ -440,22 +456,33 @@ def plan(
     res = Simulation(_scenario(base, hybrid, result.gpus, batch)).run()
     result.simulated_s = res.iteration_time_s
     result.memory_peak_bytes = max(g.memory_peak_bytes for g in res.gpus)
-    dp_gpus = max(d for d in _divisors(result.gpus) if batch % d == 0)
+    dp_gpus = data_parallel_gpus(batch, result.gpus)
+    result.dp_gpus = dp_gpus
     result.dp_label = f"ddp on {dp_gpus} GPUs" + (
         "" if dp_gpus == result.gpus else f" (batch {batch} cannot split over {result.gpus})"
     )
-    ddp = {**common, "name": "hybrid", "grid": [dp_gpus, 1, 1]} if symmetric else {**common, "name": "ddp"}
-    res = Simulation(_scenario(base, ddp, dp_gpus, batch)).run()
-    result.simulated_dp_s = res.iteration_time_s
-    result.memory_dp_peak_bytes = max(g.memory_peak_bytes for g in res.gpus)
-    result.dp_gpus = dp_gpus
+    if simulate_dp:  # (a caller scaling over GPU counts may already have it)
+        ddp = (
+            {**common, "name": "hybrid", "grid": [dp_gpus, 1, 1]} if symmetric else {**common, "name": "ddp"}
+        )
+        res = Simulation(_scenario(base, ddp, dp_gpus, batch)).run()
+        result.simulated_dp_s = res.iteration_time_s
+        result.memory_dp_peak_bytes = max(g.memory_peak_bytes for g in res.gpus)
     result.notes.append(
         f"model {result.model_s * 1e3:.3f} ms vs simulated {result.simulated_s * 1e3:.3f} ms for the plan"
     )
     return result
 
 
-def plan_scenario(scenario, overrides=(), *, simulate: bool = True, symmetric: bool = False) -> Plan:
+def data_parallel_gpus(batch: int, gpus: int) -> int:
+    """The most of ``gpus`` GPUs pure data parallelism can use: the largest divisor of ``gpus`` dividing
+    ``batch``."""
+    return max(d for d in _divisors(gpus) if batch % d == 0)
+
+
+def plan_scenario(
+    scenario, overrides=(), *, simulate: bool = True, symmetric: bool = False, simulate_dp: bool = True
+) -> Plan:
     """:func:`plan` for a scenario (name, path or Scenario): its topology, workload, batch, GPU count,
     precision, optimizer and collectives; the GPUs are the first ``gpus`` of the topology."""
     from trainsim.scenarios.loader import load_scenario
@@ -485,6 +512,7 @@ def plan_scenario(scenario, overrides=(), *, simulate: bool = True, symmetric: b
             base=base,
             collectives=sc.strategy.collectives,
             symmetric=symmetric,
+            simulate_dp=simulate_dp,
         )
     except TrainsimError as exc:
         if exc.file is None:

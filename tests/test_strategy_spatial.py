@@ -217,3 +217,32 @@ def test_cli_rejects_a_bad_split_in_one_line(tmp_path):
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "conv1" in lines[0] and "strategy.grid" in lines[0] and "out_h" in lines[0]
+
+
+def test_spatial_defaults_to_splitting_rows_over_all_gpus(tmp_path):
+    topo = tiny_topology(gpus=2)
+    default = simulate(spatial_scenario(topo, "tiny-cnn", "spatial", 2))
+    rows = simulate(spatial_scenario(topo, "tiny-cnn", "spatial", 2, grid=[1, 2, 1]))
+    assert default.iteration_time_s == rows.iteration_time_s
+    assert default.extra["spatial"]["grids"][0]["grid"] == [1, 2, 1]
+
+
+def test_symmetric_ranks_mirror_one_block_exactly():
+    # two DGX-1 nodes; sample groups of 2 GPUs; with the all-reduce analytic, simulating node 0 alone and
+    # mirroring it onto node 1 gives the same iteration as simulating all 16 GPUs
+    cluster = {"generator": "cluster", "node": "dgx1-v100", "nodes": 2, "network": "ib", "generation": "edr"}
+    results = []
+    for symmetric in (False, True):
+        sc = spatial_scenario(cluster, "tiny-cnn", "hybrid", 16, grid=[8, 1, 2])
+        sc["strategy"].update(collectives="analytic", symmetric_ranks=symmetric)
+        results.append(simulate(sc))
+    full, mirrored = results
+    assert mirrored.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-12)
+    assert (full.extra["spatial"]["simulated_ranks"], mirrored.extra["spatial"]["simulated_ranks"]) == (16, 8)
+
+
+def test_symmetric_ranks_need_analytic_collectives():
+    sc = spatial_scenario(tiny_topology(gpus=2), "tiny-cnn", "hybrid", 2, grid=[2, 1, 1])
+    sc["strategy"]["symmetric_ranks"] = True
+    with pytest.raises(TrainsimError, match="strategy.symmetric_ranks.*analytic"):
+        simulate(sc)

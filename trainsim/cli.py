@@ -520,6 +520,46 @@ def simulate_cmd(
             console.print(f"{what} written to {path}")
 
 
+@app.command("max-batch")
+def max_batch_cmd(
+    scenario: str = typer.Argument(..., metavar="SCENARIO",
+                                   help="A shipped scenario or a YAML file (strategy single, ddp, dp-gpu0 or "
+                                        "parameter-server)."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
+                                        help="Override a scenario field (repeatable)."),
+    variant: str | None = typer.Option(None, "--variant", help="Apply one of the scenario's named variants."),
+    policy: str = typer.Option("all", "--offload",
+                               help="Offload policy when the scenario has none: all, conv, or layer names "
+                                    "separated by commas."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """The largest per-GPU batch that fits in GPU memory without and with activation offload (vDNN), and the
+    samples/s at each."""
+    from rich.console import Console
+
+    from trainsim.provenance import provenance
+    from trainsim.scenarios.loader import load_scenario
+    from trainsim.sim.max_batch import max_batch
+
+    sc = load_scenario(scenario, overrides, variant=variant)
+    chosen: str | list[str] = policy if policy in ("all", "conv") else [p for p in policy.split(",") if p]
+    with Console(stderr=True).status(f"searching the largest batch of {sc.name}"):
+        doc = max_batch(sc, policy=chosen)
+    doc["provenance"] = provenance(timestamp=False, scenario=scenario, overrides=list(overrides),
+                                   variant=variant, offload=policy)
+    if as_json:
+        print_json(doc)
+        return
+    typer.echo(f"{doc['scenario']} on {doc['gpus']} GPU(s), offload {doc['offload']}")
+    for label, key in (("without offload", "without_offload"), ("with offload", "with_offload")):
+        row = doc[key]
+        peak = f"{row['memory_peak_gib']:.2f} GiB peak" if row["memory_peak_gib"] is not None else "nothing fits"
+        typer.echo(f"  {label:16s} batch {row['per_gpu_batch']:6d}/GPU ({row['global_batch']} global)  "
+                   f"{row['samples_per_s']:10.1f} samples/s  {peak}")
+    if doc["batch_gain"] is not None:
+        typer.echo(f"  offload: batch x{doc['batch_gain']:.2f}, throughput x{doc['throughput_gain']:.2f}")
+
+
 scenarios_app = _app(help="The scenarios shipped with trainsim.")
 app.add_typer(scenarios_app, name="scenarios")
 
@@ -588,6 +628,135 @@ def execute_cmd(
         console.print(f"measurements written to {out}")
     if any(o.failed for o in outcomes):
         raise typer.Exit(1)
+
+
+# ---- trainsim validate / quickstart: predicted vs measured (calibrate/validate.py, report.py, quickstart.py)
+
+def _print_validation(result, files: dict | None, as_json: bool, extra: dict | None = None) -> None:
+    from rich.console import Console
+
+    from trainsim.calibrate import report
+    from trainsim.provenance import provenance
+
+    if as_json:
+        print_json({**result.to_dict(provenance=provenance()), **(extra or {}),
+                    "files": {k: str(v) for k, v in (files or {}).items()}})
+        return
+    console = Console()
+    console.print(report.rich_table(result))
+    for line in report.headline_lines(result) + report.reason_lines(result) + result.notes:
+        console.print(line, soft_wrap=True, markup=False)
+    for what, path in (files or {}).items():
+        console.print(f"{what} written to {path}", soft_wrap=True, markup=False)
+
+
+def _run_validation(call, total: int):
+    """Run ``call(progress)`` under one rich progress bar on stderr (``progress(text)`` names the variant
+    before a colon; each new name advances the bar). Ctrl-C: say where the partial rows are, exit 130."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trainsim.calibrate.runner import CalibrationInterrupted
+    from trainsim.calibrate.validate import ValidationInterrupted
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = bar.add_task("validate", total=total)
+    seen: list[str] = []
+
+    def progress(text: str, advance: bool = True) -> None:
+        name = text.split(":", 1)[0]
+        if advance and name not in seen:
+            if seen:
+                bar.advance(task)
+            seen.append(name)
+        bar.update(task, description=text[:72])
+
+    try:
+        with bar:
+            return call(progress)
+    except (ValidationInterrupted, CalibrationInterrupted) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(130) from None
+
+
+def _split_variants(text: str | None) -> list[str] | None:
+    return [v.strip() for v in text.split(",") if v.strip()] if text else None
+
+
+@app.command("validate")
+def validate_cmd(
+    scenario: str = typer.Argument(..., metavar="SCENARIO",
+                                   help="A shipped scenario (validate-cpu, validate-gpu) or a YAML file."),
+    calibration: str = typer.Option(..., "--calibration", metavar="DIR",
+                                    help="The calibration bundle of this box (`trainsim calibrate`)."),
+    variants: str | None = typer.Option(None, "--variants", metavar="A,B,C",
+                                        help="Only these variants (default: all)."),
+    baseline: str | None = typer.Option(None, "--baseline", help="Speedups are over this variant "
+                                        "(default: the first one run)."),
+    iterations: int | None = typer.Option(None, "--iterations", min=1,
+                                          help="Override the measured iterations."),
+    warmup: int | None = typer.Option(None, "--warmup", min=0, help="Override the warm-up iterations."),
+    report_dir: str | None = typer.Option(None, "--report", metavar="DIR",
+                                          help="Write report.md, a predicted-vs-measured chart, "
+                                               "validation.json and both traces of each variant here."),
+    force: bool = typer.Option(False, "--force", help="Compare even with a bundle from another machine."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Simulate each variant from the calibration bundle and execute it for real with PyTorch: predicted vs
+    measured iteration time, error %, and speedups over the baseline variant (difference in points).
+
+    Variants this box cannot run are listed as skipped, with why; a bundle from another machine is refused
+    unless --force."""
+    from trainsim.calibrate import report
+    from trainsim.calibrate.exec_config import load_scenario_dict, scenario_variants
+    from trainsim.calibrate.validate import validate
+
+    names = _split_variants(variants)
+    overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
+    result = _run_validation(
+        lambda progress: validate(scenario, calibration, names, force=force, report_dir=report_dir,
+                                  baseline=baseline, progress=progress, **overrides),
+        len(names) if names else len(scenario_variants(load_scenario_dict(scenario))))
+    files = report.write_report(result, report_dir) if report_dir else None
+    _print_validation(result, files, as_json)
+
+
+@app.command("quickstart")
+def quickstart_cmd(
+    out: str = typer.Option("trainsim-quickstart", "--out", "-o", metavar="DIR",
+                            help="Folder for the calibration bundle and the report."),
+    device: str = typer.Option("auto", "--device", help="cuda, cpu, or auto (cuda when a GPU is visible)."),
+    variants: str | None = typer.Option(None, "--variants", metavar="A,B,C",
+                                        help="Only these variants of the validation scenario "
+                                             "(default: all)."),
+    iterations: int | None = typer.Option(None, "--iterations", min=1,
+                                          help="Override the measured iterations."),
+    warmup: int | None = typer.Option(None, "--warmup", min=0, help="Override the warm-up iterations."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the calibration bundle already in --out."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """The main job in one command: calibrate this box quickly, simulate the validation scenario from that
+    bundle, execute it for real, print predicted vs measured and write the report (OUT/report/report.md).
+
+    Picks CUDA when present (validate-gpu), else the CPU (validate-cpu: a few minutes on 2 cores)."""
+    from trainsim.calibrate import quickstart as qs
+    from trainsim.calibrate.exec_config import load_scenario_dict, scenario_variants
+    from trainsim.calibrate.runner import resolve_device
+
+    overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
+    names = _split_variants(variants)
+    total = len(names) if names else len(scenario_variants(load_scenario_dict(
+        qs.SCENARIOS[resolve_device(device)])))
+    done = _run_validation(
+        lambda progress: qs.quickstart(
+            out, device=device, variants=names, resume=resume, progress=progress,
+            calibration_progress=lambda step, detail: progress(
+                f"calibrating this box (quick): {step}: {detail}", advance=False),
+            **overrides),
+        total)
+    _print_validation(done.validation, {**done.files, "bundle": done.calibration}, as_json,
+                      {"scenario_run": done.scenario})
 
 
 # ---- plan: per-layer spatial/hybrid decomposition (logic in trainsim.sim.spatial_plan) -------------------
