@@ -117,8 +117,10 @@ class Prefetcher:
     i = 0, 1, 2, ... in order. An exception in a worker is raised by the ``get`` that wanted its batch.
     """
 
-    def __init__(self, make: Callable[[int], object], total: int, *, depth: int = 2, workers: int = 1):
+    def __init__(self, make: Callable[[int], object], total: int, *, depth: int = 2, workers: int = 1,
+                 cores: tuple[int, ...] = ()):
         self.make = make
+        self.cores = tuple(cores)  # run the workers on these cores (the host's free ones), when given
         self.total = total
         self.workers = max(1, min(workers, total)) if total else 1
         per_worker = max(1, -(-depth // self.workers))
@@ -130,6 +132,10 @@ class Prefetcher:
             thread.start()
 
     def _run(self, worker: int) -> None:
+        if self.cores:
+            import os
+
+            os.sched_setaffinity(0, self.cores)  # Linux: 0 is this thread, not the whole process
         for it in range(worker, self.total, self.workers):
             try:
                 item = (True, self.make(it))

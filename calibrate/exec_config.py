@@ -174,6 +174,9 @@ class ExecConfig:
     # torch.profiler (Chrome trace) of one iteration, the last warm-up one (the measured iterations carry no
     # profiler overhead), written by every rank to ``<profile_trace>.rank<R>.json``
     profile_trace: str | None = None
+    # CPU: cores (= torch threads) per rank; None splits all cores over the ranks. `validate` sets the
+    # bundle's threads_per_rank so every rank is the device the calibration measured, one rank or several
+    cores_per_rank: int | None = None
 
     def __post_init__(self):
         from trainsim.calibrate.zoo import canonical_name, model_config  # zoo validates names and options
@@ -274,6 +277,9 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
         cores = len(os.sched_getaffinity(0))
         if cfg.ranks > cores and not cfg.oversubscribe:
             return f"needs {cfg.ranks} CPU ranks, each on its own core, but only {cores} cores are available"
+        if cfg.cores_per_rank and cfg.ranks * cfg.cores_per_rank > cores and not cfg.oversubscribe:
+            return (f"needs {cfg.ranks} CPU ranks of {cfg.cores_per_rank} cores each, but only {cores} cores "
+                    "are available")
         if cfg.precision == "fp16":
             return "fp16 autocast with a loss scaler is a CUDA path; CPU ranks run fp32 or bf16"
         if cfg.optimizations.param_compression == "bf16":

@@ -124,7 +124,8 @@ class DeviceFeeder:
     consumer's stream waits on that batch's event only.
     """
 
-    def __init__(self, make_host: Callable[[int], object], total: int, device, *, preload: int, workers: int):
+    def __init__(self, make_host: Callable[[int], object], total: int, device, *, preload: int, workers: int,
+                 loader_cores: tuple[int, ...] = ()):
         import torch
 
         from trainsim.calibrate.datapipe import Prefetcher
@@ -138,7 +139,7 @@ class DeviceFeeder:
         self.prefetcher = None
         if preload:
             make = self._prepare_on_device if self.cuda else make_host
-            self.prefetcher = Prefetcher(make, total, depth=preload, workers=workers)
+            self.prefetcher = Prefetcher(make, total, depth=preload, workers=workers, cores=loader_cores)
 
     def _prepare_on_device(self, it: int):
         """In a prefetch thread: prepare batch ``it``, start its H2D copy on this thread's side stream."""
@@ -183,6 +184,23 @@ class DeviceFeeder:
             self.prefetcher.close()
 
 
+def _free_cores(ctx, cfg: ExecConfig) -> tuple[int, ...]:
+    """The cores no rank computes on (left free by ``cores_per_rank``): the host cores where a CPU box's
+    background data workers run, as the simulator's data loader runs on host cores beside the devices."""
+    if ctx.device != "cpu" or not cfg.cores_per_rank:
+        return ()
+    import os
+
+    from trainsim.calibrate.launch import plan_cores
+
+    try:
+        parent = sorted(os.sched_getaffinity(os.getppid()))
+    except OSError:
+        return ()
+    used = {c for cores in plan_cores(ctx.world_size, parent, per_rank=cfg.cores_per_rank) for c in cores}
+    return tuple(c for c in parent if c not in used)
+
+
 def _start_profiler(cfg: ExecConfig, it: int, cuda: bool):
     """A started torch.profiler for iteration ``it`` when it is the one to trace (the last warm-up
     iteration, so the measured ones carry no profiler overhead; the first iteration when there is no
@@ -221,7 +239,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
         return strategy.host_batch(source, it, pin)
 
     feeder = DeviceFeeder(make_host, total, device, preload=cfg.optimizations.preload,
-                          workers=cfg.data.workers)
+                          workers=cfg.data.workers, loader_cores=_free_cores(ctx, cfg))
     cuda = device.type == "cuda"
     rss_base = _rss_bytes("VmRSS")
     rss_reset = _reset_peak_rss() if not cuda else False
@@ -335,7 +353,7 @@ def rank_main_many(ctx, cfgs: list[ExecConfig]) -> list[RankResult]:
 def _threads(cfg: ExecConfig) -> int:
     from trainsim.calibrate.launch import plan_cores
 
-    return len(plan_cores(cfg.ranks)[0]) if cfg.device == "cpu" else 1
+    return len(plan_cores(cfg.ranks, per_rank=cfg.cores_per_rank)[0]) if cfg.device == "cpu" else 1
 
 
 def run(cfg: ExecConfig) -> Measurement:
@@ -360,6 +378,7 @@ def run_many(cfgs: list[ExecConfig]) -> list[Measurement]:
             raise TrainsimError("run_many needs the same ranks and device for every config", field="ranks")
     start = time.perf_counter()
     per_rank = launch(rank_main_many, first.ranks, args=(list(cfgs),), device=first.device,
+                      cores_per_rank=first.cores_per_rank if first.device == "cpu" else None,
                       timeout_s=sum(c.timeout_s for c in cfgs))
     wall = time.perf_counter() - start
     return [_summarise(cfg, [results[i] for results in per_rank], wall, _threads(cfg))

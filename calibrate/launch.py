@@ -50,11 +50,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def plan_cores(nranks: int, available: list[int] | None = None) -> list[tuple[int, ...]]:
-    """Split this process's cores into ``nranks`` disjoint sets (round-robin when oversubscribed)."""
+def plan_cores(nranks: int, available: list[int] | None = None, *,
+               per_rank: int | None = None) -> list[tuple[int, ...]]:
+    """Split this process's cores into ``nranks`` disjoint sets (round-robin when oversubscribed);
+    ``per_rank`` cores each when given and they fit (the rest stay free), else an equal share of all."""
     cores = sorted(available if available is not None else os.sched_getaffinity(0))
     if nranks <= len(cores):
         share = len(cores) // nranks
+        if per_rank is not None and 1 <= per_rank <= share:
+            share = per_rank
         return [tuple(cores[r * share : (r + 1) * share]) for r in range(nranks)]
     return [(cores[r % len(cores)],) for r in range(nranks)]
 
@@ -110,6 +114,7 @@ def launch(
     timeout_s: float = 600.0,
     threads_per_rank: int | None = None,
     pin: bool = True,
+    cores_per_rank: int | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``nranks`` ranks; return the per-rank results ordered by rank.
 
@@ -121,7 +126,7 @@ def launch(
     if device not in ("cpu", "cuda"):
         raise TrainsimError(f"unknown device {device!r}; valid choices: cpu, cuda", field="device")
     backend = "nccl" if device == "cuda" else "gloo"
-    core_sets = plan_cores(nranks) if pin else [()] * nranks
+    core_sets = plan_cores(nranks, per_rank=cores_per_rank) if pin else [()] * nranks
     if threads_per_rank is None:
         cores = len(core_sets[0]) if pin else len(os.sched_getaffinity(0)) // nranks
         threads_per_rank = max(1, cores)

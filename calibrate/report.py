@@ -20,8 +20,9 @@ from trainsim.calibrate.validate import ValidationResult, ValidationRow
 
 CHART = "predicted_vs_measured.png"
 REPORT = "report.md"
-COLUMNS = ("variant", "strategy", "ranks", "predicted ms", "measured ms", "IQR ms", "error %",
-           "pred. speedup", "meas. speedup", "speedup err pp", "status")
+# "x": speedup over the baseline variant; "x err pp": predicted minus measured speedup, in percentage points
+COLUMNS = ("variant", "strategy", "ranks", "pred ms", "meas ms", "IQR ms", "err %", "pred x", "meas x",
+           "x err pp", "status")
 
 
 def _ms(x: float | None) -> str:

@@ -302,6 +302,10 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
         baseline = names[0]
     elif baseline not in names:
         raise unknown_name("baseline variant", baseline, names, file=scenario, field="baseline")
+    if bundle.meta.config.get("device", "cpu") == "cpu" and bundle.machine is not None:
+        # every rank gets the cores one calibrated device had (a single rank too, not the whole box): the
+        # simulator's devices are those; free cores are the host's, where background data workers run
+        overrides = {"cores_per_rank": bundle.machine.cpu.threads_per_rank, **overrides}
     configs = {name: exec_config_from_scenario(data, name, file=scenario, **overrides) for name in names}
     bundle_device = bundle.meta.config.get("device", "cpu")
     for name, cfg in configs.items():

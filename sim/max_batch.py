@@ -83,6 +83,7 @@ def _figures(scenario, per_gpu: int, n: int, offload, calibration) -> dict:
         from .offload import offload_stall_s
 
         out["stall_s_per_iteration"] = offload_stall_s(result)
+        out["offload_wait_s_per_iteration"] = offload_stall_s(result, "offload_wait_s_by_iteration")
     return out
 
 

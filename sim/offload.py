@@ -100,13 +100,17 @@ class Offloader:
         self._offloaded: dict[tuple, simpy.Event] = {}
         self._queues: dict[tuple, simpy.Resource] = {}
         self._prefetched: dict[tuple, simpy.Event] = {}
-        self.stall_s: dict[int, float] = {}
+        self.stall_s: dict[int, float] = {}  # backward waiting for prefetches
+        self.wait_s: dict[int, float] = {}  # forward waiting for offloads to finish
         self.stats = {
             "layers": [ctx.costs[ctx.ranks[0]].layer_names[i] for i in sorted(self.layers)],
-            "offloaded_bytes_per_gpu": sum(ctx.costs[ctx.ranks[0]].saved_bytes_per_layer[i] for i in self.layers),
+            "offloaded_bytes_per_gpu": sum(
+                ctx.costs[ctx.ranks[0]].saved_bytes_per_layer[i] for i in self.layers
+            ),
             "prefetch_distance": distance,
             "contention_aware": contention_aware,
             "stall_s_by_iteration": self.stall_s,
+            "offload_wait_s_by_iteration": self.wait_s,
         }
         ctx.extra["offload"] = self.stats
 
@@ -162,8 +166,8 @@ class Offloader:
         self._event(self._prefetched, (gpu, iteration, i)).succeed()
 
     def forward(self, gpu: str, iteration: int):
-        """vDNN's forward: an offloaded layer's saved tensors (its input) start copying out as the layer starts,
-        and the next layer waits for that copy (so the memory is free before more is allocated)."""
+        """vDNN's forward: an offloaded layer's saved tensors (its input) start copying out as the layer
+        starts, and the next layer waits for that copy (so the memory is free before more is allocated)."""
         ctx = self.ctx
         costs = ctx.costs[gpu]
         n = len(costs.layer_names)
@@ -175,7 +179,10 @@ class Offloader:
                     segment = []
                 ctx.env.process(self._offload(gpu, iteration, i))
                 yield from ctx._segment(gpu, iteration, "forward", [i], costs.forward_s, +1)
+                start = ctx.env.now
                 yield self._event(self._offloaded, (gpu, iteration, i))
+                if ctx.env.now > start:
+                    self.wait_s[iteration] = self.wait_s.get(iteration, 0.0) + ctx.env.now - start
             else:
                 segment.append(i)
         if segment:
@@ -202,7 +209,7 @@ class Offloader:
 
 
 def check_host_memory(ctx, layers: list[int], host_memory_gib: float | None) -> None:
-    """Every rank's offloaded bytes need pinned buffers on its socket; more than the socket has is an error."""
+    """Every rank's offloaded bytes need pinned buffers on its socket; more than it has is an error."""
     if host_memory_gib is None or not layers:
         return
     need: dict[str, float] = {}
@@ -218,13 +225,14 @@ def check_host_memory(ctx, layers: list[int], host_memory_gib: float | None) -> 
             )
 
 
-def offload_stall_s(result) -> float:
-    """Mean prefetch stall per measured iteration of a result (0 without offload)."""
+def offload_stall_s(result, key: str = "stall_s_by_iteration") -> float:
+    """Mean prefetch stall (backward) per measured iteration of a result (0 without offload); with
+    ``key="offload_wait_s_by_iteration"``: forward's mean wait for offloads to finish."""
     stats = result.extra.get("offload")
     if not stats:
         return 0.0
     measured = range(result.warmup_iterations, result.warmup_iterations + result.iterations)
-    return sum(stats["stall_s_by_iteration"].get(i, 0.0) for i in measured) / result.iterations
+    return sum(stats[key].get(i, 0.0) for i in measured) / result.iterations
 
 
 def _stall_at(scenario, distance: int, calibration) -> float:

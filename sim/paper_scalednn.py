@@ -31,10 +31,10 @@ def savings(system: str, models=MODELS) -> list[dict]:
 
     rows = []
     for model in models:
-        runs = {
-            v: Simulation(load_scenario(scenario_path(system), [f"workload={model}"], variant=v), record=False).run()
-            for v in ("dp-gpu0", "scalednn")
-        }
+        runs = {}
+        for v in ("dp-gpu0", "scalednn"):
+            sc = load_scenario(scenario_path(system), [f"workload={model}"], variant=v)
+            runs[v] = Simulation(sc, record=False).run()
         base, opt = runs["dp-gpu0"], runs["scalednn"]
         rows.append({
             "system": system,
@@ -79,6 +79,6 @@ def reproduce_scalednn(**_options) -> Reproduction:
         ))
     assumptions = []
     for system in SYSTEMS:
-        assumptions += [f"[{system}] {a}" for a in load_scenario(scenario_path(system)).assumptions]
+        assumptions += [f"{system}: {a}" for a in load_scenario(scenario_path(system)).assumptions]
     return Reproduction(paper="scalednn", title=TITLE, figures=figures, assumptions=assumptions,
                         tables={"savings": table})

@@ -1,4 +1,4 @@
-"""vDNN (Rhu et al., MICRO 2016) and Kim et al. (Cluster Computing 2019; 2018 precursor): hybrid GPU/CPU memory.
+"""vDNN (Rhu et al., MICRO 2016) and Kim et al. (Cluster Computing 2019; 2018 precursor): GPU/CPU memory.
 
 Claims: vDNN cuts GPU memory by 89 % (AlexNet) and 95 % (GoogLeNet) and trains VGG-16 at batch 256 (about
 28 GB) on a 12 GB GPU 18 % slower; Kim et al.'s precursor fits a mini-batch up to 60 % larger on a multi-GPU
@@ -52,7 +52,8 @@ def memory_table() -> list[dict]:
             "iteration_s": round(base.iteration_time_s, 6),
             "iteration_offload_s": round(off.iteration_time_s, 6),
             "slowdown_pct": round(100 * (off.iteration_time_s / base.iteration_time_s - 1), 2),
-            "stall_s": round(offload_stall_s(off), 6),
+            "prefetch_stall_s": round(offload_stall_s(off), 6),
+            "offload_wait_s": round(offload_stall_s(off, "offload_wait_s_by_iteration"), 6),
         })
     return rows
 
@@ -79,7 +80,7 @@ def reproduce_vdnn(**_options) -> Reproduction:
     vgg = rows["vgg16"]
     figures += [
         Figure("VGG-16 batch 256: memory needed without offload", vgg["peak_gib"], 28.0, "GiB",
-               "weights, gradients, momentum, input and every saved activation at the turn (GB in the paper)"),
+               "weights, gradients, momentum, input and every saved activation at the turn (paper: GB)"),
         Figure("VGG-16 batch 256: fits in 12 GB with vDNN_all", "yes" if vgg["fits_12gb_offload"] else "no",
                "yes", "", f"peak {vgg['peak_offload_gib']:.2f} GiB with offload"),
         Figure("VGG-16 batch 256: slowdown with vDNN_all", vgg["slowdown_pct"], 18.0, "%",
@@ -88,18 +89,20 @@ def reproduce_vdnn(**_options) -> Reproduction:
     ]
     multi = max_batch(load_scenario(scenario_path(MULTI)))
     figures += [
-        Figure("multi-GPU PCIe: largest batch with offload vs without", round(100 * (multi["batch_gain"] - 1), 1),
-               60.0, "% larger",
+        Figure("multi-GPU PCIe: largest batch with offload vs without",
+               round(100 * (multi["batch_gain"] - 1), 1), 60.0, "% larger",
                f"per-GPU batch {multi['without_offload']['per_gpu_batch']} -> "
-               f"{multi['with_offload']['per_gpu_batch']} in 12 GB, VGG-16, vDNN_conv"),
-        Figure("multi-GPU PCIe: throughput at the larger batch", round(100 * (multi["throughput_gain"] - 1), 1),
-               46.6, "% higher",
-               "roofline compute time grows linearly with the batch, so a larger batch only amortises the "
-               "per-iteration all-reduce and weight traffic; the offload and prefetch of four GPUs share two "
-               "switch uplinks"),
+               f"{multi['with_offload']['per_gpu_batch']} in 12 GB, VGG-16, vDNN_conv: the convolutions' "
+               "inputs are most of VGG-16's saved activations; weights, gradients and the ReLU masks stay"),
+        Figure("multi-GPU PCIe: throughput at the larger batch",
+               round(100 * (multi["throughput_gain"] - 1), 1), 46.6, "% higher",
+               "roofline compute grows linearly with the batch (no per-sample speed-up from a bigger batch, "
+               "the precursor's main gain), so a larger batch only amortises the all-reduce; forward waits "
+               f"{multi['with_offload']['offload_wait_s_per_iteration']:.2f} s per iteration for offloads "
+               "that two GPUs push through each x16 switch uplink"),
     ]
-    assumptions = [f"[single GPU] {a}" for a in load_scenario(scenario_path(SINGLE)).assumptions]
-    assumptions += [f"[multi-GPU] {a}" for a in load_scenario(scenario_path(MULTI)).assumptions]
+    assumptions = [f"single GPU: {a}" for a in load_scenario(scenario_path(SINGLE)).assumptions]
+    assumptions += [f"multi-GPU: {a}" for a in load_scenario(scenario_path(MULTI)).assumptions]
     table_multi = [
         {"variant": label, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in multi[key].items()}}
         for label, key in (("without offload", "without_offload"), ("with offload", "with_offload"))

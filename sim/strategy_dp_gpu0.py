@@ -38,7 +38,8 @@ def _compressed_copy(ctx: Context, src: str, dst: str, full: float, it: int, op:
     bytes and ``dst`` decodes them on its compute stream (the sender encoded them, see `_iteration`)."""
     engine = dst if stream == "h2d" else src
     if ctx.codec is None:
-        yield from ctx.machine.peer_copy(src, dst, full, iteration=it, op=op, engine_gpu=engine, stream=stream)
+        yield from ctx.machine.peer_copy(src, dst, full, iteration=it, op=op, engine_gpu=engine,
+                                         stream=stream)
         return
     grads, layers = ctx.costs[src].grad_bytes_per_layer, _all_layers(ctx, src)
     wire = ctx.codec.wire_bytes(grads, layers)
@@ -136,7 +137,7 @@ def run_dp_gpu0(ctx: Context) -> None:
     root = ctx.ranks[0]
     for g in ctx.ranks:
         ctx.hold_model(g, state=(g == root))
-    # one loader, on GPU0's socket, prepares the whole batch (with cpu_batch_split: each GPU's loader its shard)
+    # one loader, on GPU0's socket, prepares the whole batch (cpu_batch_split: each GPU's loader its shard)
     if not ctx.cpu_batch_split:
         ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)
     ctx.env.process(_driver(ctx))

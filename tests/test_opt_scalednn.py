@@ -42,7 +42,7 @@ def ops(result, name):
     return [op for op in result.machine.ops if op.op == name and op.iteration >= result.warmup_iterations]
 
 
-# ---- preload ------------------------------------------------------------------------------------------------
+# ---- preload ----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("input_bytes", [100_000, 10_000_000])  # copy 0.08 s < or > compute 0.048 s
@@ -93,7 +93,8 @@ def test_cpu_batch_split_removes_the_gpu0_hot_link(tmp_path, p2p):
 def test_cpu_batch_split_with_preload_copies_every_shard_ahead(tmp_path):
     topo = tiny_topology(gpus=2, nvlink=False)
     wl = write(tmp_path, tiny_workload(LAYERS, batch=8, input_bytes=1_000_000, step_s=STEP))
-    split = simulate(make_scenario(topo, wl, "dp-gpu0", 16, iterations=3, optimizations={"cpu_batch_split": True}))
+    split_only = {"cpu_batch_split": True}
+    split = simulate(make_scenario(topo, wl, "dp-gpu0", 16, iterations=3, optimizations=split_only))
     opts = {"cpu_batch_split": True, "preload": 1}
     result = simulate(make_scenario(topo, wl, "dp-gpu0", 16, iterations=3, optimizations=opts))
     assert {op.resource for op in ops(result, "h2d_preload")} == {"gpu0", "gpu1"}
@@ -173,7 +174,8 @@ def test_incompatible_switches_are_one_line_naming_both(tmp_path, strategy, extr
     topo = tiny_topology(gpus=1 if strategy == "single" else 2)
     wl = write(tmp_path, tiny_workload(LAYERS, batch=8))
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(make_scenario(topo, wl, strategy, 8 if strategy == "single" else 16, **extra)))
+    batch = 8 if strategy == "single" else 16
+    path.write_text(yaml.safe_dump(make_scenario(topo, wl, strategy, batch, **extra)))
     result = CliRunner().invoke(app, ["simulate", str(path)])
     assert result.exit_code == 2
     assert "Traceback" not in result.output

@@ -1,5 +1,5 @@
-"""`trainsim quickstart`: calibrate, simulate, execute, compare, report — end to end on this box (two variants,
-few iterations, so it stays around a minute on 2 cores)."""
+"""`trainsim quickstart`: calibrate, simulate, execute, compare, report — end to end on this box
+(two variants, few iterations, so it stays around a minute on 2 cores)."""
 
 import json
 
@@ -35,10 +35,12 @@ def test_quickstart_end_to_end(tmp_path):
     for row in rows.values():
         assert row["status"] == "ok", row
         assert row["predicted_s"] > 0 and row["measured_s"] > 0
-        assert row["error_pct"] == pytest.approx(100 * (row["predicted_s"] - row["measured_s"]) / row["measured_s"])
+        predicted, measured = row["predicted_s"], row["measured_s"]
+        assert row["error_pct"] == pytest.approx(100 * (predicted - measured) / measured)
     ddp = rows["ddp-2"]
     assert ddp["measured_speedup"] == pytest.approx(rows["single"]["measured_s"] / ddp["measured_s"])
-    assert ddp["speedup_error_pp"] == pytest.approx(100 * (ddp["predicted_speedup"] - ddp["measured_speedup"]))
+    gap = ddp["predicted_speedup"] - ddp["measured_speedup"]
+    assert ddp["speedup_error_pp"] == pytest.approx(100 * gap)
     report = out / "report"
     assert (out / "calibration" / "meta.json").is_file()
     assert json.loads((report / "validation.json").read_text())["rows"][1]["variant"] == "ddp-2"

@@ -32,7 +32,7 @@ def _app(**kwargs) -> typer.Typer:
                        add_completion=False, **kwargs)
 
 
-app = _app(help="Simulate multi-GPU training hardware, calibrate it on a real box, and validate the predictions.")
+app = _app(help="Simulate multi-GPU training hardware, calibrate it on a real box, validate the predictions.")
 
 
 @app.callback()
@@ -553,7 +553,7 @@ def max_batch_cmd(
     typer.echo(f"{doc['scenario']} on {doc['gpus']} GPU(s), offload {doc['offload']}")
     for label, key in (("without offload", "without_offload"), ("with offload", "with_offload")):
         row = doc[key]
-        peak = f"{row['memory_peak_gib']:.2f} GiB peak" if row["memory_peak_gib"] is not None else "nothing fits"
+        peak = "nothing fits" if row["memory_peak_gib"] is None else f"{row['memory_peak_gib']:.2f} GiB peak"
         typer.echo(f"  {label:16s} batch {row['per_gpu_batch']:6d}/GPU ({row['global_batch']} global)  "
                    f"{row['samples_per_s']:10.1f} samples/s  {peak}")
     if doc["batch_gain"] is not None:
