@@ -422,7 +422,8 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
         data_values = dict(executor.get("data") or {})
         workers = _get(s.get("host"), "data_workers", "host")
         if workers is not None and "workers" not in data_values:
-            data_values["workers"] = workers
+            # 0 (the loop prepares its own batches) is what the executor does without preload anyway
+            data_values["workers"] = max(1, workers) if isinstance(workers, int) else workers
         values: dict[str, Any] = dict(
             model=model, model_cfg=model_cfg,
             device=executor.get("device", "cpu"),

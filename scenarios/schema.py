@@ -3,8 +3,8 @@
 A scenario names what to simulate: a topology (preset, file or generator mapping), a workload (built-in name,
 JSON path, or ``{name: resnet50, image_size: 32}`` for an analytic model with config overrides), a parallel
 strategy with its options, the global batch size, which GPUs, how many iterations (warm-up excluded from the
-figures), the optimizer, the precision, the host's data pipeline, an ``optimizations:`` block (no switches
-yet) and optional named ``variants`` (partial scenarios merged over this one).
+figures), the optimizer, the precision, the host's data pipeline, an ``optimizations:`` block (the
+switches of TECHNIQUES.md) and optional named ``variants`` (partial scenarios merged over this one).
 """
 
 from __future__ import annotations
@@ -101,7 +101,12 @@ class OptimizerSpec(_Strict):
 
 class HostSpec(_Strict):
     pinned: bool = Field(default=True, description="input batches in pinned (page-locked) host memory")
-    data_workers: int = Field(default=4, ge=1, description="DataLoader worker processes per rank")
+    data_workers: int = Field(
+        default=4,
+        ge=0,
+        description="DataLoader worker processes per rank; 0: the training loop prepares each batch itself, "
+        "between iterations (PyTorch num_workers=0)",
+    )
     memory_gib: float | None = Field(
         default=None, ge=0, description="host memory per socket free for pinned buffers (default: no limit)"
     )
@@ -138,6 +143,13 @@ class Optimizations(_Strict):
     contention_aware: bool = Field(
         default=False, description="stagger offload/prefetch copies of GPUs sharing a link"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _executor_spellings(cls, data):
+        from trainsim.sim.data_movement import normalise
+
+        return normalise(data)
 
 
 class Scenario(_Strict):

@@ -15,6 +15,41 @@ COMPRESSION_STRATEGIES = ("dp-gpu0", "ddp")
 SPLIT_STRATEGIES = ("dp-gpu0", "ddp", "parameter-server")  # ddp/parameter-server ranks already load shards
 
 
+def normalise(block):
+    """Accept the executor's spellings (calibrate/exec_config.py) of the same switches, so one scenario file
+    serves both: ``preload: true`` / ``{depth: k}``, ``param_compression: none`` / ``{name: powersgd, rank}``,
+    ``offload_activations: save_on_cpu`` (offload all, no prefetch ahead: distance 0) / ``prefetch`` (all,
+    with ``prefetch_distance``) / ``{mode: prefetch, distance: k}``."""
+    if not isinstance(block, dict):
+        return block
+    out = dict(block)
+    preload = out.get("preload")
+    if isinstance(preload, bool):
+        out["preload"] = 1 if preload else 0  # double buffering
+    elif isinstance(preload, dict):
+        out["preload"] = preload.get("depth", 1) if preload.get("enabled", True) else 0
+    comp = out.get("param_compression")
+    if comp in ("none", False):
+        out["param_compression"] = None
+    elif isinstance(comp, dict) and "name" in comp and "method" not in comp:
+        out["param_compression"] = {("method" if k == "name" else k): v for k, v in comp.items()}
+    off = out.get("offload_activations")
+    if isinstance(off, dict):
+        if "distance" in off:
+            out.setdefault("prefetch_distance", off["distance"])
+        off = off.get("mode", "prefetch")
+    if off is False:
+        off = "none"
+    if off == "save_on_cpu":  # torch's save_on_cpu unpacks on demand: no prefetch ahead
+        out.setdefault("prefetch_distance", 0)
+        off = "all"
+    elif off == "prefetch":
+        off = "all"
+    if off is not None:
+        out["offload_activations"] = off
+    return out
+
+
 def _offload_on(policy) -> bool:
     return policy not in (None, "none") and policy != []
 
@@ -27,16 +62,11 @@ def check_combinations(scenario) -> None:
             f"optimizations.cpu_batch_split splits the batch over several GPUs; strategy.name {strategy} "
             f"does not (use it with {', '.join(SPLIT_STRATEGIES)})"
         )
-    if opts.preload:
-        if strategy not in INPUT_COPY_STRATEGIES:
-            raise ValueError(
-                f"optimizations.preload is modelled for strategy.name {', '.join(INPUT_COPY_STRATEGIES)}, "
-                f"not {strategy}"
-            )
-        if not scenario.host.pinned:
-            raise ValueError(
-                "optimizations.preload copies from pinned memory on a copy engine; host.pinned is false"
-            )
+    if opts.preload and strategy not in INPUT_COPY_STRATEGIES:
+        raise ValueError(
+            f"optimizations.preload is modelled for strategy.name {', '.join(INPUT_COPY_STRATEGIES)}, "
+            f"not {strategy}"
+        )
     if opts.param_compression is not None:
         if strategy not in COMPRESSION_STRATEGIES:
             raise ValueError(

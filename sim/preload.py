@@ -1,5 +1,6 @@
-"""Mini-batch pre-loading (ScaleDNN's ``preload: k``): batch t+1..t+k copied from pinned host memory on the
-GPU's H2D copy engine while batch t computes.
+"""Mini-batch pre-loading (ScaleDNN's ``preload: k``): batch t+1..t+k copied from host memory (pinned, or
+pageable staged by a CPU core when ``host.pinned`` is false) on the GPU's H2D copy engine while batch t
+computes.
 
 A rank's `Preloader` is a SimPy process that, for every iteration in turn, takes a buffer credit, waits for
 the batch from the rank's data loader, allocates the batch on the GPU and copies it on the H2D engine. The
@@ -32,8 +33,8 @@ class Preloader:
             yield self.credits.get(1)
             yield from ctx.loader_wait(self.gpu, it)
             machine.gpus[self.gpu].memory.alloc(ctx.env.now, self.nbytes, "input")
-            # pre-loading needs pinned buffers: pageable memory cannot be copied asynchronously
-            yield from machine.h2d(self.gpu, self.nbytes, iteration=it, op="h2d_preload", pinned=True)
+            # from pageable memory (host.pinned: false) a core stages the copy, as the loader's thread would
+            yield from machine.h2d(self.gpu, self.nbytes, iteration=it, op="h2d_preload", pinned=ctx.pinned)
             yield self.ready.put(it)
 
     def take(self, iteration: int):

@@ -242,6 +242,7 @@ class Simulation:
             optimizations=sc.optimizations,
             batch_size=sc.batch_size,
             costs_for=costs_for,
+            measured_on=measured_on,
         )
         from .data_movement import prepare
 

@@ -62,6 +62,7 @@ class Context:
     optimizations: Any = None
     batch_size: int = 0  # global
     costs_for: Callable[[str, int], RankCosts] | None = None
+    measured_on: Any = None  # the DeviceSpec the workload was measured on (a calibration bundle's), if known
     extra: dict[str, Any] = field(default_factory=dict)
     # data-movement optimizations' per-run state (sim/data_movement.py sets them up)
     preload_depth: int = 0
@@ -277,7 +278,8 @@ class Context:
 class DataLoader:
     """A PyTorch-style DataLoader for one rank: ``workers`` processes on the rank's socket each prepare whole
     batches (``batch x prep_s_per_sample`` seconds on one core), at most two batches ahead per worker
-    (``prefetch_factor=2``). With no preparation cost every batch is ready at once."""
+    (``prefetch_factor=2``). With no preparation cost every batch is ready at once. With 0 workers the
+    training loop prepares each batch itself when it asks for it (``num_workers=0``)."""
 
     PREFETCH = 2
 
@@ -310,6 +312,11 @@ class DataLoader:
             yield self.store.put(iteration)
 
     def get(self):
+        if self.ctx.data_workers == 0:  # num_workers=0: the loop prepares the batch, nothing overlaps
+            duration = self.batch * self.ctx.prep_s_per_sample
+            if duration > 0:
+                yield self.ctx.env.timeout(duration)
+            return
         if not self.started:
             self._start()
         if self.store is not None:

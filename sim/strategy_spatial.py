@@ -218,7 +218,8 @@ def symmetric_block(layout: SpatialLayout, topology, ranks: list[str]) -> int:
 @register("hybrid")
 def run_spatial(ctx: Context) -> None:
     layout = prepare_layout(
-        ctx.spec, ctx.workload, ctx.batch_size, ctx.ranks, ctx.machine, ctx.precision, ctx.optimizer
+        ctx.spec, ctx.workload, ctx.batch_size, ctx.ranks, ctx.machine, ctx.precision, ctx.optimizer,
+        measured_on=ctx.measured_on,
     )
     base = layout.base
     buckets = (

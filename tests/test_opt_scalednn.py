@@ -162,7 +162,7 @@ def test_dp_gpu0_compresses_parameter_broadcast_and_gradient_gather(tmp_path):
     "strategy, extra, words",
     [
         ("single", {"optimizations": {"cpu_batch_split": True}}, ["cpu_batch_split", "single"]),
-        ("ddp", {"optimizations": {"preload": 1}, "host": {"pinned": False}}, ["preload", "host.pinned"]),
+        ("easgd", {"optimizations": {"preload": 1}}, ["preload", "easgd"]),
         ("ddp", {"optimizations": {"param_compression": "fp16"}, "precision": "fp16"},
          ["param_compression", "precision"]),
         ("parameter-server", {"optimizations": {"param_compression": "int8"}},
