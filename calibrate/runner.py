@@ -480,7 +480,18 @@ def _step_collectives(run: _Run):
                 "latency_us": r.fit.latency_us,
                 "busbw_gbps": r.fit.bandwidth_gbps * collbench.bus_factor(r.collective, r.ranks),
             }
-    return [bf.COLLECTIVES], summary, notes
+    files = [bf.COLLECTIVES]
+    if run.device == "cpu" and "all_reduce" in summary and (run.out / bf.TOPOLOGY).is_file():
+        from trainsim.calibrate import topo_probe
+
+        # CPU ranks talk through gloo, not a bare memory copy: the rank links get gloo's figures
+        fit = summary["all_reduce"]
+        topo = topo_probe.apply_gloo_transport(
+            bf.read_file(run.out / bf.TOPOLOGY), fit["latency_us"], fit["busbw_gbps"], run.ranks
+        )
+        _write_topology(run, topo)
+        files.append(bf.TOPOLOGY)
+    return files, summary, notes
 
 
 def _step_data(run: _Run):
