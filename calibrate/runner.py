@@ -19,7 +19,7 @@ import datetime as _dt
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainsim.calibrate import bundle as bf
@@ -59,6 +59,7 @@ class CalibrationConfig:
     resume: bool = False
     steps: tuple[str, ...] = STEPS
     repeats: int | None = None  # per-layer timing repeats (None: the profiler's default for quick/full)
+    model_options: dict = field(default_factory=dict)  # zoo options of the model, e.g. {"image_size": 128}
 
     def __post_init__(self):
         self.out = Path(self.out)
@@ -499,7 +500,7 @@ def _step_data(run: _Run):
 
     samples = 64 if run.config.quick else 512
     run.progress("data", f"preparing {samples} samples")
-    seconds = data_prep.measure_prep(run.config.model, samples)
+    seconds = data_prep.measure_prep(run.config.model, samples, **run.config.model_options)
     return [], {"prep_s_per_sample": seconds, "cores": len(os.sched_getaffinity(0))}, []
 
 
@@ -523,6 +524,7 @@ def _step_layers(run: _Run):
         prep_samples=0 if prep is not None else 64,
         progress=lambda text: run.progress("layers", str(text)),
         **kwargs,
+        **run.config.model_options,
     )
     if prep is not None and workload.input.prep_s_per_sample is None:
         workload = workload.model_copy(

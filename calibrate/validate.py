@@ -218,6 +218,24 @@ def check_bundle(calibration_dir: str | os.PathLike, *, force: bool = False, her
 # ---------------------------------------------------------------- the two sides
 
 
+def workload_mismatch(bundle, cfg) -> str | None:
+    """Why the bundle's measured workload is not the model ``cfg`` trains (None: it is): another model, or
+    the same model with other options (image size, classes, ...), would be predicted from the wrong layers."""
+    from trainsim.calibrate.zoo import model_config
+
+    workload = bundle.workload
+    if workload.name != cfg.model:
+        return (f"the bundle measured {workload.name}, not {cfg.model}; calibrate {cfg.model} into its own "
+                "bundle to validate this variant")
+    measured = getattr(workload.provenance, "config", None)
+    wanted = model_config(cfg.model, **cfg.model_cfg)
+    if isinstance(measured, dict) and any(measured.get(k) != v for k, v in wanted.items() if k in measured):
+        diff = ", ".join(f"{k} {measured.get(k)} (runs {v})" for k, v in wanted.items()
+                         if k in measured and measured.get(k) != v)
+        return f"the bundle measured {cfg.model} with {diff}"
+    return None
+
+
 def input_prep_seconds(cfg, samples: int = 16) -> float:
     """CPU seconds to prepare one input sample exactly as the executor's pipeline does for ``cfg`` (decode,
     ``augment_repeats`` crop/flip/normalise passes), on this core: what the simulator's data workers cost."""
@@ -307,6 +325,7 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
         # simulator's devices are those; free cores are the host's, where background data workers run
         overrides = {"cores_per_rank": bundle.machine.cpu.threads_per_rank, **overrides}
     configs = {name: exec_config_from_scenario(data, name, file=scenario, **overrides) for name in names}
+    mismatched = {name: workload_mismatch(bundle, cfg) for name, cfg in configs.items()}
     bundle_device = bundle.meta.config.get("device", "cpu")
     for name, cfg in configs.items():
         if cfg.device != bundle_device:
@@ -327,6 +346,7 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     _write(result, out, prov)
     try:
         for row in result.rows:
+            row.not_simulated = mismatched[row.variant]
             _one_variant(row, scenario, calibration, configs[row.variant], out, progress, execute,
                          infeasible_reason, execute_config)
             compare(result.rows, baseline)
@@ -350,6 +370,8 @@ def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: 
     row.skipped = infeasible_reason(cfg)
     progress(f"{name}: simulating")
     try:
+        if row.not_simulated:
+            raise TrainsimError(row.not_simulated)
         row.prep_s_per_sample = input_prep_seconds(cfg)
         sim_trace = (Path(TRACES) / f"{name}.sim.json.gz") if out is not None else None
         predicted = predict(scenario, name, calibration, prep_s_per_sample=row.prep_s_per_sample,

@@ -65,9 +65,11 @@ def test_quick_run_interrupted_then_resumed(tmp_path, monkeypatch):
     }
     # The calibrated topology carries the measured copy figures; the CPU device is recorded.
     rank_copy = next(c for c in bundle.links.classes if c.kind == "rank_copy")
-    assert bundle.topology.bottleneck(bundle.topology.route("gpu0", "gpu1")) == pytest.approx(
-        rank_copy.fit.beta_bytes_per_s
-    )
+    # (the route's other links, e.g. the DRAM one, are measured separately and may be slower on a busy box)
+    route = bundle.topology.route("gpu0", "gpu1")
+    rank_links = [bundle.topology.graph.edges[e]["bandwidth"] for e in route
+                  if "gpu" in e[0] or "gpu" in e[1]]
+    assert rank_links and all(bw == pytest.approx(rank_copy.fit.beta_bytes_per_s) for bw in rank_links)
     assert bundle.machine.cpu.gemm_flops_per_core > 0 and bundle.machine.cpu.threads_per_rank >= 1
     all_reduce = next(r for r in bundle.collectives.results if r.collective == "all_reduce")
     assert all_reduce.ranks == 2 and all_reduce.backend == "gloo" and all_reduce.fit is not None
