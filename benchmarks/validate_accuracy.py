@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/validate_accuracy.py [--repeats 3] [--variants a,b] [--iterations N]
                                                      [--calibration DIR] [--out DIR]
 
-1. Calibrates this box quickly (unless --calibration names a bundle) at the per-rank batch sizes of the
-   scenario's variants.
+1. Calibrates this box quickly at the per-rank batch sizes of the scenario's variants, afresh for every
+   repeat (as `trainsim quickstart` does), so the spread includes the calibration's own; --calibration DIR
+   reuses one bundle for every repeat instead.
 2. Issue 4's check: the calibrated model (the scenario's baseline, one rank) simulated from its own bundle vs
    its measured iteration time.
 3. Runs `validate validate-cpu` ``--repeats`` times (each a fresh set of real runs against the same bundle)
@@ -32,7 +33,8 @@ def _load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from trainsim.calibrate import runner
-    from trainsim.calibrate.quickstart import calibration_batch_sizes
+    from trainsim.calibrate.quickstart import LAYER_REPEATS, calibration_batch_sizes
+    from trainsim.calibrate.report import write_report
     from trainsim.calibrate.validate import validate
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,18 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"iterations": args.iterations} if args.iterations else {}
 
     print(f"# {args.scenario} on this box; {_load()}")
-    bundle = args.calibration
-    if bundle is None:
+
+    def calibrate(k: int) -> str:
         began = time.perf_counter()
-        config = runner.CalibrationConfig(model="tiny-cnn", out=out / "calibration", device="cpu", ranks=2,
-                                          quick=True, batch_sizes=calibration_batch_sizes(args.scenario))
-        bundle = str(runner.run_calibration(config))
-        print(f"calibrated in {time.perf_counter() - began:.0f} s -> {bundle}")
+        config = runner.CalibrationConfig(model="tiny-cnn", out=out / f"calibration-{k}", device="cpu",
+                                          ranks=2, quick=True, repeats=LAYER_REPEATS,
+                                          batch_sizes=calibration_batch_sizes(args.scenario))
+        path = str(runner.run_calibration(config))
+        print(f"\ncalibrated in {time.perf_counter() - began:.0f} s -> {path}")
+        return path
 
     repeats = []
     for k in range(args.repeats):
+        bundle = args.calibration or calibrate(k)
         began = time.perf_counter()
         result = validate(args.scenario, bundle, variants, report_dir=out / f"report-{k}", **overrides)
+        write_report(result, out / f"report-{k}")
         acc = result.accuracy()
         repeats.append((result, acc))
         print(f"\n## repeat {k + 1}: {time.perf_counter() - began:.0f} s; {_load()}")

@@ -19,6 +19,9 @@ from pathlib import Path
 from trainsim.calibrate.validate import ValidationResult
 
 DEFAULT_OUT = "trainsim-quickstart"
+# per-layer timing repeats: --quick's 3 leave a median that one busy moment on a shared box moves by 10-15 %;
+# 20 cost seconds on the validation models and make the layer times the simulator starts from stable
+LAYER_REPEATS = 20
 SCENARIOS = {"cpu": "validate-cpu", "cuda": "validate-gpu"}
 
 
@@ -32,8 +35,8 @@ class QuickstartResult:
 
 
 def calibration_batch_sizes(scenario: str, variants: list[str] | None = None) -> tuple[int, ...]:
-    """The per-rank batch sizes the scenario's variants run (a pipeline's micro-batch, too), so the bundle
-    measures the layers at the sizes the simulator will ask for instead of extrapolating."""
+    """The per-rank batch sizes the scenario's variants run with the scenario's own model (a pipeline's
+    micro-batch, too), so the bundle measures the layers at the sizes the simulator will ask for."""
     from trainsim.calibrate.exec_config import (
         exec_config_from_scenario,
         load_scenario_dict,
@@ -41,9 +44,12 @@ def calibration_batch_sizes(scenario: str, variants: list[str] | None = None) ->
     )
 
     data = load_scenario_dict(scenario)
+    base = exec_config_from_scenario(data, None, file=scenario)
     sizes = set()
     for name in variants or scenario_variants(data) or [None]:
         cfg = exec_config_from_scenario(data, name, file=scenario)
+        if (cfg.model, cfg.model_cfg) != (base.model, base.model_cfg):
+            continue  # another model: the bundle cannot predict it anyway (validate says so)
         if cfg.strategy == "pipeline":
             stages = cfg.pipeline.stages or cfg.ranks
             replicas = max(1, cfg.ranks // stages)
@@ -66,8 +72,10 @@ def quickstart(out: str | os.PathLike = DEFAULT_OUT, *, device: str = "auto",
     out = Path(out)
     resolved = runner.resolve_device(device)
     scenario = SCENARIOS[resolved]
+    model, options = _scenario_model(scenario)
     config = runner.CalibrationConfig(
-        model=_scenario_model(scenario), out=out / "calibration", device=resolved, quick=True, resume=resume,
+        model=model, model_options=options, out=out / "calibration", device=resolved, quick=True,
+        resume=resume, repeats=LAYER_REPEATS,
         batch_sizes=calibration_batch_sizes(scenario, variants),
         ranks=min(2, runner.default_ranks(resolved)))
     runner.validate(config)
@@ -78,7 +86,9 @@ def quickstart(out: str | os.PathLike = DEFAULT_OUT, *, device: str = "auto",
     return QuickstartResult(scenario, Path(bundle), report_dir, result, files)
 
 
-def _scenario_model(scenario: str) -> str:
+def _scenario_model(scenario: str) -> tuple[str, dict]:
+    """The zoo model of the scenario's base (and its options: image size, classes), which is calibrated."""
     from trainsim.calibrate.exec_config import exec_config_from_scenario, load_scenario_dict
 
-    return exec_config_from_scenario(load_scenario_dict(scenario), None, file=scenario).model
+    cfg = exec_config_from_scenario(load_scenario_dict(scenario), None, file=scenario)
+    return cfg.model, dict(cfg.model_cfg)

@@ -105,10 +105,15 @@ def rank_costs(
     else:
         step = optimizer_traffic(num_params, precision, optimizer) / device.memory_bandwidth
     last = workload.layers[-1]
+    forward = [float(f) for f, _ in times]
+    if _measured_here(workload, device):
+        # the measured iteration's glue outside every layer (loss, zero_grad, the autograd engine): real work
+        # on the rank, charged where the loss is computed, after the last layer's forward
+        forward[-1] += unattributed_s(workload, batch)
     return RankCosts(
         batch=batch,
         layer_names=[layer.name for layer in workload.layers],
-        forward_s=[float(f) for f, _ in times],
+        forward_s=forward,
         backward_s=[float(b) for _, b in times],
         step_s=float(step),
         param_bytes=num_params * weight,
@@ -121,6 +126,24 @@ def rank_costs(
         input_bytes=float(batch * workload.input.bytes_per_sample),
         output_bytes=float(batch * last.output_bytes_per_sample * act_scale),
     )
+
+
+def unattributed_s(workload: Workload, batch: int) -> float:
+    """Seconds of a calibrated iteration outside every layer and the optimizer step at ``batch`` (the
+    calibration's ``provenance.iteration.unattributed``): linear between its batch sizes, proportional to
+    the batch beyond them, 0 without it; never negative (a negative figure is the hooks' own cost)."""
+    iteration = (workload.provenance.model_extra or {}).get("iteration") or {}
+    points = sorted((float(b), float(t)) for b, t, *_ in iteration.get("unattributed") or [])
+    if not points:
+        return 0.0
+    if batch <= points[0][0]:
+        value = points[0][1] * batch / points[0][0]
+    elif batch >= points[-1][0]:
+        value = points[-1][1] * batch / points[-1][0]
+    else:
+        value = next(t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+                     for (b0, t0), (b1, t1) in zip(points, points[1:], strict=False) if b0 <= batch <= b1)
+    return max(0.0, value)
 
 
 def _measured_here(workload: Workload, device: DeviceSpec) -> bool:

@@ -46,3 +46,19 @@ def test_unmeasured_optimizer_step_is_memory_bound():
     assert costs.step_s == pytest.approx(28 * psi / device.memory_bandwidth)
     # SGD: read grads, read and write weights
     assert optimizer_traffic(psi, "fp32", "sgd") == 12 * psi
+
+
+def test_unattributed_time_of_a_calibrated_workload():
+    from types import SimpleNamespace
+
+    from trainsim.sim.costs import unattributed_s
+
+    def wl(points):
+        extra = {"iteration": {"unattributed": points}} if points is not None else {}
+        return SimpleNamespace(provenance=SimpleNamespace(model_extra=extra))
+
+    points = [[16, -0.001], [32, 0.002], [64, 0.004]]
+    assert unattributed_s(wl(points), 48) == pytest.approx(0.003)  # linear between measured sizes
+    assert unattributed_s(wl(points), 128) == pytest.approx(0.008)  # proportional beyond them
+    assert unattributed_s(wl(points), 16) == 0.0  # negative: the hooks' own cost, not work
+    assert unattributed_s(wl(None), 32) == 0.0

@@ -78,3 +78,11 @@ def test_prefetcher_raises_the_workers_error():
         assert pf.get(0) == 0 and pf.get(1) == 1
         with pytest.raises(ValueError, match="bad sample"):
             pf.get(2)
+
+
+def test_prefetcher_workers_run_on_the_given_cores():
+    import os
+
+    cores = tuple(sorted(os.sched_getaffinity(0)))[-1:]
+    with Prefetcher(lambda it: tuple(sorted(os.sched_getaffinity(0))), 2, depth=1, cores=cores) as pre:
+        assert [pre.get(0), pre.get(1)] == [cores, cores]

@@ -178,3 +178,9 @@ def test_infeasible_cuda_without_gpu_and_bf16_on_gloo():
         assert "CUDA" in infeasible_reason(ExecConfig(device="cuda"))
     cfg = ExecConfig(strategy="ddp", ranks=1, optimizations=OptimizationsConfig(param_compression="bf16"))
     assert "bf16" in infeasible_reason(cfg)
+
+
+def test_cores_per_rank_that_do_not_fit_make_the_variant_a_skip():
+    cores = len(os.sched_getaffinity(0))
+    assert "cores each" in infeasible_reason(ExecConfig(ranks=1, cores_per_rank=cores + 1))
+    assert infeasible_reason(ExecConfig(ranks=1, cores_per_rank=1)) is None

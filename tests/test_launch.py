@@ -60,3 +60,12 @@ def test_bad_arguments():
         launch(all_reduce_check, 0)
     with pytest.raises(TrainsimError, match="valid choices"):
         launch(all_reduce_check, 2, device="tpu")
+
+
+def test_plan_cores_per_rank_leaves_the_rest_free():
+    from trainsim.calibrate.launch import plan_cores
+
+    assert plan_cores(1, [0, 1, 2, 3], per_rank=1) == [(0,)]
+    assert plan_cores(2, [0, 1, 2, 3], per_rank=1) == [(0,), (1,)]
+    assert plan_cores(2, [0, 1, 2, 3]) == [(0, 1), (2, 3)]
+    assert plan_cores(2, [0, 1, 2, 3], per_rank=3) == [(0, 1), (2, 3)]  # does not fit: an equal share

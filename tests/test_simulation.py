@@ -220,3 +220,16 @@ def test_three_call_api_and_pageable_input(tmp_path):
     assert pageable.breakdown_s["exposed_transfer"] == pytest.approx(expected, rel=1e-9)
     staging = [op for op in pageable.machine.ops if op.op == "h2d_input_staging"]
     assert staging and all(op.resource == "cpu0" for op in staging)
+
+
+def test_no_data_workers_puts_preparation_in_the_loop(tmp_path):
+    # data_workers 0 (PyTorch num_workers=0): each batch is prepared when the loop asks, nothing overlaps,
+    # so the iteration is preparation + the one-GPU iteration; with a worker it hides under compute
+    topo = tiny_topology(gpus=1, nvlink=False)
+    prep = 0.0005  # 8 samples: 4 ms per batch, shorter than the layers
+    wl = write(tmp_path, tiny_workload(LAYERS, batch=8, prep_s=prep))
+    inline = simulate(make_scenario(topo, wl, "single", 8, host={"data_workers": 0}, iterations=3))
+    worker = simulate(make_scenario(topo, wl, "single", 8, host={"data_workers": 1}, iterations=3))
+    assert inline.iteration_time_s == pytest.approx(worker.iteration_time_s + 8 * prep, rel=1e-9)
+    assert inline.breakdown_s["data_preparation"] == pytest.approx(8 * prep, rel=1e-9)
+    assert worker.breakdown_s["data_preparation"] == 0

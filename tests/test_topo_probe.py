@@ -109,3 +109,20 @@ def test_cuda_skeleton_from_nvidia_smi_or_fallback(monkeypatch):
     monkeypatch.setattr(nvsmi, "read_nvidia_smi", lambda: "garbage")
     doc = cuda_topology(host, gpu_names=names[:1], gpu_memory_gib=[16.0], dram_bandwidth_gbps=100.0)
     assert load_topology(doc).gpus == ["gpu0"]
+
+
+def test_gloo_transport_on_cpu_rank_links():
+    from trainsim.calibrate.topo_probe import apply_gloo_transport
+
+    host = {"cores": 2, "sockets": [{"id": 0, "cpus": [0, 1]}], "memory_bytes": 2**30, "cpu_model": "X"}
+    copy = fitted("rank_copy", "rank_copy", 11.0, 1.2)
+    doc = cpu_topology(host, 2, dram_bandwidth_gbps=20.0, rank_link=copy)
+    # all-reduce on 2 ranks: 2 ring steps x 2 links each -> a quarter of alpha per link; busbw per link
+    apply_gloo_transport(doc, latency_us=200.0, busbw_gbps=2.0, nranks=2)
+    rank_links = [link for link in doc["links"] if link["b"].startswith("gpu")]
+    assert [(link["bandwidth_gbps"], link["latency_us"]) for link in rank_links] == [(2.0, 50.0)] * 2
+    # a fit faster than the memory copy (time flat in size on a busy box) is capped at the copy figure
+    apply_gloo_transport(doc, latency_us=200.0, busbw_gbps=1e9, nranks=2)
+    assert {link["bandwidth_gbps"] for link in rank_links} == {2.0}
+    topo = load_topology(doc)
+    assert topo.bottleneck(topo.route("gpu0", "gpu1")) == pytest.approx(2e9)

@@ -162,6 +162,7 @@ def test_interrupt_keeps_the_finished_rows(scenario, bundle_dir, tmp_path):
     assert doc["schema"] == "trainsim.validation/1" and doc["status"] == "interrupted"
     assert doc["rows"][0]["predicted_s"] > 0 and doc["rows"][1]["status"] == "pending"
     assert info.value.partial.rows[0].predicted_s > 0
+    assert "Status: interrupted" in (tmp_path / "rep" / "report.md").read_text()
 
 
 def test_corrupt_bundle_is_one_line_on_the_cli(scenario, tmp_path):

@@ -204,8 +204,8 @@ def topo_bench(
 
 # ---------------------------------------------------------------- calibrate (calibrate/runner.py)
 calibrate_app = _app(help="Measure this box (topology, links, collectives, a model's layers) into a bundle: "
-                          "`trainsim calibrate --model NAME [OPTIONS]`. Ctrl-C leaves a usable partial bundle; "
-                          "--resume continues it.", invoke_without_command=True)
+                          "`trainsim calibrate --model NAME [OPTIONS]`. Ctrl-C leaves a usable partial "
+                          "bundle; --resume continues it.", invoke_without_command=True)
 app.add_typer(calibrate_app, name="calibrate")
 
 
@@ -642,7 +642,7 @@ def _print_validation(result, files: dict | None, as_json: bool, extra: dict | N
         print_json({**result.to_dict(provenance=provenance()), **(extra or {}),
                     "files": {k: str(v) for k, v in (files or {}).items()}})
         return
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)  # piped: keep the 11 columns readable
     console.print(report.rich_table(result))
     for line in report.headline_lines(result) + report.reason_lines(result) + result.notes:
         console.print(line, soft_wrap=True, markup=False)
@@ -822,7 +822,7 @@ def plan_cmd(
         typer.echo(f"plan written to {out}")
 
 
-# ---- reproduce: the seed papers' claims ----------------------------------------------------------------------
+# ---- reproduce: the seed papers' claims -------------------------------------------------------------
 
 @app.command("reproduce")
 def reproduce_cmd(
