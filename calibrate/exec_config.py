@@ -13,7 +13,8 @@ base scenario and reads the fields the executor needs:
 - ``batch_size`` (global), ``gpus`` (a count or a list of indices) -> ranks
 - ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
 - ``host.pinned``, ``host.data_workers`` -> pinned host batches, prefetch threads
-- ``optimizations.preload`` (bool or ``{depth: 2}``), ``cpu_batch_split`` (bool), ``param_compression``
+- ``optimizations.preload`` (bool or ``{depth: 1}``; true = one batch ahead, double buffering, as in the
+  simulator), ``cpu_batch_split`` (bool), ``param_compression``
   (none|fp16|bf16|powersgd or ``{name: powersgd, rank: 2}``), ``offload_activations``
   (none|save_on_cpu|prefetch or ``{mode: prefetch, distance: 2}``)
 - ``executor:`` (executor-only): ``device`` (cpu|cuda), ``seed``, ``timeout_s``, ``easgd:`` (the elastic
@@ -347,9 +348,9 @@ def _optimizations(block: Any) -> OptimizationsConfig:
     values: dict[str, Any] = {}
     preload = block.get("preload")
     if isinstance(preload, dict):
-        values["preload"] = preload.get("depth", 2) if preload.get("enabled", True) else 0
+        values["preload"] = preload.get("depth", 1) if preload.get("enabled", True) else 0
     elif isinstance(preload, bool):
-        values["preload"] = 2 if preload else 0
+        values["preload"] = 1 if preload else 0  # double buffering, as the simulator
     elif preload is not None:
         values["preload"] = preload
     if "cpu_batch_split" in block:
