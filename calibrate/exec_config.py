@@ -28,12 +28,12 @@ config that `infeasible_reason` reports, so the variant is skipped with the reas
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.scenarios.loader import deep_merge
 
 DEVICES = ("cpu", "cuda")
 # what the executor runs
@@ -291,15 +291,7 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
 # ---------------------------------------------------------------- scenario -> ExecConfig
 
 
-def merge(base: dict, overrides: dict) -> dict:
-    """``overrides`` deep-merged over ``base`` (mappings merge, everything else replaces)."""
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+merge = deep_merge  # variants apply to the executor exactly as to the simulator
 
 
 def scenario_variants(scenario: dict) -> list[str]:

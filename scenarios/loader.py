@@ -133,11 +133,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def _merge(base: dict, over: dict) -> dict:
+def deep_merge(base: dict, over: dict) -> dict:
+    """``over`` deep-merged over ``base`` (mappings merge, everything else replaces): how variants apply."""
     out = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -163,7 +164,7 @@ def apply_variant(data: dict, variant: str, *, label: str | None = None) -> dict
         raise TrainsimError(
             "a variant must be a mapping of overrides", file=label, field=f"variants.{variant}"
         )
-    merged = _merge({k: v for k, v in data.items() if k != "variants"}, variants[variant])
+    merged = deep_merge({k: v for k, v in data.items() if k != "variants"}, variants[variant])
     merged["name"] = f"{data.get('name', 'scenario')}[{variant}]"
     return merged
 
