@@ -12,6 +12,11 @@ broadcast. busbw is the figure comparable with a link's bandwidth whatever the r
 gets an alpha-beta fit ``t = alpha + S / beta`` (beta is the asymptotic algbw; its busbw is beta x F).
 
 A backend without some collective (older gloo has no reduce-scatter) records the reason and skips it.
+
+``send_recv`` is the point-to-point message (spatial halos, pipeline activations): a ping-pong between ranks 0
+and 1 (the others idle), each point the one-way time of one message of S bytes (half the round trip). On
+gloo it costs far more than a memory copy (a TCP message and the peer's wake-up), so the simulator charges
+point-to-point flows its fitted latency on calibrated CPU boxes.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ from trainsim.calibrate.launch import RankContext, launch
 from trainsim.calibrate.sampling import iterations_for, median_spread
 from trainsim.errors import TrainsimError
 
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv")
+MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time
 CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one isolated operation (see bench_rank)
+# send/recv on gloo is bimodal (the peer awake or not) and a ping-pong is cheap: more samples steady its mean
+CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
 
 
 def bus_factor(collective: str, nranks: int) -> float:
@@ -38,6 +46,7 @@ def bus_factor(collective: str, nranks: int) -> float:
         "reduce_scatter": (n - 1) / n,
         "broadcast": 1.0,
         "reduce": 1.0,
+        "send_recv": 1.0,
     }
     if collective not in factors:
         raise TrainsimError(f"unknown collective {collective!r}; valid choices: {', '.join(sorted(factors))}")
@@ -81,6 +90,8 @@ def _operation(name: str, size_bytes: int, ctx: RankContext) -> Callable[[], Non
     n = ctx.world_size
     numel = max(n, size_bytes // 4 // n * n)  # divisible by n so all-gather/reduce-scatter chunks are equal
     full = torch.ones(numel, dtype=torch.float32, device=ctx.device)
+    if name == "send_recv":
+        return _ping_pong(full, ctx.rank)
     if name == "all_reduce":
         return lambda: dist.all_reduce(full)
     if name == "broadcast":
@@ -91,6 +102,21 @@ def _operation(name: str, size_bytes: int, ctx: RankContext) -> Callable[[], Non
     if name == "reduce_scatter":
         return lambda: dist.reduce_scatter_tensor(chunk, full)
     raise TrainsimError(f"unknown collective {name!r}; valid choices: {', '.join(COLLECTIVES)}")
+
+
+def _ping_pong(buf, rank: int) -> Callable[[], None]:
+    """Rank 0 sends ``buf`` to rank 1, which sends it back; other ranks do nothing."""
+    import torch.distributed as dist
+
+    def op() -> None:
+        if rank == 0:
+            dist.send(buf, dst=1)
+            dist.recv(buf, src=1)
+        elif rank == 1:
+            dist.recv(buf, src=0)
+            dist.send(buf, dst=0)
+
+    return op
 
 
 def _timed(op: Callable[[], None], k: int, ctx: RankContext) -> float:
@@ -135,7 +161,8 @@ def bench_rank(
                 # idle, and the cost an isolated message pays (waking the peer's thread; on a VM often a
                 # halted vCPU: milliseconds, bimodal with the fast case) drops out of alpha; training pays it.
                 # The mean is the point: it is the expected cost, and a median of a two-mode sample flips.
-                samples = [_timed(op, 1, ctx) for _ in range(max(repeats, CPU_SINGLE_SHOTS))]
+                shots = CPU_P2P_SHOTS if name == "send_recv" else CPU_SINGLE_SHOTS
+                samples = [_timed(op, 1, ctx) for _ in range(max(repeats, shots))]
                 med, spread = sum(samples) / len(samples), median_spread(samples)[1]
             else:
                 # Every rank must use the same k, so the estimate is agreed through a collective too.
@@ -143,7 +170,8 @@ def bench_rank(
                 samples = [_timed(op, k, ctx) for _ in range(repeats)]
                 med, spread = median_spread(samples)
             numel = max(ctx.world_size, size // 4 // ctx.world_size * ctx.world_size)
-            entry["points"].append({"bytes": numel * 4, "time_s": med, "spread_s": spread})
+            per_op = MESSAGES_PER_OP.get(name, 1)
+            entry["points"].append({"bytes": numel * 4, "time_s": med / per_op, "spread_s": spread / per_op})
         out.append(entry)
     return out
 
@@ -171,6 +199,11 @@ def measure_collectives(
         device=device,
         timeout_s=timeout_s,
     )[0]
+    return results_from_report(report, nranks, backend)
+
+
+def results_from_report(report: list[dict], nranks: int, backend: str) -> list[CollectiveResult]:
+    """Bandwidths and alpha-beta fits of rank 0's report (``bench_rank``'s return value)."""
     results = []
     for entry in report:
         res = CollectiveResult(entry["collective"], nranks, backend, skipped=entry["skipped"])

@@ -127,6 +127,10 @@ class Machine:
             self.hosts[cpu] = Host(self.env, cpu, attrs["cores"], attrs["dram"], attrs["dram_bandwidth"])
         self._host_of_dram = {h.dram: h for h in self.hosts.values()}
         self.ops: list[Op] = []
+        # seconds a point-to-point message (GPU-to-GPU copy, halo, pipeline activation) pays before its first
+        # byte moves, instead of its route's link latencies: set from a calibrated CPU box's measured gloo
+        # send/recv, where a message is a TCP send and the peer's wake-up, not a memory copy; None: the links'
+        self.p2p_latency: float | None = None
 
     # ---- lookups --------------------------------------------------------------------------------------
     def gpu(self, index_or_name: int | str) -> Gpu:
@@ -139,6 +143,13 @@ class Machine:
 
     def host_by_dram(self, dram: str) -> Host:
         return self._host_of_dram[dram]
+
+    def message_latencies(self, legs: list[list]) -> list[float | None]:
+        """Per leg of a point-to-point message: the latency it pays (None: its route's). A measured message
+        latency is paid once, on the first leg."""
+        if self.p2p_latency is None:
+            return [None] * len(legs)
+        return [self.p2p_latency] + [0.0] * (len(legs) - 1)
 
     @property
     def now(self) -> float:
@@ -194,6 +205,7 @@ class Machine:
         pinned: bool = True,
         host: Host | None = None,
         tag: str | None = None,
+        latencies: list[float | None] | None = None,
     ):
         """A process body: move ``nbytes`` over ``legs`` (routes done one after the other, e.g. staged through
         host memory) holding ``gpu``'s ``stream`` engine; pageable copies also hold a core of ``host``."""
@@ -205,9 +217,9 @@ class Machine:
                 core = host.cores.request()
                 yield core
             max_rate = math.inf if pinned else PAGEABLE_COPY_RATE
-            for leg in legs:
+            for leg, latency in zip(legs, latencies or [None] * len(legs), strict=True):
                 yield self.net.transfer(
-                    leg, nbytes, max_rate=max_rate, tag=tag or f"it{iteration}:{op}:{gpu}"
+                    leg, nbytes, latency=latency, max_rate=max_rate, tag=tag or f"it{iteration}:{op}:{gpu}"
                 )
             if core is not None:
                 host.cores.release(core)
@@ -313,6 +325,7 @@ class Machine:
             iteration=iteration,
             category=category,
             peer=peer,
+            latencies=self.message_latencies(legs),
         )
 
     def host_work(self, host: Host, duration: float, *, cores: int = 1, op: str, iteration: int, **args):

@@ -8,7 +8,8 @@
 
 A calibration bundle (``calibration=DIR``, the folder `trainsim calibrate` writes) replaces the scenario's
 topology and workload with the bundle's ``topology.yaml`` and ``workload-<model>.json``, and its measured
-device (``device.json``) becomes the device of the GPUs whose spec it names.
+device (``device.json``) becomes the device of the GPUs whose spec it names. On a CPU box (gloo) the measured
+send/recv latency of ``collectives.json`` is what every point-to-point message pays (`bundle_p2p_latency`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,27 @@ def _read_bundle(path: str) -> tuple[str, list[Path], dict[str, DeviceSpec]]:
     return str(topology), workloads, devices
 
 
+def bundle_p2p_latency(path: str) -> float | None:
+    """Seconds per gloo point-to-point message (the send/recv fit's alpha) of a calibration bundle, or None
+    when it has none (no collectives step, NCCL, or a bundle from before send/recv was measured)."""
+    file = Path(path) / "collectives.json"
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TrainsimError(f"not valid JSON ({exc})", file=str(file)) from None
+    if not isinstance(data, dict) or data.get("backend") != "gloo":
+        return None
+    for entry in data.get("results") or []:
+        fit = entry.get("fit") if isinstance(entry, dict) else None
+        if entry.get("collective") == "send_recv" and isinstance(fit, dict):
+            latency_us = fit.get("latency_us")
+            if isinstance(latency_us, int | float):
+                return max(0.0, float(latency_us)) * 1e-6
+    return None
+
+
 def load_inputs(scenario, calibration: str | None = None):
     """(topology, workload, extra devices) for a scenario, from the bundle when one is given."""
     from trainsim.topologies import load_topology
@@ -189,6 +211,8 @@ class Simulation:
             record_flows=record,
             record_memory=record,
         )
+        if machine is None and calibration is not None:
+            self.machine.p2p_latency = bundle_p2p_latency(calibration)
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
         if batch_hook is not None:
             per_gpu = batch_hook(sc, self.ranks, self.workload)

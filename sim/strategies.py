@@ -116,7 +116,7 @@ class Context:
 
     # ---- the model's passes ---------------------------------------------------------------------------
     def input_copy(self, gpu: str, iteration: int, nbytes: float | None = None):
-        """The rank's input batch from its host memory to the GPU (pinned or pageable)."""
+        """The rank's input batch from its host memory to the GPU (pinned or pageable); none on a CPU rank."""
         nbytes = self.costs[gpu].input_bytes if nbytes is None else nbytes
         if self.preload_depth:  # ScaleDNN pre-loading: the copy ran ahead on the H2D engine (sim/preload.py)
             if gpu not in self.preloaders:
@@ -126,6 +126,8 @@ class Context:
             yield from self.preloaders[gpu].take(iteration)
             return
         self.machine.gpus[gpu].memory.alloc(self.env.now, nbytes, "input")
+        if self.machine.gpus[gpu].device.kind == "cpu":
+            return  # a CPU rank's batch is prepared in its own memory: there is no host-to-device copy
         yield from self.machine.h2d(gpu, nbytes, iteration=iteration, pinned=self.pinned)
 
     def _segment(

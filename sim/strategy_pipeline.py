@@ -340,7 +340,8 @@ class _Pipeline:
         if kind == "F":
             if s == 0 and stage.input_bytes > 0:
                 memory.alloc(ctx.env.now, stage.input_bytes, "input")
-                yield from ctx.machine.h2d(gpu, stage.input_bytes, iteration=it, pinned=ctx.pinned)
+                if ctx.machine.gpus[gpu].device.kind != "cpu":  # a CPU rank's batch is in its own memory
+                    yield from ctx.machine.h2d(gpu, stage.input_bytes, iteration=it, pinned=ctx.pinned)
             memory.alloc(ctx.env.now, stage.saved_bytes, "activations")
         yield from self._compute(gpu, it, m, kind)
         if kind == "F":

@@ -41,8 +41,8 @@ def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: 
     a, b = ctx.ranks[src], ctx.ranks[dst]
     start = env.now
     legs = machine.topology.gpu_copy_legs(a, b)
-    for leg in legs:
-        yield machine.net.transfer(leg, nbytes, tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
+    for leg, latency in zip(legs, machine.message_latencies(legs), strict=True):
+        yield machine.net.transfer(leg, nbytes, latency=latency, tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
     machine.record(
         iteration=iteration,
         resource=a,

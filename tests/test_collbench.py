@@ -6,7 +6,12 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
-from trainsim.calibrate.collbench import COLLECTIVES, bus_factor, measure_collectives  # noqa: E402
+from trainsim.calibrate.collbench import (  # noqa: E402
+    COLLECTIVES,
+    bus_factor,
+    measure_collectives,
+    results_from_report,
+)
 from trainsim.errors import TrainsimError  # noqa: E402
 
 
@@ -51,3 +56,20 @@ def test_needs_two_ranks_and_known_collectives():
 def test_nccl_all_reduce():
     results = measure_collectives("cuda", 2, [1 << 20, 1 << 24], repeats=2, collectives=("all_reduce",))
     assert results[0].backend == "nccl" and results[0].fit.beta_bytes_per_s > 1e9
+
+
+def test_send_recv_fit_recovered_from_a_synthetic_ping_pong():
+    # one-way message times of alpha + S / beta (gloo on a VM: ~1.7 ms per message, ~1 GB/s)
+    alpha, beta = 1.7e-3, 1e9
+    sizes = [1024, 65536, 1 << 20, 1 << 22]
+    report = [
+        {
+            "collective": "send_recv",
+            "skipped": None,
+            "points": [{"bytes": s, "time_s": alpha + s / beta, "spread_s": 0.0} for s in sizes],
+        }
+    ]
+    (result,) = results_from_report(report, 2, "gloo")
+    assert result.fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert result.fit.beta_bytes_per_s == pytest.approx(beta, rel=1e-6)
+    assert result.to_json()["bus_factor"] == 1.0  # one message: bus bandwidth is the algorithm bandwidth

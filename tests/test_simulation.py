@@ -11,7 +11,7 @@ from trainsim.errors import TrainsimError
 from trainsim.sim.collectives import run_collective
 from trainsim.sim.flows import FlowNetwork
 from trainsim.sim.machine import PAGEABLE_COPY_RATE
-from trainsim.sim.simulation import Simulation, build_machine, simulate
+from trainsim.sim.simulation import Simulation, build_machine, bundle_p2p_latency, simulate
 from trainsim.topologies import load_topology
 
 MB = 1e6
@@ -233,3 +233,60 @@ def test_no_data_workers_puts_preparation_in_the_loop(tmp_path):
     assert inline.iteration_time_s == pytest.approx(worker.iteration_time_s + 8 * prep, rel=1e-9)
     assert inline.breakdown_s["data_preparation"] == pytest.approx(8 * prep, rel=1e-9)
     assert worker.breakdown_s["data_preparation"] == 0
+
+
+def _cpu_bundle(tmp_path, collectives: dict | None) -> str:
+    """A calibration bundle of a 2-rank CPU box: ranks of spec ``cpu`` (machine.json's measured device)."""
+    root = tmp_path / "bundle"
+    root.mkdir(parents=True)
+    topo = tiny_topology(gpus=2, nvlink=False)
+    for node in topo["nodes"]:
+        if node["kind"] == "gpu":
+            node["spec"] = "cpu"
+    (root / "topology.yaml").write_text(json.dumps(topo))  # JSON is YAML
+    workload = tiny_workload(LAYERS, batch=4, input_bytes=1_000_000, step_s=0.002, device_spec="cpu")
+    (root / "workload-tiny-measured.json").write_text(json.dumps(workload))
+    spec = {"schema": "trainsim.device/1", "name": "cpu", "kind": "cpu", "peak_tflops": {"fp32": 0.1},
+            "memory_bandwidth_gbps": 10.0, "memory_bytes": 2**34}
+    (root / "machine.json").write_text(json.dumps({"device_spec": spec}))
+    if collectives is not None:
+        (root / "collectives.json").write_text(json.dumps(collectives))
+    return str(root)
+
+
+def _send_recv(latency_us: float, backend: str = "gloo") -> dict:
+    fit = {"model": "alpha_beta", "latency_us": latency_us, "bandwidth_gbps": 1.0}
+    return {"backend": backend, "results": [{"collective": "all_reduce", "fit": {**fit, "latency_us": 9e3}},
+                                            {"collective": "send_recv", "fit": fit}]}
+
+
+def test_cpu_ranks_have_no_input_copy_and_pay_the_bundles_send_recv_latency(tmp_path):
+    bundle = _cpu_bundle(tmp_path, _send_recv(1500.0))
+    assert bundle_p2p_latency(bundle) == pytest.approx(1.5e-3)
+    scenario = make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 4, gpus=1)
+    sim = Simulation(scenario, calibration=bundle)
+    assert sim.machine.p2p_latency == pytest.approx(1.5e-3)
+    result = sim.run()
+    # a CPU rank's batch is already in its memory: layers and the step, no host-to-device copy
+    layers = sum(layer["fwd"] + layer["bwd"] for layer in LAYERS)
+    assert result.iteration_time_s == pytest.approx(layers + 0.002, rel=1e-9)
+    assert not any(op.op == "h2d_input" for op in sim.machine.ops)
+    # nor on a pipeline's first stage
+    pipeline = make_scenario(tiny_topology(gpus=2), "tiny-cnn", "pipeline", 4)
+    pipeline["strategy"]["pipeline"] = {"stages": 2, "micro_batches": 2, "schedule": "gpipe"}
+    staged = Simulation(pipeline, calibration=bundle)
+    staged.run()
+    assert any(op.op.startswith("send_") for op in staged.machine.ops)
+    assert not any(op.op == "h2d_input" for op in staged.machine.ops)
+
+
+def test_bundle_p2p_latency_only_from_a_gloo_send_recv_fit(tmp_path):
+    assert bundle_p2p_latency(_cpu_bundle(tmp_path / "none", None)) is None  # no collectives step
+    assert bundle_p2p_latency(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl"))) is None
+    old = _send_recv(1500.0)
+    old["results"] = old["results"][:1]  # a bundle from before send/recv was measured
+    assert bundle_p2p_latency(_cpu_bundle(tmp_path / "old", old)) is None
+    bad = _cpu_bundle(tmp_path / "bad", None)
+    (tmp_path / "bad" / "bundle" / "collectives.json").write_text("{")
+    with pytest.raises(TrainsimError, match="collectives.json.*not valid JSON"):
+        bundle_p2p_latency(bad)

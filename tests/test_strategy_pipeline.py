@@ -286,3 +286,16 @@ def test_cli_simulates_a_pipeline_and_reports_it():
     )
     assert result.exit_code == 0, result.output
     assert '"stages": 2' in result.output and '"data_parallel": 2' in result.output
+
+
+def test_stage_messages_pay_the_measured_message_latency(workload_file):
+    # 2 stages, 1 micro-batch: the activation and the gradient message are both on the critical path, each
+    # paying the measured per-message latency (gloo send/recv on a calibrated CPU box) once
+    sc = _scenario(workload_file(layers=4, out=1000), stages=2, micro=1, gpus=2, schedule="gpipe")
+    plain, gloo = Simulation(sc), Simulation(sc)
+    gloo.machine.p2p_latency = 0.25
+    results = [s.run() for s in (plain, gloo)]
+    assert results[1].iteration_time_s - results[0].iteration_time_s == pytest.approx(2 * 0.25, rel=1e-9)
+    sends = [[op.duration for op in r.machine.ops if op.op.startswith("send_") and op.iteration == 1]
+             for r in results]
+    assert len(sends[0]) == 2 and [b - a for a, b in zip(*sends, strict=True)] == pytest.approx([0.25, 0.25])

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.sim.simulation import simulate
+from trainsim.sim.simulation import Simulation, simulate
 from trainsim.sim.spatial import boundary_fraction, halo_bytes, redistribution, trunk_end
 from trainsim.sim.workload import Workload
 
@@ -246,3 +246,22 @@ def test_symmetric_ranks_need_analytic_collectives():
     sc["strategy"]["symmetric_ranks"] = True
     with pytest.raises(TrainsimError, match="strategy.symmetric_ranks.*analytic"):
         simulate(sc)
+
+
+@pytest.mark.parametrize("p2p", [True, False])
+def test_a_halo_pays_the_measured_message_latency_once(tmp_path, p2p):
+    # gloo on a calibrated CPU box: each halo message pays the send/recv latency instead of its route's links,
+    # once per message, whether it goes peer to peer or is staged through host memory (two legs)
+    wl = workload([conv("c1", 8, 4, 8, 3)], tmp_path)
+    topo = tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0, p2p=p2p)
+    sc = spatial_scenario(topo, wl, "spatial", 2, grid=[1, 2, 1])
+    plain, gloo = Simulation(sc), Simulation(sc)
+    gloo.machine.p2p_latency = 0.25
+    halos = [
+        [op for op in s.run().machine.ops if op.stream == "p2p" and op.iteration == 1] for s in (plain, gloo)
+    ]
+    assert halos[0] and len(halos[0]) == len(halos[1])
+    topology = plain.machine.topology
+    for a, b in zip(halos[0], halos[1], strict=True):
+        links = sum(topology.route_latency(leg) for leg in topology.gpu_copy_legs(a.resource, a.peer))
+        assert b.duration - a.duration == pytest.approx(0.25 - links, rel=1e-9)
