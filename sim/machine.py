@@ -328,6 +328,29 @@ class Machine:
             latencies=self.message_latencies(legs),
         )
 
+    def host_update(self, host: Host, reads: float, writes: float, *, cores: int = 1, op: str, iteration: int,
+                    **args):
+        """A memory-bound update on ``cores`` cores of ``host`` (a parameter server's or an EASGD centre's):
+        ``reads`` and ``writes`` bytes stream over the socket's DRAM link at the cores' copy rate, shared
+        between reads and writes in proportion to their bytes, so it contends with copies using that DRAM."""
+        cores = min(cores, host.num_cores)
+        requests = [host.cores.request() for _ in range(cores)]
+        yield self.env.all_of(requests)
+        start = self.env.now
+        rate = cores * PAGEABLE_COPY_RATE
+        total = reads + writes
+        if total > 0:
+            yield self.env.all_of([
+                self.net.transfer([(host.dram, host.name)], reads, max_rate=rate * reads / total,
+                                  tag=f"it{iteration}:{op}_read"),
+                self.net.transfer([(host.name, host.dram)], writes, max_rate=rate * writes / total,
+                                  tag=f"it{iteration}:{op}_write"),
+            ])
+        for req in requests:
+            host.cores.release(req)
+        self.record(iteration=iteration, resource=host.name, stream="cores", op=op, start=start,
+                    end=self.env.now, category=None, nbytes=total, args={"cores": cores, **args})
+
     def host_work(self, host: Host, duration: float, *, cores: int = 1, op: str, iteration: int, **args):
         """``duration`` seconds of CPU work holding ``cores`` cores of ``host``."""
         requests = [host.cores.request() for _ in range(min(cores, host.num_cores))]

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trainsim.errors import TrainsimError
 
 from .jitter import Jitter
-from .machine import COMM, COMPUTE, PAGEABLE_COPY_RATE
+from .machine import COMM, COMPUTE
 from .strategies import Context, register
 
 VARIANTS = ("original", "async", "async-momentum", "hogwild", "sync")
@@ -160,37 +160,13 @@ class _Easgd:
     def update(self, where: str, traffic: float, it: int, op: str, host=None, cores: int = 1):
         """A memory-bound update moving ``traffic`` bytes: on a GPU's compute stream, or on host cores as
         reads/writes over the socket's DRAM (2/3 reads, 1/3 writes: a = a + c (b - a))."""
-        ctx, machine = self.ctx, self.ctx.machine
+        machine = self.ctx.machine
         if where in machine.gpus:
             seconds = traffic / machine.gpus[where].device.memory_bandwidth
             yield from machine.run(where, "compute", seconds, op=op, iteration=it, category=COMPUTE)
             return
         host = host or machine.host_by_dram(where)
-        cores = min(cores, host.num_cores)
-        requests = [host.cores.request() for _ in range(cores)]
-        yield ctx.env.all_of(requests)
-        start = ctx.env.now
-        rate = cores * PAGEABLE_COPY_RATE
-        reads, writes = traffic * 2 / 3, traffic / 3
-        tag = f"it{it}:{op}"
-        done = [
-            machine.net.transfer([(host.dram, host.name)], reads, max_rate=rate * 2 / 3, tag=tag),
-            machine.net.transfer([(host.name, host.dram)], writes, max_rate=rate / 3, tag=tag),
-        ]
-        yield ctx.env.all_of(done)
-        for req in requests:
-            host.cores.release(req)
-        machine.record(
-            iteration=it,
-            resource=host.name,
-            stream="cores",
-            op=op,
-            start=start,
-            end=ctx.env.now,
-            category=None,
-            nbytes=traffic,
-            args={"cores": cores},
-        )
+        yield from machine.host_update(host, traffic * 2 / 3, traffic / 3, cores=cores, op=op, iteration=it)
 
     def count(self, gpu: str) -> None:
         """One centre update by ``gpu``: its staleness, then it has read the new centre."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from trainsim.errors import TrainsimError
 
 from .costs import STATE_BYTES
-from .machine import COMM, PAGEABLE_COPY_RATE
+from .machine import COMM
 from .strategies import Context, register
 
 
@@ -51,34 +51,10 @@ def _server(ctx: Context, host, pushed, pulled):
     reads = ctx.n * costs.grad_bytes + weights_and_state
     writes = weights_and_state
     cores = min(ctx.ps_cores or host.num_cores, host.num_cores)
-    rate = cores * PAGEABLE_COPY_RATE
-    cpu, dram = host.name, host.dram
     for it in range(ctx.total_iterations):
         yield env.all_of([pushed(it, r) for r in range(ctx.n)])
-        requests = [host.cores.request() for _ in range(cores)]
-        yield env.all_of(requests)
-        start = env.now
-        # reads and writes share the core's streaming rate in proportion to their bytes
-        read = machine.net.transfer(
-            [(dram, cpu)], reads, max_rate=rate * reads / (reads + writes), tag=f"it{it}:ps_update_read"
-        )
-        write = machine.net.transfer(
-            [(cpu, dram)], writes, max_rate=rate * writes / (reads + writes), tag=f"it{it}:ps_update_write"
-        )
-        yield env.all_of([read, write])
-        for req in requests:
-            host.cores.release(req)
-        machine.record(
-            iteration=it,
-            resource=cpu,
-            stream="cores",
-            op="ps_update",
-            start=start,
-            end=env.now,
-            category=None,
-            nbytes=reads + writes,
-            args={"cores": cores, "optimizer": ctx.optimizer},
-        )
+        yield from machine.host_update(host, reads, writes, cores=cores, op="ps_update", iteration=it,
+                                       optimizer=ctx.optimizer)
         pulled(it).succeed()
 
 
