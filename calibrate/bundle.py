@@ -78,7 +78,8 @@ class CollectivePoint(_Strict):
 
 
 class CollectiveRecord(_Strict):
-    collective: Literal["all_reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv"]
+    collective: Literal["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
+                        "scatter", "send_recv"]
     ranks: int = Field(ge=2)
     backend: Literal["gloo", "nccl"]
     bus_factor: float = Field(gt=0)

@@ -1,4 +1,5 @@
-"""Collective microbenchmarks across all local devices: all-reduce, broadcast, all-gather, reduce-scatter.
+"""Collective microbenchmarks across all local devices: all-reduce, broadcast, reduce, all-gather,
+reduce-scatter, gather, scatter and send/recv.
 
 Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes of the whole array, as
 nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
@@ -7,9 +8,10 @@ On CPU ranks (gloo) every sample is one isolated operation instead, the way trai
 point is their mean (see bench_rank).
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
-all-reduce, (n-1)/n for all-gather and reduce-scatter (S = the whole gathered / reduced array) and 1 for
-broadcast. busbw is the figure comparable with a link's bandwidth whatever the rank count. Each collective
-gets an alpha-beta fit ``t = alpha + S / beta`` (beta is the asymptotic algbw; its busbw is beta x F).
+all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced
+array) and 1 for broadcast and reduce. busbw is the figure comparable with a link's bandwidth whatever the
+rank count. Each collective gets an alpha-beta fit ``t = alpha + S / beta`` (beta is the asymptotic algbw;
+its busbw is beta x F).
 
 A backend without some collective (older gloo has no reduce-scatter) records the reason and skips it.
 
@@ -30,7 +32,9 @@ from trainsim.calibrate.launch import RankContext, launch
 from trainsim.calibrate.sampling import iterations_for, median_spread
 from trainsim.errors import TrainsimError
 
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv")
+# reduce, gather and scatter: what the parameter-server and DataParallel-style flows call, one call per phase
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
+               "send_recv")
 MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time
 CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one isolated operation (see bench_rank)
 # send/recv on gloo is bimodal (the peer awake or not) and a ping-pong is cheap: more samples steady its mean
@@ -44,6 +48,8 @@ def bus_factor(collective: str, nranks: int) -> float:
         "all_reduce": 2.0 * (n - 1) / n,
         "all_gather": (n - 1) / n,
         "reduce_scatter": (n - 1) / n,
+        "gather": (n - 1) / n,  # the root receives every other rank's chunk of the whole array
+        "scatter": (n - 1) / n,
         "broadcast": 1.0,
         "reduce": 1.0,
         "send_recv": 1.0,
@@ -96,7 +102,15 @@ def _operation(name: str, size_bytes: int, ctx: RankContext) -> Callable[[], Non
         return lambda: dist.all_reduce(full)
     if name == "broadcast":
         return lambda: dist.broadcast(full, src=0)
+    if name == "reduce":
+        return lambda: dist.reduce(full, dst=0)
     chunk = torch.ones(numel // n, dtype=torch.float32, device=ctx.device)
+    if name == "gather":
+        parts = list(full.chunk(n)) if ctx.rank == 0 else None
+        return lambda: dist.gather(chunk, parts, dst=0)
+    if name == "scatter":
+        parts = list(full.chunk(n)) if ctx.rank == 0 else None
+        return lambda: dist.scatter(chunk, parts, src=0)
     if name == "all_gather":
         return lambda: dist.all_gather_into_tensor(full, chunk)
     if name == "reduce_scatter":

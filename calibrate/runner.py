@@ -7,6 +7,7 @@ Steps (each writes its files atomically, then records itself in meta.json):
     collectives  collectives.json (N ranks: NCCL on GPUs, gloo on CPU ranks)
     data         the host data path: seconds to prepare one sample, cores available (in meta.json)
     layers       workload-<model>.json (per-layer times at each batch size, bytes, FLOPs)
+    contention   CPU ranks: how much they slow each other computing at once (into the workload file)
 
 ``resume=True`` skips the steps meta.json lists as done (their files must still be there) provided the
 bundle was made with the same options. Ctrl-C (KeyboardInterrupt) stops after writing meta.json with
@@ -26,7 +27,7 @@ from trainsim.calibrate import bundle as bf
 from trainsim.errors import TrainsimError, unknown_name
 from trainsim.provenance import provenance
 
-STEPS = ("probe", "links", "collectives", "data", "layers")
+STEPS = ("probe", "links", "collectives", "data", "layers", "contention")
 DEVICES = ("auto", "cpu", "cuda")
 # Options that change what a step measures: a resumed run must use the same ones.
 _RESUME_KEYS = ("model", "device", "ranks", "quick", "batch_sizes")
@@ -487,9 +488,7 @@ def _step_collectives(run: _Run):
 
         # CPU ranks talk through gloo, not a bare memory copy: the rank links get gloo's figures
         fit = summary["all_reduce"]
-        topo = topo_probe.apply_gloo_transport(
-            bf.read_file(run.out / bf.TOPOLOGY), fit["latency_us"], fit["busbw_gbps"], run.ranks
-        )
+        topo = topo_probe.apply_gloo_transport(bf.read_file(run.out / bf.TOPOLOGY), fit["busbw_gbps"])
         _write_topology(run, topo)
         files.append(bf.TOPOLOGY)
     return files, summary, notes
@@ -542,12 +541,39 @@ def _step_layers(run: _Run):
     return [name], {"batch_sizes_measured": measured, "threads": facts.get("threads")}, notes
 
 
+def _step_contention(run: _Run):
+    from trainsim.calibrate import contention
+    from trainsim.sim.workload import load_workload, save_workload
+
+    if run.device != "cpu" or run.ranks < 2:
+        why = "GPUs compute on their own SMs" if run.device != "cpu" else "one rank shares with nobody"
+        return [], {"skipped": why}, []
+    name = bf.workload_file(run.config.model)
+    path = run.out / name
+    if not path.exists():
+        raise TrainsimError("needs the workload file of the layers step; run that step first", file=str(path))
+    workload = load_workload(path)
+    batches = run.step_results("layers").get("batch_sizes_measured") or list(run.config.batch_sizes)
+    threads = max(1, len(os.sched_getaffinity(0)) // run.ranks)
+    run.progress("contention", f"{run.ranks} ranks at once vs one alone, batch sizes {batches}")
+    quick = run.config.quick
+    points = contention.measure_contention(run.config.model, batches, run.ranks, windows=6 if quick else 12,
+                                           window_s=0.25 if quick else 0.5, threads_per_rank=threads,
+                                           options=run.config.model_options)
+    record = contention.contention_record(points, run.ranks)
+    facts = {**(workload.provenance.model_extra or {}), "contention": record}
+    provenance = workload.provenance.model_copy(update=facts)
+    save_workload(workload.model_copy(update={"provenance": provenance}), path)
+    return [name], {"ranks": run.ranks, "slowdown": {p.batch: round(p.slowdown, 3) for p in points}}, []
+
+
 _STEP_FUNCTIONS = {
     "probe": _step_probe,
     "links": _step_links,
     "collectives": _step_collectives,
     "data": _step_data,
     "layers": _step_layers,
+    "contention": _step_contention,
 }
 
 
@@ -593,4 +619,9 @@ def _headline(step: str, results: dict) -> str:
         )
     if step == "layers":
         return f"batch sizes measured: {results.get('batch_sizes_measured')}"
+    if step == "contention":
+        if "skipped" in results:
+            return f"not measured: {results['skipped']}"
+        slow = ", ".join(f"batch {b}: x{s:.2f}" for b, s in (results.get("slowdown") or {}).items())
+        return f"{results.get('ranks')} ranks computing at once: {slow}"
     return ""

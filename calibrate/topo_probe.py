@@ -227,21 +227,23 @@ def apply_link_fits(doc: dict, links: list[LinkClass], *, p2p: bool | None = Non
     return doc
 
 
-def apply_gloo_transport(doc: dict, latency_us: float, busbw_gbps: float, nranks: int) -> dict:
-    """CPU ranks: carry gloo's measured all-reduce figures on the rank links (``doc`` modified and returned).
+def apply_gloo_transport(doc: dict, busbw_gbps: float) -> dict:
+    """CPU ranks: carry gloo's measured all-reduce bus bandwidth on the rank links (``doc`` modified and
+    returned).
 
     Ranks never exchange bytes by a bare memory copy: every collective and send/recv goes through gloo's
-    transport (TCP over loopback: syscalls, socket buffers, a wake-up per message), so the rank links get
-    what gloo really delivers. The fit t = alpha + S / algbw of a ring all-reduce is 2(n-1) steps, each
-    crossing two links (rank -> socket -> rank): per link, latency alpha / (4(n-1)) and bandwidth busbw
-    (= algbw x 2(n-1)/n, the per-step rate), never above the memory-copy figure already there."""
+    transport (TCP over loopback: syscalls, socket buffers), so the rank links get the bus bandwidth gloo
+    really delivers (busbw = algbw x 2(n-1)/n, the per-step rate), never above the memory-copy figure already
+    there. Their latency is 0: what a gloo call costs whatever its size (the hand-off to gloo's thread, the
+    peers' wake-ups) is charged once per call by the simulator, from each collective's own measured alpha
+    (`trainsim.sim.simulation.bundle_call_latencies`), not per link crossed."""
     gpu_names = {n["name"] for n in doc["nodes"] if n["kind"] == "gpu"}
-    steps = 2 * max(1, nranks - 1)
     for link in doc["links"]:
         if link["kind"] == "pcie" and len({link["a"], link["b"]} & gpu_names) == 1:
-            link["latency_us"] = max(0.0, latency_us) / (2 * steps)
+            link["latency_us"] = 0.0
             link["bandwidth_gbps"] = min(busbw_gbps, link.get("bandwidth_gbps") or busbw_gbps)
-    note = "rank links carry gloo's measured all-reduce latency and bus bandwidth (collectives step)"
+    note = ("rank links carry gloo's measured all-reduce bus bandwidth; each gloo call's latency is charged "
+            "per call (collectives step)")
     if note not in doc.get("sources", []):
         doc.setdefault("sources", []).append(note)
     return doc

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from trainsim.errors import TrainsimError
 
 from .devices import DeviceSpec
@@ -83,9 +85,11 @@ def rank_costs(
     optimizer: str,
     *,
     measured_on: DeviceSpec | None = None,
+    sharing: int = 1,
 ) -> RankCosts:
     """The costs of one rank running ``batch`` samples of ``workload`` on ``device`` (``measured_on``: the
-    device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU)."""
+    device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU).
+    ``sharing``: how many ranks of the run compute at once on the cores of this rank's host (CPU ranks)."""
     from . import roofline  # the roofline module owns "measured or estimated"
 
     if batch < 1:
@@ -106,15 +110,20 @@ def rank_costs(
         step = optimizer_traffic(num_params, precision, optimizer) / device.memory_bandwidth
     last = workload.layers[-1]
     forward = [float(f) for f, _ in times]
+    backward = [float(b) for _, b in times]
     if _measured_here(workload, device):
         # the measured iteration's glue outside every layer (loss, zero_grad, the autograd engine): real work
         # on the rank, charged where the loss is computed, after the last layer's forward
         forward[-1] += unattributed_s(workload, batch)
+        if device.kind == "cpu" and sharing > 1:
+            # CPU ranks computing at once share the socket's cache and DRAM: the measured slowdown
+            slow = contention_slowdown(workload, batch, sharing)
+            forward, backward, step = [f * slow for f in forward], [b * slow for b in backward], step * slow
     return RankCosts(
         batch=batch,
         layer_names=[layer.name for layer in workload.layers],
         forward_s=forward,
-        backward_s=[float(b) for _, b in times],
+        backward_s=backward,
         step_s=float(step),
         param_bytes=num_params * weight,
         grad_bytes_per_layer=[p * weight for p in params_per_layer],
@@ -144,6 +153,24 @@ def unattributed_s(workload: Workload, batch: int) -> float:
         value = next(t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
                      for (b0, t0), (b1, t1) in zip(points, points[1:], strict=False) if b0 <= batch <= b1)
     return max(0.0, value)
+
+
+def contention_slowdown(workload: Workload, batch: int, ranks: int) -> float:
+    """How much slower a CPU rank computes while ``ranks`` ranks compute at once on the same host's cores
+    (the calibration's ``provenance.contention``, measured with all its ranks at once; calibrate/contention):
+    linear between its batch sizes, the nearest one beyond them; 1 without it or for one rank. For another
+    rank count the excess scales with the other ranks competing, (s - 1)(ranks - 1)/(measured - 1): each
+    extra rank takes about the same share of the cache and memory bandwidth."""
+    record = (workload.provenance.model_extra or {}).get("contention") or {}
+    points = sorted((float(b), float(alone), float(together))
+                    for b, alone, together, *_ in record.get("points") or [])
+    measured_ranks = int(record.get("ranks") or 1)
+    if ranks <= 1 or not points or measured_ranks <= 1:
+        return 1.0
+    batches = [b for b, _, _ in points]
+    ratios = [together / alone for _, alone, together in points]
+    slowdown = float(np.interp(batch, batches, ratios))  # clamps to the end points beyond them
+    return max(1.0, 1.0 + (slowdown - 1.0) * (ranks - 1) / (measured_ranks - 1))
 
 
 def _measured_here(workload: Workload, device: DeviceSpec) -> bool:

@@ -131,6 +131,11 @@ class Machine:
         # byte moves, instead of its route's link latencies: set from a calibrated CPU box's measured gloo
         # send/recv, where a message is a TCP send and the peer's wake-up, not a memory copy; None: the links'
         self.p2p_latency: float | None = None
+        # seconds one call of a collective costs before its bytes move, per op ("allreduce", "reduce",
+        # "broadcast", "gather", "scatter", ...): set from a calibrated gloo box, where every call is a
+        # hand-off to gloo's thread, TCP messages and the peers' wake-ups whatever its size; empty: the links'
+        # latency
+        self.call_latency: dict[str, float] = {}
 
     # ---- lookups --------------------------------------------------------------------------------------
     def gpu(self, index_or_name: int | str) -> Gpu:
@@ -144,12 +149,18 @@ class Machine:
     def host_by_dram(self, dram: str) -> Host:
         return self._host_of_dram[dram]
 
-    def message_latencies(self, legs: list[list]) -> list[float | None]:
-        """Per leg of a point-to-point message: the latency it pays (None: its route's). A measured message
-        latency is paid once, on the first leg."""
-        if self.p2p_latency is None:
+    def message_latencies(self, legs: list[list], call: str | None = None) -> list[float | None]:
+        """Per leg of a point-to-point message: the latency it pays (None: its route's). A measured latency
+        is paid once, on the first leg: that of the collective ``call`` the copy is part of (a gloo reduce,
+        scatter, ...) when measured, else that of one point-to-point message."""
+        latency = self.call_latency.get(call, self.p2p_latency) if call else self.p2p_latency
+        if latency is None:
             return [None] * len(legs)
-        return [self.p2p_latency] + [0.0] * (len(legs) - 1)
+        return [latency] + [0.0] * (len(legs) - 1)
+
+    def _call_latencies(self, call: str | None) -> list[float | None] | None:
+        """A one-route copy, part of collective ``call``: its measured call latency, else the route's."""
+        return [self.call_latency[call]] if call in self.call_latency else None
 
     @property
     def now(self) -> float:
@@ -258,8 +269,10 @@ class Machine:
         pinned: bool = True,
         src: str | None = None,
         category: str = TRANSFER,
+        call: str | None = None,
     ):
-        """Host memory (``src``, default the GPU's nearest DRAM) to a GPU on its H2D engine."""
+        """Host memory (``src``, default the GPU's nearest DRAM) to a GPU on its H2D engine; ``call``: the
+        collective this copy is part of (its measured call latency replaces the route's, when known)."""
         src = src or self.gpus[gpu].host_memory
         route = self.topology.route(src, gpu)
         yield from self.transfer(
@@ -272,6 +285,7 @@ class Machine:
             category=category,
             pinned=pinned,
             host=self.host_by_dram(src),
+            latencies=self._call_latencies(call),
         )
 
     def d2h(
@@ -284,8 +298,9 @@ class Machine:
         pinned: bool = True,
         dst: str | None = None,
         category: str = TRANSFER,
+        call: str | None = None,
     ):
-        """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine."""
+        """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine; ``call`` as for h2d."""
         dst = dst or self.gpus[gpu].host_memory
         route = self.topology.route(gpu, dst)
         yield from self.transfer(
@@ -298,6 +313,7 @@ class Machine:
             category=category,
             pinned=pinned,
             host=self.host_by_dram(dst),
+            latencies=self._call_latencies(call),
         )
 
     def peer_copy(
@@ -311,9 +327,10 @@ class Machine:
         engine_gpu: str,
         stream: str,
         category: str = COMM,
+        call: str | None = None,
     ):
         """GPU to GPU (P2P, or staged through host memory where the topology has no P2P) on the engine of
-        ``engine_gpu``; counts for both GPUs' breakdowns."""
+        ``engine_gpu``; counts for both GPUs' breakdowns. ``call``: the collective the copy is part of."""
         legs = self.topology.gpu_copy_legs(src, dst)
         peer = dst if engine_gpu == src else src
         yield from self.transfer(
@@ -325,7 +342,7 @@ class Machine:
             iteration=iteration,
             category=category,
             peer=peer,
-            latencies=self.message_latencies(legs),
+            latencies=self.message_latencies(legs, call),
         )
 
     def host_update(self, host: Host, reads: float, writes: float, *, cores: int = 1, op: str, iteration: int,

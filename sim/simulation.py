@@ -8,8 +8,9 @@
 
 A calibration bundle (``calibration=DIR``, the folder `trainsim calibrate` writes) replaces the scenario's
 topology and workload with the bundle's ``topology.yaml`` and ``workload-<model>.json``, and its measured
-device (``device.json``) becomes the device of the GPUs whose spec it names. On a CPU box (gloo) the measured
-send/recv latency of ``collectives.json`` is what every point-to-point message pays (`bundle_p2p_latency`).
+device (``device.json``) becomes the device of the GPUs whose spec it names. On a CPU box (gloo) each call of
+a collective pays that collective's measured latency from ``collectives.json`` and every point-to-point
+message the measured send/recv latency (`bundle_call_latencies`).
 """
 
 from __future__ import annotations
@@ -111,25 +112,36 @@ def _read_bundle(path: str) -> tuple[str, list[Path], dict[str, DeviceSpec]]:
     return str(topology), workloads, devices
 
 
-def bundle_p2p_latency(path: str) -> float | None:
-    """Seconds per gloo point-to-point message (the send/recv fit's alpha) of a calibration bundle, or None
-    when it has none (no collectives step, NCCL, or a bundle from before send/recv was measured)."""
+#: collectives.json names -> the simulator's op names
+_BUNDLE_OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
+               "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+               "send_recv": "p2p"}
+
+
+def bundle_call_latencies(path: str) -> dict[str, float]:
+    """Seconds one gloo call costs before its bytes move, per op (its fit's alpha; ``p2p``: one send/recv
+    message), from a calibration bundle's collectives.json; empty without one or on NCCL."""
     file = Path(path) / "collectives.json"
     if not file.is_file():
-        return None
+        return {}
     try:
         data = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise TrainsimError(f"not valid JSON ({exc})", file=str(file)) from None
     if not isinstance(data, dict) or data.get("backend") != "gloo":
-        return None
+        return {}
+    out = {}
     for entry in data.get("results") or []:
         fit = entry.get("fit") if isinstance(entry, dict) else None
-        if entry.get("collective") == "send_recv" and isinstance(fit, dict):
-            latency_us = fit.get("latency_us")
-            if isinstance(latency_us, int | float):
-                return max(0.0, float(latency_us)) * 1e-6
-    return None
+        op = _BUNDLE_OPS.get(entry.get("collective")) if isinstance(entry, dict) else None
+        if op and isinstance(fit, dict) and isinstance(fit.get("latency_us"), int | float):
+            out[op] = max(0.0, float(fit["latency_us"])) * 1e-6
+    return out
+
+
+def bundle_p2p_latency(path: str) -> float | None:
+    """Seconds per gloo point-to-point message (the send/recv fit's alpha) of a bundle, or None."""
+    return bundle_call_latencies(path).get("p2p")
 
 
 def load_inputs(scenario, calibration: str | None = None):
@@ -178,6 +190,18 @@ def resolve_gpus(scenario, topology) -> list[str]:
 # ---- the simulation ---------------------------------------------------------------------------------------
 
 
+def _host_sharing(machine: Machine, ranks: list[str]) -> dict[str, int]:
+    """Per rank: how many CPU ranks of the run compute on the cores of its host (1 for GPUs, which have their
+    own). They share the socket's cache and DRAM (costs.contention_slowdown)."""
+    per_host: dict[str, int] = {}
+    for gpu in ranks:
+        if machine.gpus[gpu].device.kind == "cpu":
+            host = machine.host_of(gpu).name
+            per_host[host] = per_host.get(host, 0) + 1
+    return {gpu: per_host.get(machine.host_of(gpu).name, 1) if machine.gpus[gpu].device.kind == "cpu" else 1
+            for gpu in ranks}
+
+
 class Simulation:
     """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
 
@@ -212,7 +236,8 @@ class Simulation:
             record_memory=record,
         )
         if machine is None and calibration is not None:
-            self.machine.p2p_latency = bundle_p2p_latency(calibration)
+            self.machine.call_latency = bundle_call_latencies(calibration)
+            self.machine.p2p_latency = self.machine.call_latency.get("p2p")
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
         if batch_hook is not None:
             per_gpu = batch_hook(sc, self.ranks, self.workload)
@@ -220,23 +245,20 @@ class Simulation:
         spec = self.workload.provenance.device_spec
         if spec is not None and spec in devices:
             measured_on = devices[spec]
+        sharing = _host_sharing(self.machine, self.ranks)
         cache: dict = {}
         costs = {}
-        for gpu in self.ranks:
-            device = self.machine.gpus[gpu].device
-            if device.name not in cache:
-                cache[device.name] = rank_costs(
-                    self.workload, device, per_gpu, sc.precision, sc.optimizer.name, measured_on=measured_on
-                )
-            costs[gpu] = cache[device.name]
 
         def costs_for(gpu: str, batch: int):
             device = self.machine.gpus[gpu].device
-            if (device.name, batch) not in cache:
-                cache[device.name, batch] = rank_costs(
-                    self.workload, device, batch, sc.precision, sc.optimizer.name, measured_on=measured_on
-                )
-            return cache[device.name, batch]
+            key = (device.name, batch, sharing[gpu])
+            if key not in cache:
+                cache[key] = rank_costs(self.workload, device, batch, sc.precision, sc.optimizer.name,
+                                        measured_on=measured_on, sharing=sharing[gpu])
+            return cache[key]
+
+        for gpu in self.ranks:
+            costs[gpu] = costs_for(gpu, per_gpu)
 
         prep = self.workload.input.prep_s_per_sample or 0.0
         st = sc.strategy

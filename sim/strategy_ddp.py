@@ -70,24 +70,40 @@ def _reducer(ctx: Context, buckets: list[list[int]], ready, done, bucket_bytes: 
             done(it, b).succeed()
 
 
-def _codec_pass(ctx: Context, which: str, layers: list[int], it: int, b: int):
-    """Encode or decode one bucket on every rank's compute stream (a DDP comm hook's tensor ops)."""
-    codec, env = ctx.codec, ctx.env
-    grads = ctx.costs[ctx.ranks[0]].grad_bytes_per_layer
-    seconds = codec.encode_s(grads, layers) if which == "encode" else codec.decode_s(grads, layers)
+def _codec_pass(ctx: Context, op: str, seconds: float, it: int, b: int):
+    """A codec step of one bucket on every rank's compute stream (a DDP comm hook's tensor ops)."""
+    env = ctx.env
     yield env.all_of([
-        env.process(ctx.machine.run(g, "compute", seconds, op=f"{which}_grads", iteration=it,
-                                    layer=f"bucket{b}", codec=codec.spec.label()))
+        env.process(ctx.machine.run(g, "compute", seconds, op=op, iteration=it, layer=f"bucket{b}",
+                                    codec=ctx.codec.spec.label()))
         for g in ctx.ranks
     ])
 
 
 def _compressed_allreduce(ctx: Context, layers: list[int], it: int, b: int):
-    """``param_compression``: encode, all-reduce the compressed bytes, decode (sim/compression.py)."""
+    """``param_compression``: encode, all-reduce the compressed bytes, decode (sim/compression.py); PowerSGD
+    is three chained all-reduces instead."""
+    codec = ctx.codec
     grads = ctx.costs[ctx.ranks[0]].grad_bytes_per_layer
-    yield from _codec_pass(ctx, "encode", layers, it, b)
-    yield from ctx.collective("allreduce", ctx.codec.wire_bytes(grads, layers), it, label=f":bucket{b}")
-    yield from _codec_pass(ctx, "decode", layers, it, b)
+    if codec.spec.method == "powersgd":
+        yield from _powersgd_allreduce(ctx, layers, it, b)
+        return
+    yield from _codec_pass(ctx, "encode_grads", codec.encode_s(grads, layers), it, b)
+    yield from ctx.collective("allreduce", codec.wire_bytes(grads, layers), it, label=f":bucket{b}")
+    yield from _codec_pass(ctx, "decode_grads", codec.decode_s(grads, layers), it, b)
+
+
+def _powersgd_allreduce(ctx: Context, layers: list[int], it: int, b: int):
+    """PyTorch's ``powerSGD_hook`` on one bucket: three all-reduces, each chained on the previous one's future
+    (a collective of 0 bytes, e.g. no uncompressed tensor, is skipped)."""
+    phases = ctx.codec.powersgd_phases(ctx.costs[ctx.ranks[0]].grad_bytes_per_layer, layers)
+    # error feedback, then P = M Q: the hook computes the Ps before it launches the first all-reduce
+    yield from _codec_pass(ctx, "encode_grads", phases.error_feedback_s + phases.matmul_s, it, b)
+    yield from ctx.collective("allreduce", phases.uncompressed_bytes, it, label=f":bucket{b}:uncompressed")
+    yield from ctx.collective("allreduce", phases.p_bytes, it, label=f":bucket{b}:P")
+    yield from _codec_pass(ctx, "encode_q_grads", phases.matmul_s, it, b)  # Q = M^T P
+    yield from ctx.collective("allreduce", phases.q_bytes, it, label=f":bucket{b}:Q")
+    yield from _codec_pass(ctx, "decode_grads", phases.matmul_s + phases.error_feedback_s, it, b)
 
 
 def _events(env):

@@ -132,16 +132,18 @@ class _Easgd:
             return topo.gpu_copy_legs(src, dst)
         return [topo.route(src, dst)]
 
-    def move(self, src: str, dst: str, it: int, op: str, gpu: str):
-        """W (as one message or one per layer) from ``src`` to ``dst``, recorded on worker ``gpu``."""
+    def move(self, src: str, dst: str, it: int, op: str, gpu: str, call: str = "p2p"):
+        """W (as one message or one per layer) from ``src`` to ``dst``, recorded on worker ``gpu``. ``call``:
+        the gloo call it is on a calibrated CPU box (a message pays that call's measured latency)."""
         ctx = self.ctx
         legs = self._legs(src, dst)
         if not legs:
             return
         start = ctx.env.now
+        latencies = ctx.machine.message_latencies(legs, call)
         for nbytes in self.messages:
-            for leg in legs:
-                yield ctx.machine.net.transfer(leg, nbytes, tag=f"it{it}:{op}:{gpu}")
+            for leg, latency in zip(legs, latencies, strict=True):
+                yield ctx.machine.net.transfer(leg, nbytes, latency=latency, tag=f"it{it}:{op}:{gpu}")
         other = dst if src == gpu else src
         ctx.machine.record(
             iteration=it,
@@ -264,9 +266,9 @@ class _Easgd:
             span *= 2
         return rounds
 
-    def _send_all(self, pairs: list[tuple[str, str, str]], it: int, op: str):
+    def _send_all(self, pairs: list[tuple[str, str, str]], it: int, op: str, call: str):
         env = self.ctx.env
-        yield env.all_of([env.process(self.move(src, dst, it, op, gpu)) for src, dst, gpu in pairs])
+        yield env.all_of([env.process(self.move(src, dst, it, op, gpu, call)) for src, dst, gpu in pairs])
 
     def coordinator(self):
         ctx, opts = self.ctx, self.opts
@@ -293,10 +295,12 @@ class _Easgd:
                         [(nodes[a], nodes[b], gpu_of(nodes[a], nodes[b])) for a, b in pairs],
                         it,
                         "easgd_broadcast",
+                        "broadcast",
                     )
             else:
                 for node in nodes[1:]:
-                    yield from self.move(self.centre, node, it, "easgd_broadcast", gpu_of(self.centre, node))
+                    yield from self.move(self.centre, node, it, "easgd_broadcast", gpu_of(self.centre, node),
+                                         call="broadcast")
             # every worker's elastic update, in parallel
             env = ctx.env
             yield env.all_of(
@@ -312,6 +316,7 @@ class _Easgd:
                         [(nodes[b], nodes[a], gpu_of(nodes[b], nodes[a])) for a, b in pairs],
                         it,
                         "easgd_reduce",
+                        "reduce",
                     )
                     yield env.all_of(
                         [
@@ -322,7 +327,8 @@ class _Easgd:
                     )
             else:
                 for node in nodes[1:]:
-                    yield from self.move(node, self.centre, it, "easgd_reduce", gpu_of(node, self.centre))
+                    yield from self.move(node, self.centre, it, "easgd_reduce", gpu_of(node, self.centre),
+                                         call="reduce")
                     if centre_gpu is not None:
                         yield from self.update(centre_gpu, 3 * self.weight_bytes, it, "easgd_reduce_add")
             reads = (2 if centre_gpu is not None or self.tree else 1 + len(nodes)) * self.weight_bytes

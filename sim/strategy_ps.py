@@ -28,7 +28,8 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
         yield from ctx.forward(gpu, it)
         yield from ctx.backward(gpu, it)
         yield from ctx.machine.d2h(
-            gpu, ctx.costs[gpu].grad_bytes, iteration=it, op="push_grads", dst=dram, category=COMM
+            gpu, ctx.costs[gpu].grad_bytes, iteration=it, op="push_grads", dst=dram, category=COMM,
+            call="reduce",  # on CPU ranks the executor's push is a gloo reduce to the server rank
         )
         pushed(it).succeed()
         waiting = ctx.env.now
@@ -37,7 +38,8 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
             ctx.machine.record(iteration=it, resource=gpu, stream="wait", op="wait_parameter_server",
                                start=waiting, end=ctx.env.now, category=COMM)
         yield from ctx.machine.h2d(
-            gpu, ctx.costs[gpu].param_bytes, iteration=it, op="pull_params", src=dram, category=COMM
+            gpu, ctx.costs[gpu].param_bytes, iteration=it, op="pull_params", src=dram, category=COMM,
+            call="broadcast",
         )
         ctx.finish(it, gpu)
 

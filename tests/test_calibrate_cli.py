@@ -64,7 +64,7 @@ def test_quick_run_interrupted_then_resumed(tmp_path, monkeypatch):
         "workload-tiny-cnn.json",
     }
     # The calibrated topology's rank links carry what gloo delivers (its all-reduce bus bandwidth, never more
-    # than the measured memory copy; per link a quarter of its latency: 2 steps x 2 links for 2 ranks)
+    # than the measured memory copy) and no latency: the simulator charges each gloo call its own)
     rank_copy = next(c for c in bundle.links.classes if c.kind == "rank_copy")
     all_reduce = next(r for r in bundle.collectives.results if r.collective == "all_reduce")
     assert all_reduce.ranks == 2 and all_reduce.backend == "gloo" and all_reduce.fit is not None
@@ -74,7 +74,9 @@ def test_quick_run_interrupted_then_resumed(tmp_path, monkeypatch):
     busbw = all_reduce.fit.beta_bytes_per_s * all_reduce.bus_factor
     assert rank_links and all(link["bandwidth"] == pytest.approx(min(busbw, rank_copy.fit.beta_bytes_per_s))
                               for link in rank_links)
-    assert all(link["latency"] == pytest.approx(all_reduce.fit.alpha_s / 4) for link in rank_links)
+    assert all(link["latency"] == 0 for link in rank_links)
+    assert {r.collective for r in bundle.collectives.results} >= {"reduce", "gather", "scatter", "send_recv"}
+    assert "contention" in bundle.workload.provenance.model_extra  # 2 CPU ranks computing at once
     assert bundle.machine.cpu.gemm_flops_per_core > 0 and bundle.machine.cpu.threads_per_rank >= 1
     # The batch size that cannot fit is reported, the others measured.
     assert bundle.meta.steps_done["layers"].results["batch_sizes_measured"] == [4, 8]

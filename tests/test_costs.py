@@ -62,3 +62,38 @@ def test_unattributed_time_of_a_calibrated_workload():
     assert unattributed_s(wl(points), 128) == pytest.approx(0.008)  # proportional beyond them
     assert unattributed_s(wl(points), 16) == 0.0  # negative: the hooks' own cost, not work
     assert unattributed_s(wl(None), 32) == 0.0
+
+
+def _with_contention(wl, points, ranks=2, device_spec="cpu"):
+    record = {"ranks": ranks, "points": points} if points is not None else None
+    extra = {**(wl.provenance.model_extra or {}), **({"contention": record} if record else {})}
+    provenance = wl.provenance.model_copy(update={**extra, "device_spec": device_spec})
+    return wl.model_copy(update={"provenance": provenance})
+
+
+def test_contention_slowdown_interpolates_the_measured_points():
+    from trainsim.sim.costs import contention_slowdown
+
+    wl = _with_contention(load_workload("tiny-cnn"), [[16, 0.010, 0.012], [64, 0.040, 0.044]])
+    assert contention_slowdown(wl, 16, 2) == pytest.approx(1.2)
+    assert contention_slowdown(wl, 40, 2) == pytest.approx(1.15)  # linear in batch between the points
+    assert contention_slowdown(wl, 256, 2) == pytest.approx(1.1)  # the nearest point beyond them
+    assert contention_slowdown(wl, 16, 1) == 1.0  # alone: nobody to share with
+    assert contention_slowdown(wl, 16, 4) == pytest.approx(1.6)  # each extra rank adds the measured excess
+    faster = _with_contention(load_workload("tiny-cnn"), [[16, 0.010, 0.009]])
+    assert contention_slowdown(faster, 16, 2) == 1.0  # under 1 is noise
+    assert contention_slowdown(load_workload("tiny-cnn"), 16, 2) == 1.0  # not measured
+
+
+def test_cpu_ranks_sharing_a_host_compute_slower_by_the_measured_slowdown():
+    from trainsim.sim.devices import cpu_device
+
+    cpu = cpu_device(1, 50e9, 20e9)
+    wl = _with_contention(load_workload("tiny-cnn"), [[8, 0.010, 0.0125]])
+    alone = rank_costs(wl, cpu, 8, "fp32", "momentum")
+    shared = rank_costs(wl, cpu, 8, "fp32", "momentum", sharing=2)
+    assert shared.forward_s == pytest.approx([f * 1.25 for f in alone.forward_s])
+    assert shared.backward_s == pytest.approx([b * 1.25 for b in alone.backward_s])
+    assert shared.step_s == pytest.approx(alone.step_s * 1.25)
+    gpu = rank_costs(wl, get_device("a100"), 8, "fp32", "momentum", sharing=2)  # GPUs have their own SMs
+    assert gpu.forward_s == rank_costs(wl, get_device("a100"), 8, "fp32", "momentum").forward_s

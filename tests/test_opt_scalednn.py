@@ -1,6 +1,7 @@
 """ScaleDNN's switches on hand-computable cases: preload, cpu_batch_split, param_compression."""
 
 import json
+from itertools import pairwise
 
 import pytest
 import yaml
@@ -78,15 +79,16 @@ def test_cpu_batch_split_removes_the_gpu0_hot_link(tmp_path, p2p):
     base = simulate(make_scenario(topo, wl, "dp-gpu0", 16))
     split = simulate(make_scenario(topo, wl, "dp-gpu0", 16, optimizations={"cpu_batch_split": True}))
     shard = 8 * 1_000_000 * base.iterations  # GPU1's shard over the measured iterations
-    # GPU0's link no longer carries GPU1's shard in, nor (scattered) out
-    assert link_bytes(base, "sw0->gpu0") - link_bytes(split, "sw0->gpu0") == pytest.approx(shard)
+    labels = 8 * 8 * base.iterations  # ... and the int64 labels GPU0 gathers instead, for the loss
+    # GPU0's link no longer carries GPU1's shard in, nor (scattered) out; only its labels come in
+    assert link_bytes(base, "sw0->gpu0") - link_bytes(split, "sw0->gpu0") == pytest.approx(shard - labels)
     assert link_bytes(base, "gpu0->sw0") - link_bytes(split, "gpu0->sw0") == pytest.approx(shard)
     # GPU1 receives its shard either way
     assert link_bytes(split, "sw0->gpu1") == pytest.approx(link_bytes(base, "sw0->gpu1"))
     # without P2P the scatter detoured through host memory: the uplink carried GPU1's shard twice
-    detour = 0 if p2p else shard
+    detour = 0 if p2p else shard - labels
     assert link_bytes(base, "cpu0->sw0") - link_bytes(split, "cpu0->sw0") == pytest.approx(detour)
-    assert not ops(split, "scatter_input")
+    assert not ops(split, "scatter_input") and ops(split, "gather_targets")
     assert split.iteration_time_s < base.iteration_time_s
 
 
@@ -130,17 +132,89 @@ def test_compression_cuts_wire_bytes_by_its_ratio_and_adds_memory_bound_codec(tm
 def test_powersgd_sends_low_rank_factors_and_pays_matmul_flops(tmp_path):
     topo = tiny_topology(gpus=2)
     wl = write(tmp_path, tiny_workload(LAYERS, batch=8, step_s=STEP))
-    spec = {"method": "powersgd", "rank": 4}
+    rank, a100_fp32 = 4, 19.5e12
+    spec = {"method": "powersgd", "rank": rank}
     base = simulate(make_scenario(topo, wl, "ddp", 16))
     comp = simulate(make_scenario(topo, wl, "ddp", 16, optimizations={"param_compression": spec}))
-    # no recorded shape: each layer's 1e6 / 1e7 fp32 values as a square matrix of side 1000 / 3162
-    sides = {4_000_000: 1000, 40_000_000: 3162}
-    wire = sum(p * min(1.0, 2 * s * 4 / s**2) for p, s in sides.items()) * comp.iterations * 2  # 2 ranks
+    # no recorded shape: each layer's 1e6 / 1e7 fp32 values as a square matrix of side 1000 / 3162, sent as
+    # P (side x rank) and Q (side x rank)
+    sides = [1000, 3162]
+    wire = sum(2 * s * rank * 4 for s in sides) * comp.iterations * 2  # 2 ranks record each all-reduce
     assert allreduce_bytes(comp) == pytest.approx(wire)
     assert allreduce_bytes(comp) < 0.01 * allreduce_bytes(base)
-    encode = sum(op.duration for op in ops(comp, "encode_grads") if op.resource == "gpu0")
-    flops = sum(2 * 2 * s * s * 4 for s in sides.values()) * comp.iterations
-    assert encode == pytest.approx(flops / 19.5e12, rel=1e-9)
+    # P = M Q, Q = M^T P, M = P Q^T: 2 m n r FLOPs each; error feedback: read + write the bucket twice
+    matmul = sum(2 * s * s * rank for s in sides) / a100_fp32 * comp.iterations
+    feedback = 2 * allreduce_bytes(base) / 2 / A100_HBM  # base all-reduces every gradient byte once per rank
+
+    def seconds(name):
+        return sum(op.duration for op in ops(comp, name) if op.resource == "gpu0")
+
+    assert seconds("encode_grads") == pytest.approx(matmul + feedback, rel=1e-9)
+    assert seconds("encode_q_grads") == pytest.approx(matmul, rel=1e-9)
+    assert seconds("decode_grads") == pytest.approx(matmul + feedback, rel=1e-9)
+
+
+BIAS = {"name": "bias", "fwd": 0.001, "bwd": 0.001, "params": 40}  # 10 values: 3 x 3 at rank 3 is no saving
+
+
+def allreduce_chain(result, gpu="gpu0"):
+    """The all-reduces of each (iteration, bucket) on ``gpu``, in start order: [(part, start, end)]."""
+    chains: dict = {}
+    for op in sorted(ops(result, "allreduce"), key=lambda op: op.start):
+        if op.resource == gpu:
+            bucket, part = op.layer.split(":")
+            chains.setdefault((op.iteration, bucket), []).append((part, op.start, op.end))
+    return chains
+
+
+@pytest.mark.parametrize(
+    "layers, parts",
+    [
+        (LAYERS, {"bucket0": ["P", "Q"], "bucket1": ["P", "Q"]}),  # every layer compressed
+        ([BIAS, *LAYERS], {"bucket0": ["P", "Q"], "bucket1": ["uncompressed", "P", "Q"]}),  # bias joins a's
+    ],
+)
+def test_powersgd_is_chained_allreduces_per_bucket(tmp_path, layers, parts):
+    topo = tiny_topology(gpus=2)
+    wl = write(tmp_path, tiny_workload(layers, batch=8, step_s=STEP))
+    spec = {"method": "powersgd", "rank": 4}
+    comp = simulate(make_scenario(topo, wl, "ddp", 16, optimizations={"param_compression": spec}))
+    chains = allreduce_chain(comp)
+    assert {bucket for _, bucket in chains} == set(parts)
+    q_matmuls = [op for op in ops(comp, "encode_q_grads") if op.resource == "gpu0"]
+    for (it, bucket), chain in chains.items():
+        assert [part for part, _, _ in chain] == parts[bucket]
+        # each all-reduce waits for the previous one; Q = M^T P runs between the P and Q all-reduces
+        assert all(prev[2] <= nxt[1] for prev, nxt in pairwise(chain))
+        (q_matmul,) = [op for op in q_matmuls if op.iteration == it and op.layer == bucket]
+        assert chain[-2][2] <= q_matmul.start and q_matmul.end <= chain[-1][1]
+
+
+def test_powersgd_pays_two_more_collective_latencies_per_bucket(tmp_path):
+    from trainsim.sim.collectives import collective_time
+
+    topo = tiny_topology(gpus=2)
+    for link in topo["links"]:
+        link["latency_us"] = 1000  # a latency-bound fabric, as gloo between CPU ranks
+    small = [BIAS, {"name": "a", "fwd": 0.010, "bwd": 0.020, "params": 400_000}]  # 1e5 values: 316 x 316
+    wl = write(tmp_path, tiny_workload(small, batch=8, step_s=STEP))
+    spec = {"method": "powersgd", "rank": 4}
+
+    def run(**extra):
+        scenario = make_scenario(topo, wl, "ddp", 16, **extra)
+        scenario["strategy"]["collectives"] = "analytic"  # alpha-beta; one bucket holds bias and a
+        return simulate(scenario)
+
+    base, comp = run(), run(optimizations={"param_compression": spec})
+    t = lambda nbytes: collective_time(load_topology(topo), "allreduce", ["gpu0", "gpu1"], nbytes)  # noqa: E731
+    side, grads = 316, 400_040
+    matmul = 2 * side * side * 4 / 19.5e12
+    feedback = 2 * grads / A100_HBM
+    chain = t(40) + t(side * 4 * 4) + t(side * 4 * 4)  # uncompressed bias, P, Q
+    expected = chain - t(grads) + 3 * matmul + 2 * feedback
+    assert comp.iteration_time_s - base.iteration_time_s == pytest.approx(expected, rel=1e-6)
+    # the bytes hardly matter here: the extra is two collective latencies
+    assert expected == pytest.approx(2 * t(0), rel=0.01)
 
 
 def test_dp_gpu0_compresses_parameter_broadcast_and_gradient_gather(tmp_path):

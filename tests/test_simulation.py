@@ -290,3 +290,55 @@ def test_bundle_p2p_latency_only_from_a_gloo_send_recv_fit(tmp_path):
     (tmp_path / "bad" / "bundle" / "collectives.json").write_text("{")
     with pytest.raises(TrainsimError, match="collectives.json.*not valid JSON"):
         bundle_p2p_latency(bad)
+
+
+def _gloo_calls(**latency_us) -> dict:
+    results = [{"collective": name, "fit": {"model": "alpha_beta", "latency_us": us, "bandwidth_gbps": 1.0}}
+               for name, us in latency_us.items()]
+    return {"backend": "gloo", "results": results}
+
+
+def test_bundle_call_latencies_name_the_simulators_ops(tmp_path):
+    from trainsim.sim.simulation import bundle_call_latencies
+
+    bundle = _cpu_bundle(tmp_path, _gloo_calls(all_reduce=2000.0, reduce=1800.0, broadcast=700.0,
+                                               gather=600.0, scatter=400.0, send_recv=500.0))
+    expected = {"allreduce": 2e-3, "reduce": 1.8e-3, "broadcast": 7e-4, "gather": 6e-4, "scatter": 4e-4,
+                "p2p": 5e-4}
+    assert bundle_call_latencies(bundle) == pytest.approx(expected)
+    assert bundle_call_latencies(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl"))) == {}
+
+
+def _ops_of(sim, name):
+    return [op for op in sim.machine.ops if op.op == name]
+
+
+def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
+    calls = {"all_reduce": 3000.0, "reduce": 2000.0, "broadcast": 1000.0, "gather": 700.0, "scatter": 500.0}
+    bundle = _cpu_bundle(tmp_path, _gloo_calls(**calls))
+    plain = _cpu_bundle(tmp_path / "plain", None)
+
+    def run(strategy, bundle_dir, **extra):
+        sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", strategy, 8, iterations=2, **extra),
+                         calibration=bundle_dir)
+        return sim, sim.run()
+
+    # DDP: each bucket's all-reduce takes the all-reduce's latency longer than its bytes alone
+    (gloo, _), (links, _) = run("ddp", bundle), run("ddp", plain)
+    extra = [a.end - a.start - (b.end - b.start)
+             for a, b in zip(_ops_of(gloo, "allreduce"), _ops_of(links, "allreduce"), strict=True)]
+    assert extra and extra == pytest.approx([3e-3] * len(extra))
+    # dp-gpu0: broadcast, then scatter (one blocking call after the other), gather, scatter, reduce
+    sim, _ = run("dp-gpu0", bundle)
+    paid = {name: min(op.end - op.start for op in _ops_of(sim, name))
+            for name in ("broadcast_params", "scatter_input", "gather_outputs", "scatter_output_grads",
+                         "reduce_grads")}
+    for name, call in [("broadcast_params", 1e-3), ("scatter_input", 5e-4), ("gather_outputs", 7e-4),
+                       ("scatter_output_grads", 5e-4), ("reduce_grads", 2e-3)]:
+        assert paid[name] >= call
+    first = _ops_of(sim, "broadcast_params")[0]
+    assert _ops_of(sim, "scatter_input")[0].start >= first.end
+    # parameter server: the push is a gloo reduce, the pull a broadcast
+    sim, _ = run("parameter-server", bundle)
+    assert min(op.end - op.start for op in _ops_of(sim, "push_grads")) >= 2e-3
+    assert min(op.end - op.start for op in _ops_of(sim, "pull_params")) >= 1e-3
