@@ -7,7 +7,7 @@ Steps (each writes its files atomically, then records itself in meta.json):
     collectives  collectives.json (N ranks: NCCL on GPUs, gloo on CPU ranks)
     data         the host data path: seconds to prepare one sample, cores available (in meta.json)
     layers       workload-<model>.json (per-layer times at each batch size, bytes, FLOPs)
-    contention   CPU ranks: how much they slow each other computing at once (into the workload file)
+    rank_step    CPU ranks: the whole step in pinned rank processes, alone and all at once (into the workload)
 
 ``resume=True`` skips the steps meta.json lists as done (their files must still be there) provided the
 bundle was made with the same options. Ctrl-C (KeyboardInterrupt) stops after writing meta.json with
@@ -27,7 +27,7 @@ from trainsim.calibrate import bundle as bf
 from trainsim.errors import TrainsimError, unknown_name
 from trainsim.provenance import provenance
 
-STEPS = ("probe", "links", "collectives", "data", "layers", "contention")
+STEPS = ("probe", "links", "collectives", "data", "layers", "rank_step")
 DEVICES = ("auto", "cpu", "cuda")
 # Options that change what a step measures: a resumed run must use the same ones.
 _RESUME_KEYS = ("model", "device", "ranks", "quick", "batch_sizes")
@@ -541,13 +541,12 @@ def _step_layers(run: _Run):
     return [name], {"batch_sizes_measured": measured, "threads": facts.get("threads")}, notes
 
 
-def _step_contention(run: _Run):
-    from trainsim.calibrate import contention
+def _step_rank_step(run: _Run):
+    from trainsim.calibrate import rank_step
     from trainsim.sim.workload import load_workload, save_workload
 
-    if run.device != "cpu" or run.ranks < 2:
-        why = "GPUs compute on their own SMs" if run.device != "cpu" else "one rank shares with nobody"
-        return [], {"skipped": why}, []
+    if run.device != "cpu":
+        return [], {"skipped": "GPU layer times are kernel times, taken as the runs see them"}, []
     name = bf.workload_file(run.config.model)
     path = run.out / name
     if not path.exists():
@@ -555,16 +554,20 @@ def _step_contention(run: _Run):
     workload = load_workload(path)
     batches = run.step_results("layers").get("batch_sizes_measured") or list(run.config.batch_sizes)
     threads = max(1, len(os.sched_getaffinity(0)) // run.ranks)
-    run.progress("contention", f"{run.ranks} ranks at once vs one alone, batch sizes {batches}")
+    what = "alone and with every rank at once" if run.ranks > 1 else "alone"
+    run.progress("rank_step", f"{run.ranks} pinned rank(s), {what}, batch sizes {batches}")
     quick = run.config.quick
-    points = contention.measure_contention(run.config.model, batches, run.ranks, windows=6 if quick else 12,
-                                           window_s=0.25 if quick else 0.5, threads_per_rank=threads,
-                                           options=run.config.model_options)
-    record = contention.contention_record(points, run.ranks)
-    facts = {**(workload.provenance.model_extra or {}), "contention": record}
+    points = rank_step.measure_rank_step(run.config.model, batches, run.ranks, rounds=6 if quick else 12,
+                                         window_s=0.25 if quick else 0.5, threads_per_rank=threads,
+                                         options=run.config.model_options)
+    record = rank_step.rank_step_record(points, run.ranks, threads)
+    facts = {**(workload.provenance.model_extra or {}), "rank_step": record}
     provenance = workload.provenance.model_copy(update=facts)
     save_workload(workload.model_copy(update={"provenance": provenance}), path)
-    return [name], {"ranks": run.ranks, "slowdown": {p.batch: round(p.slowdown, 3) for p in points}}, []
+    results = {"ranks": run.ranks, "alone_s": {p.batch: p.alone_s for p in points}}
+    if run.ranks > 1:
+        results["slowdown"] = {p.batch: round(p.slowdown, 3) for p in points if p.slowdown is not None}
+    return [name], results, []
 
 
 _STEP_FUNCTIONS = {
@@ -573,7 +576,7 @@ _STEP_FUNCTIONS = {
     "collectives": _step_collectives,
     "data": _step_data,
     "layers": _step_layers,
-    "contention": _step_contention,
+    "rank_step": _step_rank_step,
 }
 
 
@@ -619,9 +622,10 @@ def _headline(step: str, results: dict) -> str:
         )
     if step == "layers":
         return f"batch sizes measured: {results.get('batch_sizes_measured')}"
-    if step == "contention":
+    if step == "rank_step":
         if "skipped" in results:
             return f"not measured: {results['skipped']}"
-        slow = ", ".join(f"batch {b}: x{s:.2f}" for b, s in (results.get("slowdown") or {}).items())
-        return f"{results.get('ranks')} ranks computing at once: {slow}"
+        alone = ", ".join(f"batch {b}: {t * 1e3:.2f} ms" for b, t in (results.get("alone_s") or {}).items())
+        slow = ", ".join(f"x{s:.2f}" for s in (results.get("slowdown") or {}).values())
+        return f"one rank alone {alone}" + (f"; {results.get('ranks')} at once {slow}" if slow else "")
     return ""

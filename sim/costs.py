@@ -115,10 +115,8 @@ def rank_costs(
         # the measured iteration's glue outside every layer (loss, zero_grad, the autograd engine): real work
         # on the rank, charged where the loss is computed, after the last layer's forward
         forward[-1] += unattributed_s(workload, batch)
-        if device.kind == "cpu" and sharing > 1:
-            # CPU ranks computing at once share the socket's cache and DRAM: the measured slowdown
-            slow = contention_slowdown(workload, batch, sharing)
-            forward, backward, step = [f * slow for f in forward], [b * slow for b in backward], step * slow
+        scale = measured_scale(workload, device, batch, sharing)
+        forward, backward, step = [f * scale for f in forward], [b * scale for b in backward], step * scale
     return RankCosts(
         batch=batch,
         layer_names=[layer.name for layer in workload.layers],
@@ -155,22 +153,40 @@ def unattributed_s(workload: Workload, batch: int) -> float:
     return max(0.0, value)
 
 
-def contention_slowdown(workload: Workload, batch: int, ranks: int) -> float:
-    """How much slower a CPU rank computes while ``ranks`` ranks compute at once on the same host's cores
-    (the calibration's ``provenance.contention``, measured with all its ranks at once; calibrate/contention):
-    linear between its batch sizes, the nearest one beyond them; 1 without it or for one rank. For another
-    rank count the excess scales with the other ranks competing, (s - 1)(ranks - 1)/(measured - 1): each
-    extra rank takes about the same share of the cache and memory bandwidth."""
-    record = (workload.provenance.model_extra or {}).get("contention") or {}
-    points = sorted((float(b), float(alone), float(together))
-                    for b, alone, together, *_ in record.get("points") or [])
-    measured_ranks = int(record.get("ranks") or 1)
-    if ranks <= 1 or not points or measured_ranks <= 1:
+def measured_scale(workload: Workload, device: DeviceSpec, batch: int, sharing: int = 1) -> float:
+    """The factor on a workload's measured times on ``device``: a calibrated CPU rank's `rank_step_scale`
+    (the step as a pinned rank runs it, alone or beside the host's other ranks); 1 otherwise."""
+    if device.kind != "cpu" or not _measured_here(workload, device):
+        return 1.0
+    return rank_step_scale(workload, batch, sharing)
+
+
+def rank_step_scale(workload: Workload, batch: int, sharing: int = 1) -> float:
+    """What a calibrated CPU rank's measured layer times are multiplied by (1 without the record).
+
+    The layers come from the in-process profile; the calibration also timed the whole step the way the runs
+    run it (``provenance.rank_step``, calibrate/rank_step.py): one pinned rank alone, and every rank of the
+    box computing at once, which share the socket's cache and DRAM. The scale is alone / the profile's plain
+    step at the same batch size, times together / alone when ``sharing`` ranks compute on this host:
+    linear in the batch between the measured sizes, the nearest one beyond them. For another number of ranks
+    than measured, the excess scales with the other ranks, (s - 1)(sharing - 1)/(measured - 1): each extra
+    rank takes about the same share of cache and memory bandwidth. Never faster together than alone: a
+    ratio under 1 is noise."""
+    extra = workload.provenance.model_extra or {}
+    record = extra.get("rank_step") or {}
+    plain = {int(b): float(t) for b, t, *_ in (extra.get("iteration") or {}).get("plain") or []}
+    points = sorted((int(b), float(alone), together) for b, alone, together, *_ in record.get("points") or []
+                    if int(b) in plain and plain[int(b)] > 0 and alone > 0)
+    if not points:
         return 1.0
     batches = [b for b, _, _ in points]
-    ratios = [together / alone for _, alone, together in points]
-    slowdown = float(np.interp(batch, batches, ratios))  # clamps to the end points beyond them
-    return max(1.0, 1.0 + (slowdown - 1.0) * (ranks - 1) / (measured_ranks - 1))
+    scale = float(np.interp(batch, batches, [alone / plain[b] for b, alone, _ in points]))
+    measured_ranks = int(record.get("ranks") or 1)
+    shared = [(b, float(together) / alone) for b, alone, together in points if together]
+    if sharing > 1 and measured_ranks > 1 and shared:
+        ratio = float(np.interp(batch, [b for b, _ in shared], [r for _, r in shared]))
+        scale *= max(1.0, 1.0 + (ratio - 1.0) * (sharing - 1) / (measured_ranks - 1))
+    return scale
 
 
 def _measured_here(workload: Workload, device: DeviceSpec) -> bool:

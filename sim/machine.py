@@ -146,6 +146,16 @@ class Machine:
     def host_of(self, gpu: str) -> Host:
         return self._host_of_dram[self.gpus[gpu].host_memory]
 
+    def host_sharing(self, ranks: list[str]) -> dict[str, int]:
+        """Per rank: how many CPU ranks of ``ranks`` compute on the cores of its host (1 for a GPU, which has
+        its own SMs). They share the socket's cache and DRAM (costs.rank_step_scale)."""
+        per_host: dict[str, int] = {}
+        for gpu in ranks:
+            if self.gpus[gpu].device.kind == "cpu":
+                per_host[self.host_of(gpu).name] = per_host.get(self.host_of(gpu).name, 0) + 1
+        return {gpu: per_host[self.host_of(gpu).name] if self.gpus[gpu].device.kind == "cpu" else 1
+                for gpu in ranks}
+
     def host_by_dram(self, dram: str) -> Host:
         return self._host_of_dram[dram]
 

@@ -190,18 +190,6 @@ def resolve_gpus(scenario, topology) -> list[str]:
 # ---- the simulation ---------------------------------------------------------------------------------------
 
 
-def _host_sharing(machine: Machine, ranks: list[str]) -> dict[str, int]:
-    """Per rank: how many CPU ranks of the run compute on the cores of its host (1 for GPUs, which have their
-    own). They share the socket's cache and DRAM (costs.contention_slowdown)."""
-    per_host: dict[str, int] = {}
-    for gpu in ranks:
-        if machine.gpus[gpu].device.kind == "cpu":
-            host = machine.host_of(gpu).name
-            per_host[host] = per_host.get(host, 0) + 1
-    return {gpu: per_host.get(machine.host_of(gpu).name, 1) if machine.gpus[gpu].device.kind == "cpu" else 1
-            for gpu in ranks}
-
-
 class Simulation:
     """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
 
@@ -245,7 +233,7 @@ class Simulation:
         spec = self.workload.provenance.device_spec
         if spec is not None and spec in devices:
             measured_on = devices[spec]
-        sharing = _host_sharing(self.machine, self.ranks)
+        sharing = self.machine.host_sharing(self.ranks)
         cache: dict = {}
         costs = {}
 

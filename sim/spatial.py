@@ -342,21 +342,25 @@ def slab_costs(
     optimizer: str,
     *,
     measured_on=None,
+    sharing: int = 1,
 ) -> RankCosts:
-    """One rank's costs when it holds ``batch`` samples and ``share`` of each trunk layer's spatial extent."""
+    """One rank's costs when it holds ``batch`` samples and ``share`` of each trunk layer's spatial extent
+    (``sharing``: CPU ranks computing at once on its host, see costs.rank_costs)."""
     from . import roofline
+    from .costs import measured_scale
 
     slab = slab_workload(workload, share)
-    costs = rank_costs(slab, device, batch, precision, optimizer, measured_on=measured_on)
+    costs = rank_costs(slab, device, batch, precision, optimizer, measured_on=measured_on, sharing=sharing)
     if share == 1 or not any(layer.measured for layer in workload.layers):
         return costs  # analytic: the roofline already timed the slab
     whole = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on)
+    scale = measured_scale(workload, device, batch, sharing)
     forward, backward = [], []
     for layer, part, (f, b) in zip(workload.layers, slab.layers, whole, strict=True):
         roof_whole = roofline.layer_time(layer, device, batch, precision, dtype=workload.dtype)
         roof_part = roofline.layer_time(part, device, batch, precision, dtype=workload.dtype)
-        forward.append(f * (roof_part[0] / roof_whole[0] if roof_whole[0] > 0 else 1.0))
-        backward.append(b * (roof_part[1] / roof_whole[1] if roof_whole[1] > 0 else 1.0))
+        forward.append(scale * f * (roof_part[0] / roof_whole[0] if roof_whole[0] > 0 else 1.0))
+        backward.append(scale * b * (roof_part[1] / roof_whole[1] if roof_whole[1] > 0 else 1.0))
     return dataclasses.replace(costs, forward_s=forward, backward_s=backward)
 
 
@@ -524,7 +528,9 @@ def prepare_layout(
             field="gpus",
         )
     device = machine.gpus[ranks[0]].device
-    return build_layout(workload, device, n, batch, grids, precision, optimizer, measured_on=measured_on)
+    sharing = max(machine.host_sharing(ranks).values())
+    return build_layout(workload, device, n, batch, grids, precision, optimizer, measured_on=measured_on,
+                        sharing=sharing)
 
 
 def build_layout(
@@ -537,6 +543,7 @@ def build_layout(
     optimizer: str = "sgd",
     *,
     measured_on=None,
+    sharing: int = 1,
 ) -> SpatialLayout:
     cache: dict[tuple[int, Fraction], RankCosts] = {}
     forward, backward, saved = [], [], []
@@ -544,7 +551,8 @@ def build_layout(
         key = (batch // g[0], Fraction(1, g[1] * g[2]))
         if key not in cache:
             cache[key] = slab_costs(
-                workload, device, key[0], key[1], precision, optimizer, measured_on=measured_on
+                workload, device, key[0], key[1], precision, optimizer, measured_on=measured_on,
+                sharing=sharing,
             )
         costs = cache[key]
         forward.append(costs.forward_s[i])

@@ -64,32 +64,37 @@ def test_unattributed_time_of_a_calibrated_workload():
     assert unattributed_s(wl(None), 32) == 0.0
 
 
-def _with_contention(wl, points, ranks=2, device_spec="cpu"):
-    record = {"ranks": ranks, "points": points} if points is not None else None
-    extra = {**(wl.provenance.model_extra or {}), **({"contention": record} if record else {})}
+def _with_rank_step(wl, points, ranks=2, plain=None, device_spec="cpu"):
+    """``points``: [batch, alone_s, together_s]; ``plain``: the profile's plain step per batch."""
+    plain = plain or [[b, 0.010] for b, *_ in points]
+    extra = {**(wl.provenance.model_extra or {}), "iteration": {"plain": plain},
+             "rank_step": {"ranks": ranks, "points": points}}
     provenance = wl.provenance.model_copy(update={**extra, "device_spec": device_spec})
     return wl.model_copy(update={"provenance": provenance})
 
 
-def test_contention_slowdown_interpolates_the_measured_points():
-    from trainsim.sim.costs import contention_slowdown
+def test_rank_step_scale_is_the_pinned_step_over_the_profiles_and_the_slowdown_together():
+    from trainsim.sim.costs import rank_step_scale
 
-    wl = _with_contention(load_workload("tiny-cnn"), [[16, 0.010, 0.012], [64, 0.040, 0.044]])
-    assert contention_slowdown(wl, 16, 2) == pytest.approx(1.2)
-    assert contention_slowdown(wl, 40, 2) == pytest.approx(1.15)  # linear in batch between the points
-    assert contention_slowdown(wl, 256, 2) == pytest.approx(1.1)  # the nearest point beyond them
-    assert contention_slowdown(wl, 16, 1) == 1.0  # alone: nobody to share with
-    assert contention_slowdown(wl, 16, 4) == pytest.approx(1.6)  # each extra rank adds the measured excess
-    faster = _with_contention(load_workload("tiny-cnn"), [[16, 0.010, 0.009]])
-    assert contention_slowdown(faster, 16, 2) == 1.0  # under 1 is noise
-    assert contention_slowdown(load_workload("tiny-cnn"), 16, 2) == 1.0  # not measured
+    wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.011, 0.0132], [64, 0.044, 0.0484]],
+                         plain=[[16, 0.010], [64, 0.040]])
+    assert rank_step_scale(wl, 16) == pytest.approx(1.1)  # one rank: alone / the profile's plain step
+    assert rank_step_scale(wl, 16, 2) == pytest.approx(1.1 * 1.2)  # two at once: x together / alone
+    assert rank_step_scale(wl, 40, 2) == pytest.approx(1.1 * 1.15)  # linear in batch between the points
+    assert rank_step_scale(wl, 256, 2) == pytest.approx(1.1 * 1.1)  # the nearest point beyond them
+    assert rank_step_scale(wl, 16, 4) == pytest.approx(1.1 * 1.6)  # each extra rank adds the measured excess
+    faster = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.010, 0.009]])
+    assert rank_step_scale(faster, 16, 2) == 1.0  # faster together is noise
+    alone_only = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.012, None]], ranks=1)
+    assert rank_step_scale(alone_only, 16, 2) == pytest.approx(1.2)  # no measured slowdown to apply
+    assert rank_step_scale(load_workload("tiny-cnn"), 16, 2) == 1.0  # not measured
 
 
-def test_cpu_ranks_sharing_a_host_compute_slower_by_the_measured_slowdown():
+def test_a_calibrated_cpu_ranks_layers_scale_by_the_rank_step_and_gpus_do_not():
     from trainsim.sim.devices import cpu_device
 
     cpu = cpu_device(1, 50e9, 20e9)
-    wl = _with_contention(load_workload("tiny-cnn"), [[8, 0.010, 0.0125]])
+    wl = _with_rank_step(load_workload("tiny-cnn"), [[8, 0.010, 0.0125]])
     alone = rank_costs(wl, cpu, 8, "fp32", "momentum")
     shared = rank_costs(wl, cpu, 8, "fp32", "momentum", sharing=2)
     assert shared.forward_s == pytest.approx([f * 1.25 for f in alone.forward_s])

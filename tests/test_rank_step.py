@@ -1,0 +1,58 @@
+"""A CPU rank's whole step in pinned processes, alone and all at once: the measurement (real, 2 ranks), the
+calibration step that records it and how the simulator uses it."""
+
+import pytest
+
+from trainsim.calibrate.rank_step import RankStepPoint, rank_step_record
+
+
+def test_the_record_keeps_both_medians():
+    point = RankStepPoint(batch=8, alone_s=0.010, together_s=0.012, steps_alone=5, steps_together=10)
+    assert point.slowdown == pytest.approx(1.2)
+    record = rank_step_record([point], 2, 1)
+    assert (record["ranks"], record["threads_per_rank"]) == (2, 1)
+    assert record["points"] == [[8, 0.010, 0.012]]
+    assert RankStepPoint(8, 0.01, None, 5, 0).slowdown is None
+
+
+def test_two_pinned_ranks_measure_alone_and_together_round_after_round():
+    pytest.importorskip("torch")
+    from trainsim.calibrate.rank_step import measure_rank_step
+
+    points = measure_rank_step("tiny-cnn", [2, 4], 2, rounds=2, window_s=0.02, options={"image_size": 16})
+    assert [p.batch for p in points] == [2, 4]
+    for p in points:
+        assert p.alone_s > 0 and p.together_s > 0
+        assert p.steps_alone >= 4 and p.steps_together >= 8  # two windows of at least two steps, per rank
+    one = measure_rank_step("tiny-cnn", [2], 1, rounds=1, window_s=0.01, options={"image_size": 16})
+    assert one[0].together_s is None and one[0].steps_alone >= 2
+
+
+def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_it(tmp_path):
+    pytest.importorskip("torch")
+    from trainsim.calibrate import runner
+    from trainsim.scenarios.loader import load_scenario
+    from trainsim.sim.costs import rank_costs, rank_step_scale
+    from trainsim.sim.simulation import Simulation
+    from trainsim.sim.workload import load_workload
+
+    out = tmp_path / "bundle"
+    runner.run_calibration(runner.CalibrationConfig(
+        model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True, batch_sizes=(4,),
+        steps=("probe", "layers", "rank_step"), model_options={"image_size": 16}))
+    workload = load_workload(out / "workload-tiny-cnn.json")
+    record = workload.provenance.model_extra["rank_step"]
+    assert record["ranks"] == 2 and [p[0] for p in record["points"]] == [4]
+    headline = runner.summarize(out)["steps"]["rank_step"]["headline"]
+    assert "one rank alone batch 4" in headline and "2 at once" in headline
+
+    scenario = {"schema": "trainsim.scenario/1", "name": "t", "topology": "calibrated",
+                "workload": {"name": "tiny-cnn", "image_size": 16}, "strategy": {"name": "ddp"},
+                "batch_size": 8, "gpus": 2, "iterations": 2, "warmup_iterations": 0}
+    sim = Simulation(load_scenario(scenario), calibration=str(out))
+    gpu = sim.ranks[0]
+    device = sim.machine.gpus[gpu].device
+    unscaled = rank_costs(sim.workload.model_copy(update={"provenance": sim.workload.provenance.model_copy(
+        update={"rank_step": None})}), device, 4, "fp32", "momentum", measured_on=device)
+    scale = rank_step_scale(sim.workload, 4, 2)
+    assert sim.ctx.costs[gpu].forward_s == pytest.approx([f * scale for f in unscaled.forward_s])
