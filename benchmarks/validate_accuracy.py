@@ -1,16 +1,17 @@
 """Headline accuracy of trainsim on this box: predicted vs measured on the CPU validation scenario.
 
-    .venv/bin/python benchmarks/validate_accuracy.py [--repeats 3] [--variants a,b] [--iterations N]
-                                                     [--calibration DIR] [--out DIR]
+    .venv/bin/python benchmarks/validate_accuracy.py [--repeats 3] [--rounds 3] [--variants a,b]
+                                                     [--iterations N] [--calibration DIR] [--out DIR]
 
 1. Calibrates this box quickly at the per-rank batch sizes of the scenario's variants, afresh for every
    repeat (as `trainsim quickstart` does), so the spread includes the calibration's own; --calibration DIR
    reuses one bundle for every repeat instead.
 2. Issue 4's check: the calibrated model (the scenario's baseline, one rank) simulated from its own bundle vs
    its measured iteration time.
-3. Runs `validate validate-cpu` ``--repeats`` times (each a fresh set of real runs against the same bundle)
-   and prints per repeat: the median |error|, the worst error, and every speedup's error in percentage points,
-   then each figure's spread over the repeats.
+3. Runs `validate validate-cpu` ``--repeats`` times, each against its own bundle, every variant executed
+   ``--rounds`` times round-robin with the iterations pooled (`validate --rounds`), and prints per repeat:
+   the median |error|, the worst error, and every speedup's error in percentage points, then each figure's
+   spread over the repeats.
 
 Prints the load average next to the figures: timings taken while other work shares the cores are noisy.
 """
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="validate-cpu")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="real runs per variant, round-robin, pooled")
     parser.add_argument("--variants", default=None, help="comma list (default: all)")
     parser.add_argument("--iterations", type=int, default=None)
     parser.add_argument("--calibration", default=None, help="an existing bundle of this box")
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.repeats):
         bundle = args.calibration or calibrate(k)
         began = time.perf_counter()
-        result = validate(args.scenario, bundle, variants, report_dir=out / f"report-{k}", **overrides)
+        result = validate(args.scenario, bundle, variants, report_dir=out / f"report-{k}", rounds=args.rounds,
+                          **overrides)
         write_report(result, out / f"report-{k}")
         acc = result.accuracy()
         repeats.append((result, acc))

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from trainsim.errors import TrainsimError, unknown_name
 
 SCHEMA = "trainsim.validation/1"
@@ -54,6 +56,8 @@ class ValidationRow:
     predicted_s: float | None = None
     measured_s: float | None = None
     measured_iqr_s: float | None = None
+    measured_iterations_s: list[float] = field(default_factory=list)  # every round's iterations, pooled
+    measured_rounds: int = 0
     error_pct: float | None = None
     predicted_speedup: float | None = None  # baseline time / this time, as predicted
     measured_speedup: float | None = None
@@ -291,8 +295,13 @@ def _scenario_label(scenario: str) -> str:
 def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[str] | None = None, *,
              force: bool = False, report_dir: str | os.PathLike | None = None,
              progress: Progress | None = None, baseline: str | None = None, execute: bool = True,
-             here: dict | None = None, **overrides) -> ValidationResult:
+             here: dict | None = None, rounds: int = 1, **overrides) -> ValidationResult:
     """Simulate and execute ``variants`` (default: all) of ``scenario``; compare them.
+
+    ``rounds``: execute every variant that many times, round-robin (all variants, then all again, ...), and
+    take the median over the pooled iterations: on a shared box a core's speed drifts by 10-15 % over
+    seconds, and spreading each variant's runs over the whole session keeps a slow spell from landing on one
+    variant only.
 
     ``overrides`` are ExecConfig fields for the real runs (e.g. ``iterations=3, warmup=2``); ``baseline``
     defaults to the first variant; ``execute=False`` predicts only. With ``report_dir`` the rows are written
@@ -308,6 +317,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     from trainsim.provenance import provenance as make_provenance
 
     progress = progress or (lambda text: None)
+    if not isinstance(rounds, int) or rounds < 1:
+        raise TrainsimError(f"must be a positive integer, got {rounds!r}", field="rounds")
     calibration = str(calibration_dir)
     bundle, notes = check_bundle(calibration, force=force, here=here)
     data = load_scenario_dict(scenario)
@@ -354,6 +365,13 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
                          infeasible_reason, execute_config)
             compare(result.rows, baseline)
             _write(result, out, prov)
+        for k in range(1, rounds if execute else 1):
+            for row in result.rows:
+                if row.measured_rounds == k:  # measured in every round so far
+                    progress(f"{row.variant} (round {k + 1} of {rounds}): executing again")
+                    _measure(row, configs[row.variant], execute_config)
+                    compare(result.rows, baseline)
+                    _write(result, out, prov)
     except KeyboardInterrupt:
         result.status = "interrupted"
         compare(result.rows, baseline)
@@ -383,6 +401,22 @@ def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict) -> 
         row.prep_s_per_sample = cache[key]
 
 
+def _measure(row: ValidationRow, cfg, execute_config) -> None:
+    """One more real run of ``row``'s variant, pooled with the earlier rounds (a crash marks it failed)."""
+    try:
+        measured = execute_config(cfg)
+    except TrainsimError as exc:  # one variant's crash does not lose the others
+        row.failed = str(exc)
+        return
+    k = row.measured_rounds
+    row.measured_iterations_s += list(measured.iteration_s)
+    q1, median, q3 = np.percentile(row.measured_iterations_s, [25, 50, 75])
+    row.measured_s, row.measured_iqr_s = float(median), float(q3 - q1)
+    row.measured_breakdown_s = {phase: (row.measured_breakdown_s.get(phase, 0.0) * k + seconds) / (k + 1)
+                                for phase, seconds in measured.breakdown_s.items()}
+    row.measured_rounds = k + 1
+
+
 def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: Path | None,
                  progress: Progress, execute: bool, infeasible_reason, execute_config) -> None:
     import dataclasses
@@ -407,14 +441,7 @@ def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: 
     real_trace = (Path(TRACES) / f"{name}.torch") if out is not None else None
     if real_trace is not None:
         cfg = dataclasses.replace(cfg, profile_trace=str(out / real_trace))
-    try:
-        measured = execute_config(cfg)
-    except TrainsimError as exc:  # one variant's crash does not lose the others
-        row.failed = str(exc)
-        return
-    row.measured_s = measured.median_s
-    row.measured_iqr_s = measured.iqr_s
-    row.measured_breakdown_s = dict(measured.breakdown_s)
+    _measure(row, cfg, execute_config)
     if real_trace is not None:
         rank0 = out / f"{real_trace}.rank0.json"
         row.real_trace = str(rank0.relative_to(out)) if rank0.is_file() else None

@@ -146,6 +146,31 @@ def test_bundle_from_another_machine_is_refused_unless_forced(scenario, bundle_d
     assert any("--force" in note for note in result.notes) and result.rows[0].predicted_s > 0
 
 
+def test_rounds_run_every_variant_round_robin_and_pool_the_iterations(scenario, bundle_dir, monkeypatch):
+    from types import SimpleNamespace
+
+    from trainsim.calibrate import executor
+    from trainsim.calibrate.validate import validate
+
+    order, times = [], {"single": iter([[0.010, 0.012], [0.020, 0.022]]), "ddp-2": iter([[0.5], [0.7]])}
+
+    def fake_run(cfg):
+        name = "single" if cfg.ranks == 1 else "ddp-2"
+        order.append(name)
+        seconds = next(times[name])
+        return SimpleNamespace(iteration_s=seconds, breakdown_s={"forward": seconds[0]})
+
+    monkeypatch.setattr(executor, "run", fake_run)
+    result = validate(str(scenario), bundle_dir, ["single", "ddp-2"], rounds=2)
+    assert order == ["single", "ddp-2", "single", "ddp-2"]
+    single, ddp = result.rows
+    assert single.measured_iterations_s == [0.010, 0.012, 0.020, 0.022] and single.measured_rounds == 2
+    assert single.measured_s == pytest.approx(0.016) and ddp.measured_s == pytest.approx(0.6)
+    assert single.measured_breakdown_s == {"forward": pytest.approx(0.015)}  # the mean over the rounds
+    with pytest.raises(TrainsimError, match="rounds"):
+        validate(str(scenario), bundle_dir, ["single"], rounds=0)
+
+
 def test_unknown_variant_lists_the_valid_ones(scenario, bundle_dir):
     with pytest.raises(TrainsimError, match="unknown variant 'nope'; valid choices: ddp-2, single"):
         _validate(scenario, bundle_dir, variants=["single", "nope"])

@@ -700,6 +700,9 @@ def validate_cmd(
     report_dir: str | None = typer.Option(None, "--report", metavar="DIR",
                                           help="Write report.md, a predicted-vs-measured chart, "
                                                "validation.json and both traces of each variant here."),
+    rounds: int = typer.Option(1, "--rounds", min=1,
+                               help="Execute every variant this many times, round-robin, and pool the "
+                                    "iterations (steadier figures on a shared box)."),
     force: bool = typer.Option(False, "--force", help="Compare even with a bundle from another machine."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
@@ -716,8 +719,8 @@ def validate_cmd(
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     result = _run_validation(
         lambda progress: validate(scenario, calibration, names, force=force, report_dir=report_dir,
-                                  baseline=baseline, progress=progress, **overrides),
-        len(names) if names else len(scenario_variants(load_scenario_dict(scenario))))
+                                  baseline=baseline, progress=progress, rounds=rounds, **overrides),
+        rounds * (len(names) if names else len(scenario_variants(load_scenario_dict(scenario)))))
     files = report.write_report(result, report_dir) if report_dir else None
     _print_validation(result, files, as_json)
 
