@@ -20,17 +20,23 @@ median of steps spread over the whole measurement rather than of one burst.
 
 The record goes into the workload file (``provenance.rank_step``); the simulator scales a CPU rank's
 measured layers so that the step takes ``alone`` (one rank) or ``together`` (every rank of the host
-computing), see `trainsim.sim.costs.rank_step_scale`.
+computing), see `trainsim.sim.costs.rank_step_scale`, and draws each rank's passes with the measured
+step-to-step spread, so a synchronous step waits for the slowest rank as it does for real.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from trainsim.calibrate.launch import RankContext, launch
+
+INPUT_POOL = 4  # distinct input batches a rank cycles through
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,14 @@ class RankStepPoint:
     together_s: float | None
     steps_alone: int
     steps_together: int
+    sigma_log: float = 0.0  # spread of one rank's step from step to step: IQR of log(step) / 1.349
 
     @property
     def slowdown(self) -> float | None:
         return self.together_s / self.alone_s if self.together_s is not None else None
 
     def to_json(self) -> list:
-        return [self.batch, self.alone_s, self.together_s]
+        return [self.batch, self.alone_s, self.together_s, self.sigma_log]
 
 
 def _timed_steps(step, seconds: float) -> list[float]:
@@ -77,9 +84,13 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
     steps = {}
     for batch in batch_sizes:
         generator = torch.Generator().manual_seed(batch)
-        inputs, targets = zoo.example_batch(model_name, batch, "cpu", generator=generator, **options)
+        # a few batches in turn: a training loop's batch is freshly written memory, not one left in cache
+        pool = [zoo.example_batch(model_name, batch, "cpu", generator=generator, **options)
+                for _ in range(INPUT_POOL)]
+        turn = itertools.count()
 
-        def step(inputs=inputs, targets=targets):
+        def step(pool=pool, turn=turn):
+            inputs, targets = pool[next(turn) % len(pool)]
             optimizer.zero_grad(set_to_none=True)
             zoo.loss_fn(model_name, model(inputs), targets).backward()
             optimizer.step()
@@ -114,8 +125,20 @@ def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *
         per_rank = [report[i]["together"] for report in reports if report[i]["together"]]
         together = statistics.fmean(statistics.median(t) for t in per_rank) if per_rank else None
         points.append(RankStepPoint(batch, statistics.median(alone), together, len(alone),
-                                    sum(len(t) for t in per_rank)))
+                                    sum(len(t) for t in per_rank), log_spread(per_rank or [alone])))
     return points
+
+
+def log_spread(per_rank: Sequence[Sequence[float]]) -> float:
+    """sigma of log(step time), robustly: the interquartile range of every rank's log-deviations from its
+    own median, / 1.349 (the IQR of a unit normal). A rank whose steps scatter this much arrives at the next
+    synchronisation late by chance: the simulator draws each rank's passes from it (stragglers)."""
+    deviations = []
+    for times in per_rank:
+        logs = np.log(np.asarray(times, dtype=float))
+        deviations.extend(logs - np.median(logs))
+    q1, q3 = np.percentile(deviations, [25, 75])
+    return float((q3 - q1) / 1.349)
 
 
 def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_rank: int) -> dict:
@@ -124,5 +147,6 @@ def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_ra
         "ranks": ranks,
         "threads_per_rank": threads_per_rank,
         "points": [p.to_json() for p in points],
-        "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s]",
+        "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s, "
+                "sigma of log(step) from step to step]",
     }

@@ -239,21 +239,22 @@ def workload_mismatch(bundle, cfg) -> str | None:
     return None
 
 
-def input_prep_seconds(cfg, samples: int = 48) -> float:
+def input_prep_seconds(cfg, batches: int = 6) -> float:
     """CPU seconds to prepare one input sample exactly as the executor's pipeline does for ``cfg`` (decode,
-    ``augment_repeats`` crop/flip/normalise passes), on this core: what the simulator's data workers cost.
-    The median over ``samples`` timed one by one, so a moment of someone else's load does not move it."""
+    ``augment_repeats`` crop/flip/normalise passes, the batch stacked), on this core: what the simulator's
+    data workers cost. Whole batches of the per-rank size are timed, as the training loop asks for them, and
+    the median batch is divided by its size."""
     from trainsim.calibrate.datapipe import SyntheticSource
 
     source = SyntheticSource(cfg.model, cfg.model_cfg, cfg.data, seed=cfg.seed)
-    for i in range(2):  # first-touch warm-up
-        source.sample(0, i)
+    size = max(1, cfg.local_batch)
+    source.batch(0, range(size), size)  # first-touch warm-up
     times = []
-    for i in range(samples):
+    for it in range(1, batches + 1):
         start = time.perf_counter()
-        source.sample(1, i)
+        source.batch(it, range(size), size)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times) / size
 
 
 def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_sample: float | None = None,
@@ -388,16 +389,16 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
 
 
 def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict) -> None:
-    """Each row's input-pipeline cost per sample, measured once per distinct data config: the least of three
-    medians (someone else's moment of load only ever adds time)."""
+    """Each row's input-pipeline cost per sample, measured once per distinct data config and batch size:
+    the median batch, as the executor's median iteration sees it."""
     cache: dict = {}
     for row in rows:
         cfg = configs[row.variant]
         if mismatched[row.variant]:
             continue
-        key = (cfg.model, tuple(sorted(cfg.model_cfg.items())), cfg.data, cfg.seed)
+        key = (cfg.model, tuple(sorted(cfg.model_cfg.items())), cfg.data, cfg.seed, cfg.local_batch)
         if key not in cache:
-            cache[key] = min(input_prep_seconds(cfg) for _ in range(3))
+            cache[key] = input_prep_seconds(cfg)
         row.prep_s_per_sample = cache[key]
 
 

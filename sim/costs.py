@@ -189,6 +189,17 @@ def rank_step_scale(workload: Workload, batch: int, sharing: int = 1) -> float:
     return scale
 
 
+def rank_step_sigma(workload: Workload, batch: int) -> float:
+    """The measured step-to-step spread of a calibrated CPU rank's step (sigma of its log, from the
+    interquartile range of ``provenance.rank_step``'s steps with every rank computing); 0 without it.
+    Linear in the batch between the measured sizes, the nearest one beyond them."""
+    record = (workload.provenance.model_extra or {}).get("rank_step") or {}
+    points = sorted((int(p[0]), float(p[3])) for p in record.get("points") or [] if len(p) > 3 and p[3])
+    if not points:
+        return 0.0
+    return float(np.interp(batch, [b for b, _ in points], [s for _, s in points]))
+
+
 def _measured_here(workload: Workload, device: DeviceSpec) -> bool:
     spec = workload.provenance.device_spec
     return spec is not None and spec.lower() in {device.name.lower(), *(a.lower() for a in device.aliases)}

@@ -7,6 +7,7 @@ in which the simulation asks: two schedules of the same work see the same durati
 isolates the schedule.
 
 - ``lognormal``: factor = exp(N(-sigma^2/2, sigma)) (mean 1, right-skewed: the occasional slow kernel);
+  with ``centre: median``, exp(N(0, sigma)) (median 1: for times that are medians, as calibrated ones are);
 - ``uniform``: factor ~ U(1 - sigma, 1 + sigma).
 """
 
@@ -19,12 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class JitterSpec(BaseModel):
-    """``strategy.jitter``: noise on compute times (strategies pipeline and easgd)."""
+    """``strategy.jitter``: noise on compute times (strategies pipeline and easgd; on a calibrated CPU box
+    every strategy gets the spread the calibration measured, see `trainsim.sim.costs.rank_step_sigma`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     distribution: Literal["lognormal", "uniform"] = "lognormal"
     sigma: float = Field(default=0.1, ge=0, description="lognormal: sigma of log; uniform: half-width")
+    centre: Literal["mean", "median"] = Field(default="mean", description="lognormal: which is 1")
     seed: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
@@ -46,5 +49,6 @@ class Jitter:
             return 1.0
         rng = np.random.default_rng([spec.seed, *(int(k) for k in key)])
         if spec.distribution == "lognormal":
-            return float(np.exp(rng.normal(-(spec.sigma**2) / 2, spec.sigma)))
+            mu = 0.0 if spec.centre == "median" else -(spec.sigma**2) / 2
+            return float(np.exp(rng.normal(mu, spec.sigma)))
         return float(rng.uniform(1 - spec.sigma, 1 + spec.sigma))

@@ -239,9 +239,8 @@ class Machine:
                 yield core
             max_rate = math.inf if pinned else PAGEABLE_COPY_RATE
             for leg, latency in zip(legs, latencies or [None] * len(legs), strict=True):
-                yield self.net.transfer(
-                    leg, nbytes, latency=latency, max_rate=max_rate, tag=tag or f"it{iteration}:{op}:{gpu}"
-                )
+                yield from self.rank_transfer([gpu, peer], leg, nbytes, latency=latency, max_rate=max_rate,
+                                              tag=tag or f"it{iteration}:{op}:{gpu}")
             if core is not None:
                 host.cores.release(core)
                 self.record(
@@ -354,6 +353,41 @@ class Machine:
             peer=peer,
             latencies=self.message_latencies(legs, call),
         )
+
+    def rank_transfer(self, ranks: list[str | None], leg: list, nbytes: float, *,
+                      latency: float | None = None, max_rate: float = math.inf, tag: str = ""):
+        """A process body: one leg of a copy between ``ranks``. A CPU rank moves gloo's bytes with its own
+        core (TCP through the kernel: the copy *is* CPU work), so while the bytes move, the compute streams of
+        the CPU ranks involved are held: their layers wait, as they do for the core's time. The latency
+        before the first byte (the peer waking up) holds nothing. GPUs copy on their engines: nothing held."""
+        cpu = self.cpu_ranks(ranks)
+        if not cpu:
+            yield self.net.transfer(leg, nbytes, latency=latency, max_rate=max_rate, tag=tag)
+            return
+        if latency:
+            yield self.env.timeout(latency)
+        held = yield from self.hold_compute(cpu)
+        yield self.net.transfer(leg, nbytes, latency=0.0 if latency is not None else None, max_rate=max_rate,
+                                tag=tag)
+        self.release_compute(held)
+
+    def cpu_ranks(self, ranks) -> list[str]:
+        """The CPU ranks among ``ranks``, in one global order (so two copies never wait on each other)."""
+        return sorted({r for r in ranks if r in self.gpus and self.gpus[r].device.kind == "cpu"},
+                      key=lambda r: self.gpus[r].index)
+
+    def hold_compute(self, ranks: list[str]):
+        """A process body: the compute streams of ``ranks``, requested in the order given; returns them."""
+        held = []
+        for r in ranks:
+            req = self.gpus[r].streams["compute"].request()
+            yield req
+            held.append((r, req))
+        return held
+
+    def release_compute(self, held: list) -> None:
+        for r, req in held:
+            self.gpus[r].streams["compute"].release(req)
 
     def host_update(self, host: Host, reads: float, writes: float, *, cores: int = 1, op: str, iteration: int,
                     **args):

@@ -277,11 +277,25 @@ class Simulation:
             batch_size=sc.batch_size,
             costs_for=costs_for,
             measured_on=measured_on,
+            jitter_spec=st.jitter if st.jitter is not None else self._measured_jitter(per_gpu),
         )
         from .data_movement import prepare
 
         prepare(self.ctx, sc, calibration)  # ScaleDNN / vDNN switches: codec, preload, offload plan
         self._link_snapshot = None
+
+    def _measured_jitter(self, batch: int):
+        """On a calibrated CPU box with several ranks: each rank's passes scatter as the calibration measured
+        (median-centred, since the calibrated times are medians), so a step that synchronises the ranks
+        waits for the slowest, as it does for real. One rank has nobody to wait for: no jitter."""
+        from .costs import rank_step_sigma
+        from .jitter import JitterSpec
+
+        devices = [self.machine.gpus[g].device for g in self.ranks]
+        if len(self.ranks) < 2 or any(d.kind != "cpu" for d in devices):
+            return None
+        sigma = rank_step_sigma(self.workload, batch)
+        return JitterSpec(distribution="lognormal", sigma=sigma, centre="median") if sigma > 0 else None
 
     def _on_finish(self, iteration: int) -> None:
         if iteration == self.scenario.warmup_iterations - 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import simpy
@@ -20,6 +21,7 @@ import simpy
 from trainsim.errors import unknown_name
 
 from .costs import RankCosts
+from .jitter import Jitter
 from .machine import COMM, COMPUTE, DATA, Machine
 
 # NCCL-style kernel names, so trace tools that look for "nccl" kernels find them
@@ -70,6 +72,9 @@ class Context:
     preloaders: dict[str, Any] = field(default_factory=dict)
     offloader: Any = None  # sim/offload.py Offloader when optimizations.offload_activations is on
     codec: Any = None  # sim/compression.py Codec when optimizations.param_compression is set
+    # the spread of a rank's passes (sim/jitter.py JitterSpec): the scenario's strategy.jitter, else on a
+    # calibrated CPU box the measured one; None: every pass takes its nominal time
+    jitter_spec: Any = None
 
     @property
     def env(self) -> simpy.Environment:
@@ -78,6 +83,10 @@ class Context:
     @property
     def n(self) -> int:
         return len(self.ranks)
+
+    @cached_property
+    def jitter(self) -> Jitter:
+        return Jitter(self.jitter_spec)
 
     def finish(self, iteration: int, gpu: str) -> None:
         self.iteration_end.setdefault(iteration, {})[gpu] = self.env.now
@@ -138,6 +147,9 @@ class Context:
         (forward, ``saved_delta`` = +1) or freed (backward, -1) at its own start or end."""
         costs, machine, env = self.costs[gpu], self.machine, self.env
         memory = machine.gpus[gpu].memory
+        if self.jitter_spec is not None:  # one draw per rank, iteration and pass: the whole pass drifts
+            factor = self.jitter.factor(machine.gpus[gpu].index, iteration, 0 if op == "forward" else 1)
+            times = [t * factor for t in times]
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
             t = start = env.now
@@ -241,6 +253,8 @@ class Context:
         tag = f"it{iteration}:{op}{label}"
         if op in machine.call_latency:  # a gloo call: its measured per-call cost, then its bytes
             yield env.timeout(machine.call_latency[op])
+        # CPU ranks move gloo's bytes with their own cores: no layer runs meanwhile (Machine.rank_transfer)
+        held = yield from machine.hold_compute(machine.cpu_ranks(gpus))
         if self.collectives == "analytic":
             yield env.timeout(
                 coll.collective_time(machine.topology, op, gpus, nbytes, algo=self.collective_algo)
@@ -251,6 +265,7 @@ class Context:
                     env, machine.net, machine.topology, op, gpus, nbytes, algo=self.collective_algo, tag=tag
                 )
             )
+        machine.release_compute(held)
         for g, req in zip(gpus, requests, strict=True):
             machine.gpus[g].streams["comm"].release(req)
         algo = self.collective_algo

@@ -90,7 +90,7 @@ class _Easgd:
                 field="strategy.easgd.centre_socket",
             )
         self.tree = opts.tree_reduce if opts.tree_reduce is not None else True
-        self.jitter = Jitter(getattr(ctx.spec, "jitter", None))
+        self.jitter = Jitter(ctx.jitter_spec)
         first = ctx.costs[ctx.ranks[0]]
         self.weight_bytes = first.param_bytes
         layer_bytes = [b for b in first.grad_bytes_per_layer if b > 0]

@@ -260,7 +260,7 @@ class _Pipeline:
         self.S, self.M = opts.stages, opts.micro_batches
         self.dp = ctx.n // self.S
         self.mb = ctx.batch_size // (self.dp * self.M)
-        self.jitter = Jitter(getattr(ctx.spec, "jitter", None))
+        self.jitter = Jitter(ctx.jitter_spec)
         offload = getattr(ctx.optimizations, "offload_optimizer_state", False)
         self.offload = bool(offload)
         self.chunk = getattr(ctx.optimizations, "offload_chunk_mb", 64.0) * 2**20

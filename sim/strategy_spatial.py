@@ -42,7 +42,8 @@ def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: 
     start = env.now
     legs = machine.topology.gpu_copy_legs(a, b)
     for leg, latency in zip(legs, machine.message_latencies(legs), strict=True):
-        yield machine.net.transfer(leg, nbytes, latency=latency, tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
+        yield from machine.rank_transfer([a, b], leg, nbytes, latency=latency,
+                                         tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
     machine.record(
         iteration=iteration,
         resource=a,

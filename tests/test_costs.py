@@ -102,3 +102,14 @@ def test_a_calibrated_cpu_ranks_layers_scale_by_the_rank_step_and_gpus_do_not():
     assert shared.step_s == pytest.approx(alone.step_s * 1.25)
     gpu = rank_costs(wl, get_device("a100"), 8, "fp32", "momentum", sharing=2)  # GPUs have their own SMs
     assert gpu.forward_s == rank_costs(wl, get_device("a100"), 8, "fp32", "momentum").forward_s
+
+
+def test_rank_step_sigma_interpolates_the_measured_spread():
+    from trainsim.sim.costs import rank_step_sigma
+
+    wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05], [64, 0.04, 0.044, 0.15]])
+    assert rank_step_sigma(wl, 16) == pytest.approx(0.05)
+    assert rank_step_sigma(wl, 40) == pytest.approx(0.10)
+    assert rank_step_sigma(wl, 128) == pytest.approx(0.15)
+    old = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011]])  # recorded before the spread was
+    assert rank_step_sigma(old, 16) == 0.0 and rank_step_sigma(load_workload("tiny-cnn"), 16) == 0.0

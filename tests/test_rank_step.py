@@ -11,7 +11,7 @@ def test_the_record_keeps_both_medians():
     assert point.slowdown == pytest.approx(1.2)
     record = rank_step_record([point], 2, 1)
     assert (record["ranks"], record["threads_per_rank"]) == (2, 1)
-    assert record["points"] == [[8, 0.010, 0.012]]
+    assert record["points"] == [[8, 0.010, 0.012, 0.0]]
     assert RankStepPoint(8, 0.01, None, 5, 0).slowdown is None
 
 
@@ -56,3 +56,14 @@ def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_i
         update={"rank_step": None})}), device, 4, "fp32", "momentum", measured_on=device)
     scale = rank_step_scale(sim.workload, 4, 2)
     assert sim.ctx.costs[gpu].forward_s == pytest.approx([f * scale for f in unscaled.forward_s])
+
+
+def test_log_spread_is_the_iqr_of_each_ranks_log_deviations():
+    import math
+
+    from trainsim.calibrate.rank_step import log_spread
+
+    rank0 = [math.exp(x) for x in (0.0, 0.1, -0.1, 0.2, -0.2)]
+    rank1 = [2 * t for t in rank0]  # another median, the same scatter
+    assert log_spread([rank0, rank1]) == pytest.approx(0.2 / 1.349)
+    assert log_spread([[0.01] * 5]) == 0.0
