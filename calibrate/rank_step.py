@@ -5,14 +5,18 @@ The per-layer profile (`layer_profile`) runs in the calibrating process, hooked 
 plain ones, one batch size after the other. It says how a step splits over the layers; how long the whole
 step takes in the executor's set-up is measured here, in that set-up: the ranks are launched and pinned as
 the executor launches them (one process per rank on its own cores, the same torch threads), each builds the
-model and runs plain training steps (forward, loss, backward, optimizer step) on a synthetic batch.
+model and runs the executor's loop: prepare a batch with the default input pipeline (decode, crop, flip,
+normalise: memory-bound numpy work, which leaves the caches as the real loop leaves them), then a plain
+training step (forward, loss, backward, optimizer step), which is what is timed.
 
 Two things are measured at each batch size:
 
 - ``alone``: rank 0 computing while the others wait at a barrier (their cores idle) — a one-rank run;
-- ``together``: every rank computing at once. The cores share the socket's last-level cache and DRAM
+- ``together``: every rank computing at once, the steps started together (a barrier before each), as
+  synchronous training keeps them in step. The cores share the socket's last-level cache and DRAM
   bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound work does (a large
-  copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream).
+  copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream), and most when
+  the ranks run the same layers at the same moment.
 
 On a shared (virtual) machine the speed of a core drifts by 10-15 % from one half-second to the next, so the
 windows alternate — alone, together, over every batch size, round after round — and each figure is the
@@ -36,8 +40,6 @@ import numpy as np
 
 from trainsim.calibrate.launch import RankContext, launch
 
-INPUT_POOL = 4  # distinct input batches a rank cycles through
-
 
 @dataclass(frozen=True)
 class RankStepPoint:
@@ -59,55 +61,52 @@ class RankStepPoint:
         return [self.batch, self.alone_s, self.together_s, self.sigma_log]
 
 
-def _timed_steps(step, seconds: float) -> list[float]:
-    """Step times of back-to-back training steps for about ``seconds`` (at least two steps)."""
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while len(times) < 2 or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int], rounds: int,
                    window_s: float, options: dict) -> list[dict]:
-    """What every rank runs (via ``launch``): per batch size, its step times alone (rank 0) and together."""
+    """What every rank runs (via ``launch``): per batch size, its steps alone (rank 0) and together, each
+    step as (seconds preparing its batch, seconds computing)."""
     import torch
     import torch.distributed as dist
 
     from trainsim.calibrate import zoo
+    from trainsim.calibrate.datapipe import SyntheticSource
+    from trainsim.calibrate.exec_config import DataConfig
 
     torch.manual_seed(0)
     model = zoo.build_model(model_name, **options)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)  # the profile's optimizer
-    steps = {}
+    source = SyntheticSource(model_name, options, DataConfig(), seed=ctx.rank)  # the executor's pipeline
+    turn = itertools.count()
+
+    def step(batch: int) -> tuple[float, float]:
+        start = time.perf_counter()
+        inputs, targets = source.batch(next(turn), range(batch), batch)
+        prepared = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        zoo.loss_fn(model_name, model(inputs), targets).backward()
+        optimizer.step()
+        return prepared - start, time.perf_counter() - prepared
+
+    counts = {}
     for batch in batch_sizes:
-        generator = torch.Generator().manual_seed(batch)
-        # a few batches in turn: a training loop's batch is freshly written memory, not one left in cache
-        pool = [zoo.example_batch(model_name, batch, "cpu", generator=generator, **options)
-                for _ in range(INPUT_POOL)]
-        turn = itertools.count()
-
-        def step(pool=pool, turn=turn):
-            inputs, targets = pool[next(turn) % len(pool)]
-            optimizer.zero_grad(set_to_none=True)
-            zoo.loss_fn(model_name, model(inputs), targets).backward()
-            optimizer.step()
-
-        step()  # warm-up: first-touch allocations, oneDNN primitive creation
-        step()
-        steps[batch] = step
-    alone: dict[int, list[float]] = {b: [] for b in batch_sizes}
-    together: dict[int, list[float]] = {b: [] for b in batch_sizes}
+        step(batch)  # warm-up: first-touch allocations, oneDNN primitive creation
+        # every rank runs the same number of steps per window (they meet at a barrier before each one)
+        slowest = torch.tensor([sum(step(batch))], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        counts[batch] = max(2, int(window_s / max(float(slowest.item()), 1e-6)))
+    alone: dict[int, list] = {b: [] for b in batch_sizes}
+    together: dict[int, list] = {b: [] for b in batch_sizes}
     for _ in range(rounds):
         for batch in batch_sizes:
             dist.barrier()
             if ctx.rank == 0:
-                alone[batch] += _timed_steps(steps[batch], window_s)
+                alone[batch] += [step(batch) for _ in range(counts[batch])]
             if ctx.world_size > 1:
-                dist.barrier()
-                together[batch] += _timed_steps(steps[batch], window_s)
+                # in step with each other, as synchronous training keeps them: their memory-hungry phases
+                # run at the same moments, which is when the shared cache and DRAM are contended
+                for _ in range(counts[batch]):
+                    dist.barrier()
+                    together[batch].append(step(batch))
     return [{"batch": b, "alone": alone[b], "together": together[b]} for b in batch_sizes]
 
 
@@ -123,9 +122,14 @@ def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *
     for i, batch in enumerate(batch_sizes):
         alone = reports[0][i]["alone"]
         per_rank = [report[i]["together"] for report in reports if report[i]["together"]]
-        together = statistics.fmean(statistics.median(t) for t in per_rank) if per_rank else None
-        points.append(RankStepPoint(batch, statistics.median(alone), together, len(alone),
-                                    sum(len(t) for t in per_rank), log_spread(per_rank or [alone])))
+
+        def median_of(steps, part):
+            return statistics.median(s[part] for s in steps)
+
+        together = statistics.fmean(median_of(t, 1) for t in per_rank) if per_rank else None
+        spread = log_spread([[s[1] for s in t] for t in per_rank] or [[s[1] for s in alone]])
+        points.append(RankStepPoint(batch, median_of(alone, 1), together, len(alone),
+                                    sum(len(t) for t in per_rank), spread))
     return points
 
 
@@ -148,5 +152,5 @@ def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_ra
         "threads_per_rank": threads_per_rank,
         "points": [p.to_json() for p in points],
         "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s, "
-                "sigma of log(step) from step to step]",
+                "sigma of log(step) from step to step]; a step's batch preparation is not counted",
     }

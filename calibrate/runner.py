@@ -495,11 +495,19 @@ def _step_collectives(run: _Run):
 
 
 def _step_data(run: _Run):
+    import torch
+
     from trainsim.calibrate import data_prep
 
     samples = 64 if run.config.quick else 512
     run.progress("data", f"preparing {samples} samples")
-    seconds = data_prep.measure_prep(run.config.model, samples, **run.config.model_options)
+    threads = torch.get_num_threads()
+    if run.device == "cpu":  # on one rank's threads: normalising is a torch op
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // run.ranks))
+    try:
+        seconds = data_prep.measure_prep(run.config.model, samples, **run.config.model_options)
+    finally:
+        torch.set_num_threads(threads)
     return [], {"prep_s_per_sample": seconds, "cores": len(os.sched_getaffinity(0))}, []
 
 

@@ -242,18 +242,27 @@ def workload_mismatch(bundle, cfg) -> str | None:
 def input_prep_seconds(cfg, batches: int = 6) -> float:
     """CPU seconds to prepare one input sample exactly as the executor's pipeline does for ``cfg`` (decode,
     ``augment_repeats`` crop/flip/normalise passes, the batch stacked), on this core: what the simulator's
-    data workers cost. Whole batches of the per-rank size are timed, as the training loop asks for them, and
-    the median batch is divided by its size."""
+    data workers cost. Whole batches of the per-rank size are timed, as the training loop asks for them, with
+    the torch threads a rank has (normalising is a torch op: two threads would halve it), and the median
+    batch is divided by its size."""
+    import torch
+
     from trainsim.calibrate.datapipe import SyntheticSource
 
     source = SyntheticSource(cfg.model, cfg.model_cfg, cfg.data, seed=cfg.seed)
     size = max(1, cfg.local_batch)
-    source.batch(0, range(size), size)  # first-touch warm-up
-    times = []
-    for it in range(1, batches + 1):
-        start = time.perf_counter()
-        source.batch(it, range(size), size)
-        times.append(time.perf_counter() - start)
+    threads = torch.get_num_threads()
+    if cfg.device == "cpu" and cfg.cores_per_rank:
+        torch.set_num_threads(cfg.cores_per_rank)  # a rank's torch ops get its cores' threads, no more
+    try:
+        source.batch(0, range(size), size)  # first-touch warm-up
+        times = []
+        for it in range(1, batches + 1):
+            start = time.perf_counter()
+            source.batch(it, range(size), size)
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
     return statistics.median(times) / size
 
 
