@@ -6,14 +6,16 @@ plain ones, one batch size after the other. It says how a step splits over the l
 step takes in the executor's set-up is measured here, in that set-up: the ranks are launched and pinned as
 the executor launches them (one process per rank on its own cores, the same torch threads), each builds the
 model and runs the executor's loop: prepare a batch with the default input pipeline (decode, crop, flip,
-normalise: memory-bound numpy work, which leaves the caches as the real loop leaves them), then a plain
-training step (forward, loss, backward, optimizer step), which is what is timed.
+normalise: memory-bound numpy work), then a plain training step (forward, loss, backward, optimizer step).
+Both parts are timed.
 
 Two things are measured at each batch size:
 
 - ``alone``: rank 0 computing while the others wait at a barrier (their cores idle) — a one-rank run;
 - ``together``: every rank computing at once, the steps started together (a barrier before each), as
-  synchronous training keeps them in step. The cores share the socket's last-level cache and DRAM
+  synchronous training keeps them in step. A rank that has just waited in a collective also starts cold:
+  on a virtual machine its idle vCPU is halted, and what runs first after the wake-up (the next batch's
+  preparation, here +5-30 %) runs slower. The cores share the socket's last-level cache and DRAM
   bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound work does (a large
   copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream), and most when
   the ranks run the same layers at the same moment.
@@ -24,7 +26,8 @@ median of steps spread over the whole measurement rather than of one burst.
 
 The record goes into the workload file (``provenance.rank_step``); the simulator scales a CPU rank's
 measured layers so that the step takes ``alone`` (one rank) or ``together`` (every rank of the host
-computing), see `trainsim.sim.costs.rank_step_scale`, and draws each rank's passes with the measured
+computing), see `trainsim.sim.costs.rank_step_scale`, slows the batch preparation of ranks that share the
+host by the measured ratio (`rank_data_slowdown`), and draws each rank's passes with the measured
 step-to-step spread, so a synchronous step waits for the slowest rank as it does for real.
 """
 
@@ -52,13 +55,16 @@ class RankStepPoint:
     steps_alone: int
     steps_together: int
     sigma_log: float = 0.0  # spread of one rank's step from step to step: IQR of log(step) / 1.349
+    data_alone_s: float | None = None  # preparing the step's batch (the executor's default pipeline)
+    data_together_s: float | None = None
 
     @property
     def slowdown(self) -> float | None:
         return self.together_s / self.alone_s if self.together_s is not None else None
 
     def to_json(self) -> list:
-        return [self.batch, self.alone_s, self.together_s, self.sigma_log]
+        return [self.batch, self.alone_s, self.together_s, self.sigma_log, self.data_alone_s,
+                self.data_together_s]
 
 
 def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int], rounds: int,
@@ -127,9 +133,11 @@ def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *
             return statistics.median(s[part] for s in steps)
 
         together = statistics.fmean(median_of(t, 1) for t in per_rank) if per_rank else None
+        data_together = statistics.fmean(median_of(t, 0) for t in per_rank) if per_rank else None
         spread = log_spread([[s[1] for s in t] for t in per_rank] or [[s[1] for s in alone]])
         points.append(RankStepPoint(batch, median_of(alone, 1), together, len(alone),
-                                    sum(len(t) for t in per_rank), spread))
+                                    sum(len(t) for t in per_rank), spread, median_of(alone, 0),
+                                    data_together))
     return points
 
 
@@ -152,5 +160,5 @@ def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_ra
         "threads_per_rank": threads_per_rank,
         "points": [p.to_json() for p in points],
         "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s, "
-                "sigma of log(step) from step to step]; a step's batch preparation is not counted",
+                "sigma of log(step) from step to step, median batch preparation alone s, together s]",
     }

@@ -272,10 +272,9 @@ def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_
     from trainsim.scenarios.loader import load_scenario
     from trainsim.sim.simulation import Simulation
 
-    sim = Simulation(load_scenario(scenario, variant=variant), calibration=calibration)
-    if prep_s_per_sample is not None:
-        # the bundle measured the default pipeline; this variant's executor data config may cost more
-        sim.ctx.prep_s_per_sample = prep_s_per_sample
+    # the bundle measured the default pipeline; this variant's executor data config may cost more
+    sim = Simulation(load_scenario(scenario, variant=variant), calibration=calibration,
+                     prep_s_per_sample=prep_s_per_sample)
     result = sim.run()
     if trace_path is not None:
         from trainsim.sim.chrome_trace import write_chrome_trace

@@ -189,6 +189,22 @@ def rank_step_scale(workload: Workload, batch: int, sharing: int = 1) -> float:
     return scale
 
 
+def rank_data_slowdown(workload: Workload, batch: int, sharing: int) -> float:
+    """How much slower a calibrated CPU rank prepares its batch when ``sharing`` ranks of the host train in
+    step (``provenance.rank_step``: preparation together / alone): the cores' shared cache and DRAM, and
+    the cold start after waiting in a collective. 1 for one rank or without the record; linear in the
+    batch, the nearest measured size beyond; the excess scales with the other ranks as in
+    `rank_step_scale`; never under 1."""
+    record = (workload.provenance.model_extra or {}).get("rank_step") or {}
+    points = sorted((int(p[0]), float(p[5]) / float(p[4])) for p in record.get("points") or []
+                    if len(p) > 5 and p[4] and p[5])
+    measured_ranks = int(record.get("ranks") or 1)
+    if sharing <= 1 or measured_ranks <= 1 or not points:
+        return 1.0
+    ratio = float(np.interp(batch, [b for b, _ in points], [r for _, r in points]))
+    return max(1.0, 1.0 + (ratio - 1.0) * (sharing - 1) / (measured_ranks - 1))
+
+
 def rank_step_sigma(workload: Workload, batch: int) -> float:
     """The measured step-to-step spread of a calibrated CPU rank's step (sigma of its log, from the
     interquartile range of ``provenance.rank_step``'s steps with every rank computing); 0 without it.

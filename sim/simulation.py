@@ -23,7 +23,7 @@ import simpy
 
 from trainsim.errors import TrainsimError
 
-from .costs import rank_costs
+from .costs import rank_costs, rank_data_slowdown
 from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
 from .result import GpuResult, LinkResult, Result, breakdown, busy_time
@@ -190,11 +190,24 @@ def resolve_gpus(scenario, topology) -> list[str]:
 # ---- the simulation ---------------------------------------------------------------------------------------
 
 
+def _measured_cpu(workload: Workload, machine: Machine, ranks: list[str]) -> bool:
+    """The run's ranks are CPU ranks of the box ``workload`` was calibrated on."""
+    spec = workload.provenance.device_spec
+    devices = [machine.gpus[g].device for g in ranks]
+    return spec is not None and all(d.kind == "cpu" and d.name == spec for d in devices)
+
+
 class Simulation:
     """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
 
     def __init__(
-        self, scenario, *, calibration: str | None = None, machine: Machine | None = None, record: bool = True
+        self,
+        scenario,
+        *,
+        calibration: str | None = None,
+        machine: Machine | None = None,
+        record: bool = True,
+        prep_s_per_sample: float | None = None,
     ):
         from trainsim.scenarios.loader import load_scenario
 
@@ -248,7 +261,14 @@ class Simulation:
         for gpu in self.ranks:
             costs[gpu] = costs_for(gpu, per_gpu)
 
-        prep = self.workload.input.prep_s_per_sample or 0.0
+        # the input pipeline's cost per sample: given (measured for the executor's data config), else the
+        # workload's
+        if prep_s_per_sample is None:
+            prep_s_per_sample = self.workload.input.prep_s_per_sample or 0.0
+        prep = prep_s_per_sample
+        if _measured_cpu(self.workload, self.machine, self.ranks):
+            # ranks training in step on one host prepare their batches slower (costs.rank_data_slowdown)
+            prep *= rank_data_slowdown(self.workload, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
             machine=self.machine,

@@ -113,3 +113,16 @@ def test_rank_step_sigma_interpolates_the_measured_spread():
     assert rank_step_sigma(wl, 128) == pytest.approx(0.15)
     old = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011]])  # recorded before the spread was
     assert rank_step_sigma(old, 16) == 0.0 and rank_step_sigma(load_workload("tiny-cnn"), 16) == 0.0
+
+
+def test_rank_data_slowdown_is_preparation_together_over_alone():
+    from trainsim.sim.costs import rank_data_slowdown
+
+    wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05, 0.002, 0.0025],
+                                                     [64, 0.04, 0.044, 0.05, 0.008, 0.0088]])
+    assert rank_data_slowdown(wl, 16, 2) == pytest.approx(1.25)
+    assert rank_data_slowdown(wl, 40, 2) == pytest.approx(1.175)
+    assert rank_data_slowdown(wl, 16, 3) == pytest.approx(1.5)  # each other rank adds the measured excess
+    assert rank_data_slowdown(wl, 16, 1) == 1.0
+    old = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05]])  # recorded without it
+    assert rank_data_slowdown(old, 16, 2) == 1.0
