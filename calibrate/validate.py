@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -58,6 +59,7 @@ class ValidationRow:
     measured_iqr_s: float | None = None
     measured_iterations_s: list[float] = field(default_factory=list)  # every round's iterations, pooled
     measured_rounds: int = 0
+    predicted_iterations_s: list[float] = field(default_factory=list)  # every round's prediction, pooled
     error_pct: float | None = None
     predicted_speedup: float | None = None  # baseline time / this time, as predicted
     measured_speedup: float | None = None
@@ -308,9 +310,11 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     """Simulate and execute ``variants`` (default: all) of ``scenario``; compare them.
 
     ``rounds``: execute every variant that many times, round-robin (all variants, then all again, ...), and
-    take the median over the pooled iterations: on a shared box a core's speed drifts by 10-15 % over
-    seconds, and spreading each variant's runs over the whole session keeps a slow spell from landing on one
-    variant only.
+    take the median over the pooled iterations: on a shared box a core's speed drifts by 10-30 % over
+    seconds and minutes, and spreading each variant's runs over the whole session keeps a slow spell from
+    landing on one variant only. On a CPU box each round after the first measures the bundle's rank step
+    again (`refresh_rank_step`) and predicts that round from it, so the prediction sees the box the round
+    runs on; predictions are pooled like measurements.
 
     ``overrides`` are ExecConfig fields for the real runs (e.g. ``iterations=3, warmup=2``); ``baseline``
     defaults to the first variant; ``execute=False`` predicts only. With ``report_dir`` the rows are written
@@ -367,6 +371,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
                               rows=[ValidationRow(n, c.strategy, c.ranks) for n, c in configs.items()])
     _input_costs(result.rows, configs, mismatched)  # before any real run, so no rank exiting skews them
     _write(result, out, prov)
+    scratch = tempfile.TemporaryDirectory(prefix="trainsim-rounds-") if rounds > 1 and execute else None
+    work = Path(scratch.name) if scratch is not None else None
     try:
         for row in result.rows:
             row.not_simulated = mismatched[row.variant]
@@ -375,9 +381,13 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
             compare(result.rows, baseline)
             _write(result, out, prov)
         for k in range(1, rounds if execute else 1):
+            progress(f"rank step (round {k + 1} of {rounds}): measuring this box again")
+            fresh = refresh_rank_step(calibration, work / f"round-{k + 1}") if work is not None else None
             for row in result.rows:
                 if row.measured_rounds == k:  # measured in every round so far
                     progress(f"{row.variant} (round {k + 1} of {rounds}): executing again")
+                    if fresh is not None and row.predicted_iterations_s:
+                        _predict_again(row, scenario, fresh)
                     _measure(row, configs[row.variant], execute_config)
                     compare(result.rows, baseline)
                     _write(result, out, prov)
@@ -390,6 +400,9 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
 
             write_report(result, out)
         raise ValidationInterrupted(result, str(out / RESULT_FILE) if out else None) from None
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     result.status = "complete"
     compare(result.rows, baseline)
     _write(result, out, prov)
@@ -408,6 +421,44 @@ def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict) -> 
         if key not in cache:
             cache[key] = input_prep_seconds(cfg)
         row.prep_s_per_sample = cache[key]
+
+
+def refresh_rank_step(calibration: str, into: Path) -> str | None:
+    """A copy of the bundle (in ``into``) whose CPU rank step (`rank_step`) is measured again now; None when
+    the bundle has no such record (GPUs, an older bundle). On a shared machine a core's speed drifts by
+    15-30 % over minutes: a round of real runs is predicted from the box as it is at that round."""
+    import shutil
+
+    from trainsim.calibrate.rank_step import measure_rank_step, rank_step_record
+    from trainsim.sim.workload import load_workload, save_workload
+
+    files = sorted(Path(calibration).glob("workload-*.json"))
+    if len(files) != 1:
+        return None
+    workload = load_workload(files[0])
+    extra = workload.provenance.model_extra or {}
+    record = extra.get("rank_step")
+    if not record or not record.get("points"):
+        return None
+    batches = [int(p[0]) for p in record["points"]]
+    ranks, threads = int(record["ranks"]), int(record.get("threads_per_rank") or 1)
+    points = measure_rank_step(workload.name, batches, ranks, threads_per_rank=threads,
+                               options=dict(extra.get("config") or {}))
+    shutil.copytree(calibration, into)
+    provenance = workload.provenance.model_copy(update={**extra, "rank_step": rank_step_record(points, ranks,
+                                                                                                 threads)})
+    save_workload(workload.model_copy(update={"provenance": provenance}), into / files[0].name)
+    return str(into)
+
+
+def _predict_again(row: ValidationRow, scenario: str, calibration: str) -> None:
+    """Pool another round's prediction (from the re-measured bundle) with the earlier ones."""
+    try:
+        predicted = predict(scenario, row.variant, calibration, prep_s_per_sample=row.prep_s_per_sample)
+    except TrainsimError:
+        return  # it was simulated in round 1; keep that
+    row.predicted_iterations_s += list(predicted.iteration_times_s)
+    row.predicted_s = float(np.median(row.predicted_iterations_s))
 
 
 def _measure(row: ValidationRow, cfg, execute_config) -> None:
@@ -439,6 +490,7 @@ def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: 
         sim_trace = (Path(TRACES) / f"{name}.sim.json.gz") if out is not None else None
         predicted = predict(scenario, name, calibration, prep_s_per_sample=row.prep_s_per_sample,
                             trace_path=out / sim_trace if sim_trace else None)
+        row.predicted_iterations_s = list(predicted.iteration_times_s)
         row.predicted_s = statistics.median(predicted.iteration_times_s)
         row.predicted_breakdown_s = dict(predicted.breakdown_s)
         row.sim_trace = str(sim_trace) if sim_trace else None

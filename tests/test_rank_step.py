@@ -67,3 +67,27 @@ def test_log_spread_is_the_iqr_of_each_ranks_log_deviations():
     rank1 = [2 * t for t in rank0]  # another median, the same scatter
     assert log_spread([rank0, rank1]) == pytest.approx(0.2 / 1.349)
     assert log_spread([[0.01] * 5]) == 0.0
+
+
+def test_a_round_of_validation_can_measure_the_rank_step_again_in_a_copy(tmp_path):
+    pytest.importorskip("torch")
+    from trainsim.calibrate import runner
+    from trainsim.calibrate.validate import refresh_rank_step
+    from trainsim.sim.workload import load_workload
+
+    out = tmp_path / "bundle"
+    runner.run_calibration(runner.CalibrationConfig(
+        model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True, batch_sizes=(2,),
+        steps=("probe", "layers", "rank_step"), model_options={"image_size": 16}))
+    before = (out / "workload-tiny-cnn.json").read_text()
+    fresh = refresh_rank_step(str(out), tmp_path / "round-2")
+    assert fresh is not None and (out / "workload-tiny-cnn.json").read_text() == before  # the bundle kept
+    copy = load_workload(tmp_path / "round-2" / "workload-tiny-cnn.json")
+    record = copy.provenance.model_extra["rank_step"]
+    assert [p[0] for p in record["points"]] == [2] and record["ranks"] == 2
+    assert (tmp_path / "round-2" / "topology.yaml").is_file()
+    no_record = tmp_path / "old"
+    runner.run_calibration(runner.CalibrationConfig(
+        model="tiny-cnn", out=no_record, device="cpu", ranks=2, quick=True, batch_sizes=(2,),
+        steps=("probe", "layers"), model_options={"image_size": 16}))
+    assert refresh_rank_step(str(no_record), tmp_path / "nothing") is None

@@ -720,7 +720,7 @@ def validate_cmd(
     result = _run_validation(
         lambda progress: validate(scenario, calibration, names, force=force, report_dir=report_dir,
                                   baseline=baseline, progress=progress, rounds=rounds, **overrides),
-        rounds * (len(names) if names else len(scenario_variants(load_scenario_dict(scenario)))))
+        rounds * (len(names) if names else len(scenario_variants(load_scenario_dict(scenario)))) + rounds - 1)
     files = report.write_report(result, report_dir) if report_dir else None
     _print_validation(result, files, as_json)
 
