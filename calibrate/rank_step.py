@@ -9,9 +9,12 @@ model and runs the executor's loop: prepare a batch with the default input pipel
 normalise: memory-bound numpy work), then a plain training step (forward, loss, backward, optimizer step).
 Both parts are timed.
 
-Two things are measured at each batch size:
+What is measured at each batch size:
 
 - ``alone``: rank 0 computing while the others wait at a barrier (their cores idle) — a one-rank run;
+- the batch preparation in the loop against the same preparation timed back to back: after a training step
+  has streamed its activations through the caches, the pipeline finds nothing of its own there and each
+  batch starts by fetching its stored samples again (here about 1 ms per batch of 32);
 - ``together``: every rank computing at once, the steps started together (a barrier before each), as
   synchronous training keeps them in step. A rank that has just waited in a collective also starts cold:
   on a virtual machine its idle vCPU is halted, and what runs first after the wake-up (the next batch's
@@ -26,9 +29,10 @@ median of steps spread over the whole measurement rather than of one burst.
 
 The record goes into the workload file (``provenance.rank_step``); the simulator scales a CPU rank's
 measured layers so that the step takes ``alone`` (one rank) or ``together`` (every rank of the host
-computing), see `trainsim.sim.costs.rank_step_scale`, slows the batch preparation of ranks that share the
-host by the measured ratio (`rank_data_slowdown`), and draws each rank's passes with the measured
-step-to-step spread, so a synchronous step waits for the slowest rank as it does for real.
+computing), see `trainsim.sim.costs.rank_step_scale`, adds the measured in-loop cost to each batch's
+preparation (`rank_data_cold_s`) and slows it by the shared-host ratio (`rank_data_slowdown`), and draws
+each rank's passes with the measured step-to-step spread, so a synchronous step waits for the slowest rank
+as it does for real.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class RankStepPoint:
     sigma_log: float = 0.0  # spread of one rank's step from step to step: IQR of log(step) / 1.349
     data_alone_s: float | None = None  # preparing the step's batch (the executor's default pipeline)
     data_together_s: float | None = None
+    data_warm_s: float | None = None  # the same preparation back to back, with nothing in between
 
     @property
     def slowdown(self) -> float | None:
@@ -64,7 +69,7 @@ class RankStepPoint:
 
     def to_json(self) -> list:
         return [self.batch, self.alone_s, self.together_s, self.sigma_log, self.data_alone_s,
-                self.data_together_s]
+                self.data_together_s, self.data_warm_s]
 
 
 def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int], rounds: int,
@@ -93,9 +98,15 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
         optimizer.step()
         return prepared - start, time.perf_counter() - prepared
 
-    counts = {}
+    counts, warm = {}, {}
     for batch in batch_sizes:
         step(batch)  # warm-up: first-touch allocations, oneDNN primitive creation
+        # the same preparation back to back, as a benchmark of the pipeline alone times it (warm caches)
+        warm[batch] = []
+        for _ in range(4):
+            start = time.perf_counter()
+            source.batch(next(turn), range(batch), batch)
+            warm[batch].append(time.perf_counter() - start)
         # every rank runs the same number of steps per window (they meet at a barrier before each one)
         slowest = torch.tensor([sum(step(batch))], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -113,7 +124,7 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
                 for _ in range(counts[batch]):
                     dist.barrier()
                     together[batch].append(step(batch))
-    return [{"batch": b, "alone": alone[b], "together": together[b]} for b in batch_sizes]
+    return [{"batch": b, "alone": alone[b], "together": together[b], "warm": warm[b]} for b in batch_sizes]
 
 
 def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *, rounds: int = 6,
@@ -137,7 +148,7 @@ def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *
         spread = log_spread([[s[1] for s in t] for t in per_rank] or [[s[1] for s in alone]])
         points.append(RankStepPoint(batch, median_of(alone, 1), together, len(alone),
                                     sum(len(t) for t in per_rank), spread, median_of(alone, 0),
-                                    data_together))
+                                    data_together, statistics.median(reports[0][i]["warm"])))
     return points
 
 
@@ -160,5 +171,6 @@ def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_ra
         "threads_per_rank": threads_per_rank,
         "points": [p.to_json() for p in points],
         "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s, "
-                "sigma of log(step) from step to step, median batch preparation alone s, together s]",
+                "sigma of log(step) from step to step, median batch preparation alone s, together s, "
+                "back to back s]",
     }

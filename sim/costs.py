@@ -189,19 +189,36 @@ def rank_step_scale(workload: Workload, batch: int, sharing: int = 1) -> float:
     return scale
 
 
+def _data_rows(workload: Workload) -> tuple[list, int]:
+    record = (workload.provenance.model_extra or {}).get("rank_step") or {}
+    rows = sorted(p for p in record.get("points") or [] if len(p) > 5 and p[4] and p[5])
+    return rows, int(record.get("ranks") or 1)
+
+
+def rank_data_cold_s(workload: Workload, batch: int) -> float:
+    """Seconds a calibrated CPU rank's batch preparation takes longer in the training loop than back to back
+    (``provenance.rank_step``): a training step leaves nothing of the pipeline's in the caches, so each
+    batch starts by fetching its stored samples again. A cost per batch, whatever the per-sample work;
+    linear in the batch between the measured sizes, proportional beyond; 0 without the record."""
+    rows, _ = _data_rows(workload)
+    points = [(float(p[0]), max(0.0, float(p[4]) - float(p[6]))) for p in rows if len(p) > 6 and p[6]]
+    if not points:
+        return 0.0
+    if batch >= points[-1][0]:
+        return points[-1][1] * batch / points[-1][0]
+    return float(np.interp(batch, [b for b, _ in points], [c for _, c in points]))
+
+
 def rank_data_slowdown(workload: Workload, batch: int, sharing: int) -> float:
     """How much slower a calibrated CPU rank prepares its batch when ``sharing`` ranks of the host train in
-    step (``provenance.rank_step``: preparation together / alone): the cores' shared cache and DRAM, and
-    the cold start after waiting in a collective. 1 for one rank or without the record; linear in the
-    batch, the nearest measured size beyond; the excess scales with the other ranks as in
-    `rank_step_scale`; never under 1."""
-    record = (workload.provenance.model_extra or {}).get("rank_step") or {}
-    points = sorted((int(p[0]), float(p[5]) / float(p[4])) for p in record.get("points") or []
-                    if len(p) > 5 and p[4] and p[5])
-    measured_ranks = int(record.get("ranks") or 1)
-    if sharing <= 1 or measured_ranks <= 1 or not points:
+    step (``provenance.rank_step``: preparation together / alone): the shared cache and DRAM, and the cold
+    start after waiting in a collective. 1 for one rank or without the record; linear in the batch, the
+    nearest measured size beyond; the excess scales with the other ranks as in `rank_step_scale`; never
+    under 1."""
+    rows, measured_ranks = _data_rows(workload)
+    if sharing <= 1 or measured_ranks <= 1 or not rows:
         return 1.0
-    ratio = float(np.interp(batch, [b for b, _ in points], [r for _, r in points]))
+    ratio = float(np.interp(batch, [int(p[0]) for p in rows], [float(p[5]) / float(p[4]) for p in rows]))
     return max(1.0, 1.0 + (ratio - 1.0) * (sharing - 1) / (measured_ranks - 1))
 
 

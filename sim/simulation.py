@@ -23,7 +23,7 @@ import simpy
 
 from trainsim.errors import TrainsimError
 
-from .costs import rank_costs, rank_data_slowdown
+from .costs import rank_costs, rank_data_cold_s, rank_data_slowdown
 from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
 from .result import GpuResult, LinkResult, Result, breakdown, busy_time
@@ -266,8 +266,9 @@ class Simulation:
         if prep_s_per_sample is None:
             prep_s_per_sample = self.workload.input.prep_s_per_sample or 0.0
         prep = prep_s_per_sample
-        if _measured_cpu(self.workload, self.machine, self.ranks):
-            # ranks training in step on one host prepare their batches slower (costs.rank_data_slowdown)
+        if _measured_cpu(self.workload, self.machine, self.ranks) and prep > 0:
+            # in the loop a batch starts cold, and beside the host's other ranks it takes longer
+            prep += rank_data_cold_s(self.workload, per_gpu) / max(1, per_gpu)
             prep *= rank_data_slowdown(self.workload, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(

@@ -126,3 +126,16 @@ def test_rank_data_slowdown_is_preparation_together_over_alone():
     assert rank_data_slowdown(wl, 16, 1) == 1.0
     old = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05]])  # recorded without it
     assert rank_data_slowdown(old, 16, 2) == 1.0
+
+
+def test_rank_data_cold_s_is_the_in_loop_preparation_over_back_to_back_per_batch():
+    from trainsim.sim.costs import rank_data_cold_s
+
+    wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05, 0.002, 0.0025, 0.0015],
+                                                     [64, 0.04, 0.044, 0.05, 0.006, 0.0070, 0.0040]])
+    assert rank_data_cold_s(wl, 16) == pytest.approx(0.0005)
+    assert rank_data_cold_s(wl, 40) == pytest.approx(0.00125)  # linear between the measured sizes
+    assert rank_data_cold_s(wl, 128) == pytest.approx(0.004)  # proportional beyond them
+    warmer = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05, 0.002, 0.0025, 0.003]])
+    assert rank_data_cold_s(warmer, 16) == 0.0  # never negative
+    assert rank_data_cold_s(load_workload("tiny-cnn"), 16) == 0.0

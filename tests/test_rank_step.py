@@ -11,7 +11,7 @@ def test_the_record_keeps_both_medians():
     assert point.slowdown == pytest.approx(1.2)
     record = rank_step_record([point], 2, 1)
     assert (record["ranks"], record["threads_per_rank"]) == (2, 1)
-    assert record["points"] == [[8, 0.010, 0.012, 0.0, None, None]]
+    assert record["points"] == [[8, 0.010, 0.012, 0.0, None, None, None]]
     assert RankStepPoint(8, 0.01, None, 5, 0).slowdown is None
 
 
@@ -23,6 +23,7 @@ def test_two_pinned_ranks_measure_alone_and_together_round_after_round():
     assert [p.batch for p in points] == [2, 4]
     for p in points:
         assert p.alone_s > 0 and p.together_s > 0 and p.data_alone_s > 0 and p.data_together_s > 0
+        assert p.data_warm_s > 0
         assert p.steps_alone >= 4 and p.steps_together >= 8  # two windows of at least two steps, per rank
     one = measure_rank_step("tiny-cnn", [2], 1, rounds=1, window_s=0.01, options={"image_size": 16})
     assert one[0].together_s is None and one[0].steps_alone >= 2
