@@ -33,6 +33,11 @@ computing), see `trainsim.sim.costs.rank_step_scale`, adds the measured in-loop 
 preparation (`rank_data_cold_s`) and slows it by the shared-host ratio (`rank_data_slowdown`), and draws
 each rank's passes with the measured step-to-step spread, so a synchronous step waits for the slowest rank
 as it does for real.
+
+`measure_loader_overlap` is the same kind of measurement for the executor's CPU preload, whose loader is a
+thread of the rank's own process on a free core: the step and the thread's batch preparation alone and at
+once. They share the interpreter's GIL, so how much they slow each other depends on the pipeline's Python
+work; `trainsim validate` measures it per preload variant with that variant's pipeline.
 """
 
 from __future__ import annotations
@@ -125,6 +130,96 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
                     dist.barrier()
                     together[batch].append(step(batch))
     return [{"batch": b, "alone": alone[b], "together": together[b], "warm": warm[b]} for b in batch_sizes]
+
+
+def loader_overlap_rank(ctx: RankContext, model_name: str, batch: int, rounds: int, window_s: float,
+                        options: dict, data, loader_cores: tuple[int, ...]) -> dict:
+    """One rank training while a loader thread of the same process prepares batches (pipeline ``data``) on a
+    free core, as the executor's CPU preload does: windows of the step alone, of the thread preparing alone,
+    and of both at once; the step and preparation times of each."""
+    import os
+    import threading
+
+    import torch
+
+    from trainsim.calibrate import zoo
+    from trainsim.calibrate.datapipe import SyntheticSource
+
+    torch.manual_seed(0)
+    model = zoo.build_model(model_name, **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    source = SyntheticSource(model_name, options, data, seed=0)
+    inputs, targets = source.batch(0, range(batch), batch)
+    turn = itertools.count(1)
+    prepare, computing, stop = threading.Event(), threading.Event(), threading.Event()
+    prep_times: list[tuple[bool, float]] = []  # (while the loop computes, seconds)
+
+    def loader() -> None:
+        if loader_cores:
+            os.sched_setaffinity(0, loader_cores)  # this thread only, as the executor pins its prefetcher
+        while not stop.is_set():
+            if not prepare.wait(0.05):
+                continue
+            busy = computing.is_set()
+            start = time.perf_counter()
+            source.batch(next(turn), range(batch), batch)
+            if computing.is_set() == busy:  # a batch straddling two windows belongs to neither
+                prep_times.append((busy, time.perf_counter() - start))
+
+    def step() -> float:
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        zoo.loss_fn(model_name, model(inputs), targets).backward()
+        optimizer.step()
+        return time.perf_counter() - start
+
+    thread = threading.Thread(target=loader, daemon=True)
+    thread.start()
+    step()
+    alone, beside = [], []
+    try:
+        for _ in range(rounds):
+            deadline = time.perf_counter() + window_s
+            while time.perf_counter() < deadline:
+                alone.append(step())
+            prepare.set()  # the loader alone: the loop sleeps
+            time.sleep(window_s)
+            computing.set()  # both at once
+            deadline = time.perf_counter() + window_s
+            while time.perf_counter() < deadline:
+                beside.append(step())
+            computing.clear()
+            prepare.clear()
+    finally:
+        stop.set()
+        thread.join()
+    return {"step_alone": alone, "step_beside": beside,
+            "prep_alone": [t for busy, t in prep_times if not busy],
+            "prep_beside": [t for busy, t in prep_times if busy]}
+
+
+def measure_loader_overlap(model_name: str, batch: int, data, *, options: dict | None = None,
+                           rounds: int = 6, window_s: float = 0.3, threads_per_rank: int = 1,
+                           timeout_s: float = 600.0) -> dict | None:
+    """How a CPU rank's step and a loader thread of the same process, preparing pipeline ``data`` on a free
+    core, slow each other: they share the interpreter's GIL (the pipeline's Python-level work, the step's
+    Python glue) and the socket's cache. {"step": beside / alone, "prep": beside / alone}; None without a
+    free core or without enough samples."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= threads_per_rank:
+        return None
+    free = tuple(cores[threads_per_rank:threads_per_rank + 1])
+    report = launch(loader_overlap_rank, 1, args=(model_name, batch, rounds, window_s, dict(options or {}),
+                                                  data, free),
+                    device="cpu", cores_per_rank=threads_per_rank, threads_per_rank=threads_per_rank,
+                    timeout_s=timeout_s)[0]
+    if min(len(v) for v in report.values()) < 2:
+        return None
+    beside_over_alone = {part: statistics.median(report[f"{part}_beside"]) / statistics.median(
+        report[f"{part}_alone"]) for part in ("step", "prep")}
+    return {part: max(1.0, ratio) for part, ratio in beside_over_alone.items()}  # under 1 is noise
 
 
 def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *, rounds: int = 6,

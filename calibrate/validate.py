@@ -68,6 +68,7 @@ class ValidationRow:
     not_simulated: str | None = None  # the simulator cannot model it: why
     failed: str | None = None  # the real run crashed: the one-line error
     prep_s_per_sample: float | None = None  # this variant's input pipeline, measured here, given to the sim
+    loader_overlap: dict | None = None  # CPU preload: step and preparation slowdowns, measured here
     predicted_breakdown_s: dict = field(default_factory=dict)
     measured_breakdown_s: dict = field(default_factory=dict)
     sim_trace: str | None = None  # relative to the report folder
@@ -269,14 +270,15 @@ def input_prep_seconds(cfg, batches: int = 6) -> float:
 
 
 def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_sample: float | None = None,
-            trace_path: Path | None = None, provenance: dict | None = None):
+            loader_overlap: dict | None = None, trace_path: Path | None = None,
+            provenance: dict | None = None):
     """Simulate ``variant`` from the bundle; returns the Result (TrainsimError if it cannot be modelled)."""
     from trainsim.scenarios.loader import load_scenario
     from trainsim.sim.simulation import Simulation
 
     # the bundle measured the default pipeline; this variant's executor data config may cost more
     sim = Simulation(load_scenario(scenario, variant=variant), calibration=calibration,
-                     prep_s_per_sample=prep_s_per_sample)
+                     prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap)
     result = sim.run()
     if trace_path is not None:
         from trainsim.sim.chrome_trace import write_chrome_trace
@@ -421,6 +423,15 @@ def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict) -> 
         if key not in cache:
             cache[key] = input_prep_seconds(cfg)
         row.prep_s_per_sample = cache[key]
+        if cfg.device == "cpu" and cfg.optimizations.preload and cfg.data.workers:
+            # the executor's CPU preload is a thread of the rank's own process: measure how they interfere
+            from trainsim.calibrate.rank_step import measure_loader_overlap
+
+            if ("loader",) + key not in cache:
+                cache[("loader",) + key] = measure_loader_overlap(
+                    cfg.model, cfg.local_batch, cfg.data, options=cfg.model_cfg,
+                    threads_per_rank=cfg.cores_per_rank or 1)
+            row.loader_overlap = cache[("loader",) + key]
 
 
 def refresh_rank_step(calibration: str, into: Path) -> str | None:
@@ -454,7 +465,8 @@ def refresh_rank_step(calibration: str, into: Path) -> str | None:
 def _predict_again(row: ValidationRow, scenario: str, calibration: str) -> None:
     """Pool another round's prediction (from the re-measured bundle) with the earlier ones."""
     try:
-        predicted = predict(scenario, row.variant, calibration, prep_s_per_sample=row.prep_s_per_sample)
+        predicted = predict(scenario, row.variant, calibration, prep_s_per_sample=row.prep_s_per_sample,
+                            loader_overlap=row.loader_overlap)
     except TrainsimError:
         return  # it was simulated in round 1; keep that
     row.predicted_iterations_s += list(predicted.iteration_times_s)
@@ -489,6 +501,7 @@ def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: 
             raise TrainsimError(row.not_simulated)
         sim_trace = (Path(TRACES) / f"{name}.sim.json.gz") if out is not None else None
         predicted = predict(scenario, name, calibration, prep_s_per_sample=row.prep_s_per_sample,
+                            loader_overlap=row.loader_overlap,
                             trace_path=out / sim_trace if sim_trace else None)
         row.predicted_iterations_s = list(predicted.iteration_times_s)
         row.predicted_s = statistics.median(predicted.iteration_times_s)

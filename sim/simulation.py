@@ -208,6 +208,7 @@ class Simulation:
         machine: Machine | None = None,
         record: bool = True,
         prep_s_per_sample: float | None = None,
+        loader_overlap: dict | None = None,
     ):
         from trainsim.scenarios.loader import load_scenario
 
@@ -303,7 +304,25 @@ class Simulation:
         from .data_movement import prepare
 
         prepare(self.ctx, sc, calibration)  # ScaleDNN / vDNN switches: codec, preload, offload plan
+        if loader_overlap and self.ctx.preload_depth and self.ctx.data_workers:
+            self._share_process_with_loader(loader_overlap)
         self._link_snapshot = None
+
+    def _share_process_with_loader(self, overlap: dict) -> None:
+        """``loader_overlap`` (measured, calibrate.rank_step.measure_loader_overlap): a CPU rank whose batches
+        are prepared ahead by a thread of its own process shares the interpreter's GIL and the socket's cache
+        with it, so while both run the step takes ``overlap["step"]`` times longer and a batch
+        ``overlap["prep"]`` times longer."""
+        import dataclasses
+
+        step, prep = float(overlap.get("step", 1.0)), float(overlap.get("prep", 1.0))
+        ctx = self.ctx
+        ctx.prep_s_per_sample *= prep
+        for gpu, c in ctx.costs.items():
+            if self.machine.gpus[gpu].device.kind == "cpu":
+                ctx.costs[gpu] = dataclasses.replace(c, forward_s=[f * step for f in c.forward_s],
+                                                     backward_s=[b * step for b in c.backward_s],
+                                                     step_s=c.step_s * step)
 
     def _measured_jitter(self, batch: int):
         """On a calibrated CPU box with several ranks: each rank's passes scatter as the calibration measured

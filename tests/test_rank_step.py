@@ -92,3 +92,18 @@ def test_a_round_of_validation_can_measure_the_rank_step_again_in_a_copy(tmp_pat
         model="tiny-cnn", out=no_record, device="cpu", ranks=2, quick=True, batch_sizes=(2,),
         steps=("probe", "layers"), model_options={"image_size": 16}))
     assert refresh_rank_step(str(no_record), tmp_path / "nothing") is None
+
+
+def test_a_loader_thread_beside_the_step_is_measured_both_ways():
+    pytest.importorskip("torch")
+    import os
+
+    from trainsim.calibrate.exec_config import DataConfig
+    from trainsim.calibrate.rank_step import measure_loader_overlap
+
+    overlap = measure_loader_overlap("tiny-cnn", 4, DataConfig(), options={"image_size": 16}, rounds=2,
+                                     window_s=0.1)
+    if len(os.sched_getaffinity(0)) < 2:
+        assert overlap is None  # no free core for the loader
+    else:
+        assert set(overlap) == {"step", "prep"} and min(overlap.values()) >= 1.0

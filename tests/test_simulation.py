@@ -386,3 +386,21 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
                         calibration=slow_data, prep_s_per_sample=1e-4)
     assert single.ctx.prep_s_per_sample == pytest.approx(2e-4)
     assert max(alone.iteration_times_s) - min(alone.iteration_times_s) < 1e-9
+
+
+def test_a_loader_thread_in_the_ranks_process_slows_both_as_measured(tmp_path):
+    bundle = _cpu_bundle(tmp_path, None)
+    overlap = {"step": 1.25, "prep": 1.5}
+
+    def sim(**opts):
+        scenario = make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 4, gpus=1,
+                                 host={"data_workers": 1}, **opts)
+        return Simulation(scenario, calibration=bundle, prep_s_per_sample=1e-4, loader_overlap=overlap)
+
+    plain, preloading = sim(), sim(optimizations={"preload": True})
+    assert plain.ctx.prep_s_per_sample == pytest.approx(1e-4)  # no loader thread beside the loop
+    assert preloading.ctx.prep_s_per_sample == pytest.approx(1.5e-4)
+    gpu = preloading.ranks[0]
+    slowed, nominal = preloading.ctx.costs[gpu], plain.ctx.costs[gpu]
+    assert slowed.forward_s == pytest.approx([f * 1.25 for f in nominal.forward_s])
+    assert slowed.step_s == pytest.approx(nominal.step_s * 1.25)
