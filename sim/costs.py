@@ -153,12 +153,21 @@ def unattributed_s(workload: Workload, batch: int) -> float:
     return max(0.0, value)
 
 
+def _shared_excess(ratio: float, sharing: int, measured_ranks: int) -> float:
+    """A together/alone ratio measured with ``measured_ranks`` ranks, for ``sharing`` ranks: each other rank
+    adds the same share of the excess; never under 1 (ranks cannot speed each other up: under 1 is noise)."""
+    return max(1.0, 1.0 + (ratio - 1.0) * (sharing - 1) / (measured_ranks - 1))
+
+
+def measured_cpu(workload: Workload, device: DeviceSpec) -> bool:
+    """``device`` is a CPU rank of the box ``workload`` was calibrated on."""
+    return device.kind == "cpu" and _measured_here(workload, device)
+
+
 def measured_scale(workload: Workload, device: DeviceSpec, batch: int, sharing: int = 1) -> float:
     """The factor on a workload's measured times on ``device``: a calibrated CPU rank's `rank_step_scale`
     (the step as a pinned rank runs it, alone or beside the host's other ranks); 1 otherwise."""
-    if device.kind != "cpu" or not _measured_here(workload, device):
-        return 1.0
-    return rank_step_scale(workload, batch, sharing)
+    return rank_step_scale(workload, batch, sharing) if measured_cpu(workload, device) else 1.0
 
 
 def rank_step_scale(workload: Workload, batch: int, sharing: int = 1) -> float:
@@ -185,7 +194,7 @@ def rank_step_scale(workload: Workload, batch: int, sharing: int = 1) -> float:
     shared = [(b, float(together) / alone) for b, alone, together in points if together]
     if sharing > 1 and measured_ranks > 1 and shared:
         ratio = float(np.interp(batch, [b for b, _ in shared], [r for _, r in shared]))
-        scale *= max(1.0, 1.0 + (ratio - 1.0) * (sharing - 1) / (measured_ranks - 1))
+        scale *= _shared_excess(ratio, sharing, measured_ranks)
     return scale
 
 
@@ -219,7 +228,7 @@ def rank_data_slowdown(workload: Workload, batch: int, sharing: int) -> float:
     if sharing <= 1 or measured_ranks <= 1 or not rows:
         return 1.0
     ratio = float(np.interp(batch, [int(p[0]) for p in rows], [float(p[5]) / float(p[4]) for p in rows]))
-    return max(1.0, 1.0 + (ratio - 1.0) * (sharing - 1) / (measured_ranks - 1))
+    return _shared_excess(ratio, sharing, measured_ranks)
 
 
 def rank_step_sigma(workload: Workload, batch: int) -> float:

@@ -23,7 +23,7 @@ import simpy
 
 from trainsim.errors import TrainsimError
 
-from .costs import rank_costs, rank_data_cold_s, rank_data_slowdown
+from .costs import measured_cpu, rank_costs, rank_data_cold_s, rank_data_slowdown
 from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
 from .result import GpuResult, LinkResult, Result, breakdown, busy_time
@@ -139,11 +139,6 @@ def bundle_call_latencies(path: str) -> dict[str, float]:
     return out
 
 
-def bundle_p2p_latency(path: str) -> float | None:
-    """Seconds per gloo point-to-point message (the send/recv fit's alpha) of a bundle, or None."""
-    return bundle_call_latencies(path).get("p2p")
-
-
 def load_inputs(scenario, calibration: str | None = None):
     """(topology, workload, extra devices) for a scenario, from the bundle when one is given."""
     from trainsim.topologies import load_topology
@@ -188,13 +183,6 @@ def resolve_gpus(scenario, topology) -> list[str]:
 
 
 # ---- the simulation ---------------------------------------------------------------------------------------
-
-
-def _measured_cpu(workload: Workload, machine: Machine, ranks: list[str]) -> bool:
-    """The run's ranks are CPU ranks of the box ``workload`` was calibrated on."""
-    spec = workload.provenance.device_spec
-    devices = [machine.gpus[g].device for g in ranks]
-    return spec is not None and all(d.kind == "cpu" and d.name == spec for d in devices)
 
 
 class Simulation:
@@ -267,7 +255,7 @@ class Simulation:
         if prep_s_per_sample is None:
             prep_s_per_sample = self.workload.input.prep_s_per_sample or 0.0
         prep = prep_s_per_sample
-        if _measured_cpu(self.workload, self.machine, self.ranks) and prep > 0:
+        if prep > 0 and all(measured_cpu(self.workload, self.machine.gpus[g].device) for g in self.ranks):
             # in the loop a batch starts cold, and beside the host's other ranks it takes longer
             prep += rank_data_cold_s(self.workload, per_gpu) / max(1, per_gpu)
             prep *= rank_data_slowdown(self.workload, per_gpu, max(sharing.values()))

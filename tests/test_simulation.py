@@ -13,7 +13,7 @@ from trainsim.errors import TrainsimError
 from trainsim.sim.collectives import run_collective
 from trainsim.sim.flows import FlowNetwork
 from trainsim.sim.machine import PAGEABLE_COPY_RATE
-from trainsim.sim.simulation import Simulation, build_machine, bundle_p2p_latency, simulate
+from trainsim.sim.simulation import Simulation, build_machine, bundle_call_latencies, simulate
 from trainsim.topologies import load_topology
 
 MB = 1e6
@@ -264,7 +264,7 @@ def _send_recv(latency_us: float, backend: str = "gloo") -> dict:
 
 def test_cpu_ranks_have_no_input_copy_and_pay_the_bundles_send_recv_latency(tmp_path):
     bundle = _cpu_bundle(tmp_path, _send_recv(1500.0))
-    assert bundle_p2p_latency(bundle) == pytest.approx(1.5e-3)
+    assert bundle_call_latencies(bundle).get("p2p") == pytest.approx(1.5e-3)
     scenario = make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 4, gpus=1)
     sim = Simulation(scenario, calibration=bundle)
     assert sim.machine.p2p_latency == pytest.approx(1.5e-3)
@@ -283,15 +283,15 @@ def test_cpu_ranks_have_no_input_copy_and_pay_the_bundles_send_recv_latency(tmp_
 
 
 def test_bundle_p2p_latency_only_from_a_gloo_send_recv_fit(tmp_path):
-    assert bundle_p2p_latency(_cpu_bundle(tmp_path / "none", None)) is None  # no collectives step
-    assert bundle_p2p_latency(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl"))) is None
+    assert bundle_call_latencies(_cpu_bundle(tmp_path / "none", None)) == {}  # no collectives step
+    assert bundle_call_latencies(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl"))).get("p2p") is None
     old = _send_recv(1500.0)
     old["results"] = old["results"][:1]  # a bundle from before send/recv was measured
-    assert bundle_p2p_latency(_cpu_bundle(tmp_path / "old", old)) is None
+    assert bundle_call_latencies(_cpu_bundle(tmp_path / "old", old)).get("p2p") is None
     bad = _cpu_bundle(tmp_path / "bad", None)
     (tmp_path / "bad" / "bundle" / "collectives.json").write_text("{")
     with pytest.raises(TrainsimError, match="collectives.json.*not valid JSON"):
-        bundle_p2p_latency(bad)
+        bundle_call_latencies(bad)
 
 
 def _gloo_calls(**latency_us) -> dict:
@@ -301,8 +301,6 @@ def _gloo_calls(**latency_us) -> dict:
 
 
 def test_bundle_call_latencies_name_the_simulators_ops(tmp_path):
-    from trainsim.sim.simulation import bundle_call_latencies
-
     bundle = _cpu_bundle(tmp_path, _gloo_calls(all_reduce=2000.0, reduce=1800.0, broadcast=700.0,
                                                gather=600.0, scatter=400.0, send_recv=500.0))
     expected = {"allreduce": 2e-3, "reduce": 1.8e-3, "broadcast": 7e-4, "gather": 6e-4, "scatter": 4e-4,
