@@ -14,7 +14,8 @@ What is measured at each batch size:
 - ``alone``: rank 0 computing while the others wait at a barrier (their cores idle) — a one-rank run;
 - the batch preparation in the loop against the same preparation timed back to back: after a training step
   has streamed its activations through the caches, the pipeline finds nothing of its own there and each
-  batch starts by fetching its stored samples again (here about 1 ms per batch of 32);
+  batch starts by fetching its stored samples again (here 0.3-0.4 ms per batch of 32). Both are sampled in
+  every round: back to back, one batch of 32 reads anywhere from 1.4 to 2.8 ms within a minute here;
 - ``together``: every rank computing at once, the steps started together (a barrier before each), as
   synchronous training keeps them in step. A rank that has just waited in a collective also starts cold:
   on a virtual machine its idle vCPU is halted, and what runs first after the wake-up (the next batch's
@@ -29,8 +30,9 @@ median of steps spread over the whole measurement rather than of one burst.
 
 The record goes into the workload file (``provenance.rank_step``); the simulator scales a CPU rank's
 measured layers so that the step takes ``alone`` (one rank) or ``together`` (every rank of the host
-computing), see `trainsim.sim.costs.rank_step_scale`, adds the measured in-loop cost to each batch's
-preparation (`rank_data_cold_s`) and slows it by the shared-host ratio (`rank_data_slowdown`), and draws
+computing), see `trainsim.sim.costs.rank_step_scale`, prepares the default pipeline's batches in the
+measured in-loop time (`rank_data_in_loop_s`; another pipeline, timed back to back, gets the in-loop excess
+added, `rank_data_cold_s`), slows them by the shared-host ratio (`rank_data_slowdown`), and draws
 each rank's passes with the measured step-to-step spread, so a synchronous step waits for the slowest rank
 as it does for real.
 
@@ -103,15 +105,20 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
         optimizer.step()
         return prepared - start, time.perf_counter() - prepared
 
-    counts, warm = {}, {}
-    for batch in batch_sizes:
-        step(batch)  # warm-up: first-touch allocations, oneDNN primitive creation
-        # the same preparation back to back, as a benchmark of the pipeline alone times it (warm caches)
-        warm[batch] = []
-        for _ in range(4):
+    def back_to_back(batch: int, count: int) -> list[float]:
+        """The same preparation with nothing in between, as a benchmark of the pipeline alone times it: the
+        first batch after a step is cold and is not kept."""
+        times = []
+        for _ in range(count + 1):
             start = time.perf_counter()
             source.batch(next(turn), range(batch), batch)
-            warm[batch].append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
+        return times[1:]
+
+    counts = {}
+    warm: dict[int, list] = {b: [] for b in batch_sizes}
+    for batch in batch_sizes:
+        step(batch)  # warm-up: first-touch allocations, oneDNN primitive creation
         # every rank runs the same number of steps per window (they meet at a barrier before each one)
         slowest = torch.tensor([sum(step(batch))], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -123,6 +130,9 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
             dist.barrier()
             if ctx.rank == 0:
                 alone[batch] += [step(batch) for _ in range(counts[batch])]
+                # in every round, beside the in-loop batches: the box's speed drifts between rounds, and the
+                # in-loop excess is the difference of the two
+                warm[batch] += back_to_back(batch, max(2, counts[batch] // 2))
             if ctx.world_size > 1:
                 # in step with each other, as synchronous training keeps them: their memory-hungry phases
                 # run at the same moments, which is when the shared cache and DRAM are contended

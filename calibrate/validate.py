@@ -18,6 +18,7 @@ interrupted run keeps them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.sim.costs import rank_data_in_loop_s
 
 SCHEMA = "trainsim.validation/1"
 RESULT_FILE = "validation.json"
@@ -67,7 +69,7 @@ class ValidationRow:
     skipped: str | None = None  # this box cannot run it: why
     not_simulated: str | None = None  # the simulator cannot model it: why
     failed: str | None = None  # the real run crashed: the one-line error
-    prep_s_per_sample: float | None = None  # this variant's input pipeline, measured here, given to the sim
+    prep_s_per_sample: float | None = None  # this variant's input pipeline measured here (None: the bundle's)
     loader_overlap: dict | None = None  # CPU preload: step and preparation slowdowns, measured here
     predicted_breakdown_s: dict = field(default_factory=dict)
     measured_breakdown_s: dict = field(default_factory=dict)
@@ -371,7 +373,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     result = ValidationResult(scenario=_scenario_label(scenario), calibration=calibration, baseline=baseline,
                               device=bundle_device, status="running", notes=notes,
                               rows=[ValidationRow(n, c.strategy, c.ranks) for n, c in configs.items()])
-    _input_costs(result.rows, configs, mismatched)  # before any real run, so no rank exiting skews them
+    # before any real run, so no rank exiting skews them
+    _input_costs(result.rows, configs, mismatched, in_loop=rank_data_in_loop_s(bundle.workload, 1) > 0)
     _write(result, out, prov)
     scratch = tempfile.TemporaryDirectory(prefix="trainsim-rounds-") if rounds > 1 and execute else None
     work = Path(scratch.name) if scratch is not None else None
@@ -385,6 +388,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
         for k in range(1, rounds if execute else 1):
             progress(f"rank step (round {k + 1} of {rounds}): measuring this box again")
             fresh = refresh_rank_step(calibration, work / f"round-{k + 1}") if work is not None else None
+            if fresh is not None:  # the other pipelines too: this round's box
+                _input_costs(result.rows, configs, mismatched, in_loop=True, loader=False)
             for row in result.rows:
                 if row.measured_rounds == k:  # measured in every round so far
                     progress(f"{row.variant} (round {k + 1} of {rounds}): executing again")
@@ -411,19 +416,27 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     return result
 
 
-def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict) -> None:
+def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, in_loop: bool,
+                 loader: bool = True) -> None:
     """Each row's input-pipeline cost per sample, measured once per distinct data config and batch size:
-    the median batch, as the executor's median iteration sees it."""
+    the median batch, as the executor's median iteration sees it. ``in_loop``: the bundle's rank step
+    measured the default pipeline inside the training loop, spread over its rounds; rows on that pipeline
+    leave it to the simulator (None) rather than time a few batches back to back here, which on a shared
+    box read anywhere in 1-2x of each other seconds apart. ``loader``: also measure how a CPU preload
+    thread and the step slow each other."""
+    from trainsim.calibrate.exec_config import DataConfig
+
     cache: dict = {}
     for row in rows:
         cfg = configs[row.variant]
         if mismatched[row.variant]:
             continue
         key = (cfg.model, tuple(sorted(cfg.model_cfg.items())), cfg.data, cfg.seed, cfg.local_batch)
-        if key not in cache:
-            cache[key] = input_prep_seconds(cfg)
-        row.prep_s_per_sample = cache[key]
-        if cfg.device == "cpu" and cfg.optimizations.preload and cfg.data.workers:
+        if not (in_loop and dataclasses.replace(cfg.data, workers=DataConfig.workers) == DataConfig()):
+            if key not in cache:
+                cache[key] = input_prep_seconds(cfg)
+            row.prep_s_per_sample = cache[key]
+        if loader and cfg.device == "cpu" and cfg.optimizations.preload and cfg.data.workers:
             # the executor's CPU preload is a thread of the rank's own process: measure how they interfere
             from trainsim.calibrate.rank_step import measure_loader_overlap
 
@@ -491,8 +504,6 @@ def _measure(row: ValidationRow, cfg, execute_config) -> None:
 
 def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: Path | None,
                  progress: Progress, execute: bool, infeasible_reason, execute_config) -> None:
-    import dataclasses
-
     name = row.variant
     row.skipped = infeasible_reason(cfg)
     progress(f"{name}: simulating")

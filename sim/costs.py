@@ -204,6 +204,25 @@ def _data_rows(workload: Workload) -> tuple[list, int]:
     return rows, int(record.get("ranks") or 1)
 
 
+def _per_batch(points: list[tuple[float, float]], batch: int) -> float:
+    """Seconds per batch at ``batch``: linear between the measured sizes, proportional beyond the largest,
+    the smallest's per-sample cost below it."""
+    if batch >= points[-1][0]:
+        return points[-1][1] * batch / points[-1][0]
+    if batch <= points[0][0]:
+        return points[0][1] * batch / points[0][0]
+    return float(np.interp(batch, [b for b, _ in points], [c for _, c in points]))
+
+
+def rank_data_in_loop_s(workload: Workload, batch: int) -> float:
+    """Seconds a calibrated CPU rank takes to prepare a batch of ``batch`` with the executor's default input
+    pipeline in its training loop, alone on the host (``provenance.rank_step``: between two steps, cold
+    caches included); 0 without the record."""
+    rows, _ = _data_rows(workload)
+    points = [(float(p[0]), float(p[4])) for p in rows]
+    return _per_batch(points, batch) if points else 0.0
+
+
 def rank_data_cold_s(workload: Workload, batch: int) -> float:
     """Seconds a calibrated CPU rank's batch preparation takes longer in the training loop than back to back
     (``provenance.rank_step``): a training step leaves nothing of the pipeline's in the caches, so each
@@ -211,11 +230,7 @@ def rank_data_cold_s(workload: Workload, batch: int) -> float:
     linear in the batch between the measured sizes, proportional beyond; 0 without the record."""
     rows, _ = _data_rows(workload)
     points = [(float(p[0]), max(0.0, float(p[4]) - float(p[6]))) for p in rows if len(p) > 6 and p[6]]
-    if not points:
-        return 0.0
-    if batch >= points[-1][0]:
-        return points[-1][1] * batch / points[-1][0]
-    return float(np.interp(batch, [b for b, _ in points], [c for _, c in points]))
+    return _per_batch(points, batch) if points else 0.0
 
 
 def rank_data_slowdown(workload: Workload, batch: int, sharing: int) -> float:

@@ -23,7 +23,7 @@ import simpy
 
 from trainsim.errors import TrainsimError
 
-from .costs import measured_cpu, rank_costs, rank_data_cold_s, rank_data_slowdown
+from .costs import measured_cpu, rank_costs, rank_data_cold_s, rank_data_in_loop_s, rank_data_slowdown
 from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
 from .result import GpuResult, LinkResult, Result, breakdown, busy_time
@@ -250,14 +250,19 @@ class Simulation:
         for gpu in self.ranks:
             costs[gpu] = costs_for(gpu, per_gpu)
 
-        # the input pipeline's cost per sample: given (measured for the executor's data config), else the
-        # workload's
-        if prep_s_per_sample is None:
-            prep_s_per_sample = self.workload.input.prep_s_per_sample or 0.0
-        prep = prep_s_per_sample
-        if prep > 0 and all(measured_cpu(self.workload, self.machine.gpus[g].device) for g in self.ranks):
-            # in the loop a batch starts cold, and beside the host's other ranks it takes longer
-            prep += rank_data_cold_s(self.workload, per_gpu) / max(1, per_gpu)
+        # the input pipeline's cost per sample: given (another pipeline than the default, measured back to
+        # back), else as a calibrated CPU rank's loop prepared the default pipeline, else the workload's
+        calibrated_cpu = all(measured_cpu(self.workload, self.machine.gpus[g].device) for g in self.ranks)
+        in_loop = rank_data_in_loop_s(self.workload, per_gpu) if calibrated_cpu else 0.0
+        if prep_s_per_sample is not None:
+            # in the loop a batch starts cold
+            prep = prep_s_per_sample + (rank_data_cold_s(self.workload, per_gpu) / max(1, per_gpu)
+                                        if calibrated_cpu and prep_s_per_sample > 0 else 0.0)
+        elif in_loop > 0:
+            prep = in_loop / max(1, per_gpu)
+        else:
+            prep = self.workload.input.prep_s_per_sample or 0.0
+        if prep > 0 and calibrated_cpu:  # beside the host's other ranks a batch takes longer
             prep *= rank_data_slowdown(self.workload, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(

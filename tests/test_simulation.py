@@ -383,6 +383,10 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
     single = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "single", 4, gpus=1),
                         calibration=slow_data, prep_s_per_sample=1e-4)
     assert single.ctx.prep_s_per_sample == pytest.approx(2e-4)
+    # no pipeline given: the default one, as the rank's loop prepared it (2 ms per batch of 4 alone)
+    default = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
+                         calibration=slow_data)
+    assert default.ctx.prep_s_per_sample == pytest.approx(0.002 / 4 * 1.5)
     assert max(alone.iteration_times_s) - min(alone.iteration_times_s) < 1e-9
 
 
