@@ -159,6 +159,9 @@ class ExecConfig:
     bucket_cap_mb: float = 25.0  # ddp
     easgd: EasgdConfig = field(default_factory=EasgdConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    # spatial: the executor exchanges each halo before its layer (blocking send/recv); a scenario asking for
+    # the interior computed while the halo is in flight (strategy.halo_overlap, its default) is not run
+    halo_overlap: bool = False
     batch_size: int = 32  # global: samples per iteration over all ranks
     optimizer: str = "sgd"
     lr: float = 0.01
@@ -263,6 +266,9 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
         if model_spec(cfg.model).kind != "image" or cfg.model in BATCHNORM_MODELS:
             return (f"the executor splits rows of convolutional models without BatchNorm (tiny-cnn, alexnet, "
                     f"vgg16), not {cfg.model}")
+        if cfg.halo_overlap:
+            return ("the executor exchanges each halo before its layer, it does not compute the interior "
+                    "meanwhile; set strategy.halo_overlap: false to run and predict that")
     if cfg.device == "cuda":
         try:
             import torch
@@ -425,6 +431,7 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
             bucket_cap_mb=strategy.get("bucket_cap_mb", 25.0),
             easgd=easgd,
             pipeline=pipeline,
+            halo_overlap=strategy.get("halo_overlap", True),
             batch_size=s.get("batch_size", 32),
             optimizer=_get(s.get("optimizer"), "name", "optimizer") or "sgd",
             lr=_get(s.get("optimizer"), "lr", "optimizer") or 0.01,

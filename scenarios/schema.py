@@ -66,6 +66,11 @@ class StrategySpec(_Strict):
         default=None,
         description="spatial/hybrid: a [samples, height, width] grid per layer name (trainsim plan)",
     )
+    halo_overlap: bool = Field(
+        default=True,
+        description="spatial/hybrid: compute a layer's interior while its halo is in flight (Distconv); "
+        "false: exchange the halo first, then run the whole layer (blocking send/recv, as the executor)",
+    )
     symmetric_ranks: bool = Field(
         default=False,
         description="spatial/hybrid: simulate the first block of sample groups only and mirror it onto the "

@@ -23,12 +23,15 @@ What each GPU does and moves (everything per iteration, per rank):
 - **Overlap.** The interior of the output does not need the halo: it is computed while the halo is in
   flight; the boundary rows (``k//2`` per neighbour side, at the output resolution) wait for it. So a
   conv's pass takes ``max(interior, halo) + boundary``. In backward only the data gradient has a boundary
-  (the weight gradient reads the saved input, halo included).
+  (the weight gradient reads the saved input, halo included). ``strategy.halo_overlap: false`` models an
+  implementation that exchanges first and then runs the whole layer (the executor's blocking send/recv).
 - **Weight gradients** are all-reduced over all ``n`` GPUs (every GPU holds every weight), bucketed and
   overlapped with backward as in DDP.
 - **Redistribution** between consecutive layers with different grids: the activation that changes owner
   (forward) and its gradient (backward) move as point-to-point flows: each GPU receives the part of its new
-  box it did not hold (box intersections on the (sample, row, column) index space).
+  box it did not hold (box intersections on the (sample, row, column) index space). Gathering a split
+  activation for an unsplit layer is an all-gather: where calls have a measured cost (gloo), each message
+  pays that call's.
 - **Non-spatial layers** (the classifier head: everything after the last layer with a spatial extent, e.g.
   the global average pool and the fc): default grid ``(S, 1, 1)``, replicated over the spatial group, so the
   trunk's last activation is gathered within each spatial group (the "gather to data parallel" policy).
@@ -431,6 +434,12 @@ class SpatialLayout:
             whole = per_sample * self.batch
             self._moves[key] = [(s, d, float(share * whole)) for s, d, share in redistribution(a, b, self.n)]
         return self._moves[key]
+
+    def gathers(self, i: int) -> bool:
+        """Layer ``i`` runs unsplit (replicated over its spatial group) after a split layer: the activation
+        before it is gathered, an all-gather within each group."""
+        a, b = self.grids[i - 1], self.grids[i]
+        return b[1] * b[2] == 1 and a[1] * a[2] > 1
 
     @property
     def block(self) -> int:

@@ -34,14 +34,15 @@ class _Events:
         return self.table.pop(key)
 
 
-def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: int, op: str, layer: str):
+def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: int, op: str, layer: str,
+          call: str | None = None):
     """A point-to-point copy of ``nbytes`` from rank ``src`` to ``dst`` (staged through host memory where the
-    topology has no P2P); ``event`` fires when it has arrived."""
+    topology has no P2P), part of collective ``call`` if named; ``event`` fires when it has arrived."""
     machine, env = ctx.machine, ctx.env
     a, b = ctx.ranks[src], ctx.ranks[dst]
     start = env.now
     legs = machine.topology.gpu_copy_legs(a, b)
-    for leg, latency in zip(legs, machine.message_latencies(legs), strict=True):
+    for leg, latency in zip(legs, machine.message_latencies(legs, call), strict=True):
         yield from machine.rank_transfer([a, b], leg, nbytes, latency=latency,
                                          tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
     machine.record(
@@ -61,11 +62,13 @@ def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: 
 
 
 def _start_sends(
-    ctx: Context, events: _Events, sends, kind: str, it: int, i: int, src: int, op: str, layer: str
+    ctx: Context, events: _Events, sends, kind: str, it: int, i: int, src: int, op: str, layer: str,
+    call: str | None = None,
 ):
     for dst, nbytes in sends:
         ctx.env.process(
-            _send(ctx, src, dst, nbytes, events(kind, it, i, src, dst), iteration=it, op=op, layer=layer)
+            _send(ctx, src, dst, nbytes, events(kind, it, i, src, dst), iteration=it, op=op, layer=layer,
+                  call=call)
         )
 
 
@@ -80,7 +83,8 @@ def _pass(
     direction: str,
     seconds: float,
 ):
-    """Layer ``i``'s pass on ``rank``: halo out, interior, wait for the neighbours' halos, boundary."""
+    """Layer ``i``'s pass on ``rank``: halo out, interior, wait for the neighbours' halos, boundary; without
+    ``halo_overlap`` the whole pass waits for the halos (a blocking exchange before the layer)."""
     machine = ctx.machine
     name = layout.workload.layers[i].name
     halos = layout.halos(i, rank, direction)
@@ -89,17 +93,22 @@ def _pass(
         return
     kind = "halo_" + direction
     _start_sends(ctx, events, halos, kind, it, i, rank, kind, name)
+    overlap = ctx.spec.halo_overlap
     boundary = layout.boundary(i, rank, direction)
-    yield from machine.run(
-        gpu, "compute", seconds * (1 - boundary), op=direction, layer=name, iteration=it, part="interior"
-    )
+    if overlap:
+        yield from machine.run(
+            gpu, "compute", seconds * (1 - boundary), op=direction, layer=name, iteration=it, part="interior"
+        )
     arrivals = [events(kind, it, i, peer, rank) for peer, _ in halos]
     yield ctx.env.all_of(arrivals)
     for peer, _ in halos:
         events.pop(kind, it, i, peer, rank)
-    yield from machine.run(
-        gpu, "compute", seconds * boundary, op=direction, layer=name, iteration=it, part="boundary"
-    )
+    if overlap:
+        yield from machine.run(
+            gpu, "compute", seconds * boundary, op=direction, layer=name, iteration=it, part="boundary"
+        )
+    else:
+        yield from machine.run(gpu, "compute", seconds, op=direction, layer=name, iteration=it)
 
 
 def _receive(ctx: Context, events: _Events, kind: str, it: int, i: int, rank: int, moves):
@@ -150,6 +159,7 @@ def _rank(
                     rank,
                     "redistribute",
                     layer.name,
+                    call="allgather" if layout.gathers(i + 1) else None,
                 )
         for i in reversed(range(len(layers))):
             if i + 1 < len(layers) and grids[i + 1] != grids[i]:

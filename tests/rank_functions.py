@@ -35,4 +35,5 @@ def describe(ctx):
         "affinity": sorted(os.sched_getaffinity(0)),
         "threads": torch.get_num_threads(),
         "cores": list(ctx.cores),
+        "allocator": {k: os.environ.get(k) for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")},
     }

@@ -58,3 +58,14 @@ def test_models_with_batchnorm_are_skipped_with_the_reason():
     reason = infeasible_reason(ExecConfig(strategy="spatial", ranks=1, model="resnet18"))
     assert "BatchNorm" in reason and "tiny-cnn" in reason
     assert infeasible_reason(ExecConfig(strategy="spatial", ranks=1, model="tiny-cnn")) is None
+
+
+def test_a_scenario_asking_for_overlapped_halos_is_skipped_with_the_field_to_set():
+    from trainsim.calibrate.exec_config import exec_config_from_scenario
+
+    scenario = {"workload": {"name": "tiny-cnn", "image_size": 32}, "strategy": {"name": "spatial"},
+                "gpus": 2, "batch_size": 8}
+    reason = infeasible_reason(exec_config_from_scenario(scenario))
+    assert "strategy.halo_overlap: false" in reason
+    scenario["strategy"]["halo_overlap"] = False
+    assert infeasible_reason(exec_config_from_scenario(scenario)) is None

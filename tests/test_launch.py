@@ -32,6 +32,16 @@ def test_two_gloo_ranks_with_torchrun_environment_and_own_cores(rank_functions):
         assert info["threads"] == len(info["cores"])
 
 
+def test_ranks_keep_freed_memory_unless_the_caller_says_otherwise(rank_functions, monkeypatch):
+    from trainsim.calibrate.launch import ALLOCATOR_ENV
+
+    (info,) = launch(rank_functions.describe, 1)
+    assert info["allocator"] == ALLOCATOR_ENV
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    (info,) = launch(rank_functions.describe, 1)
+    assert info["allocator"]["MALLOC_MMAP_THRESHOLD_"] == "65536"
+
+
 def test_plan_cores_splits_disjointly_and_wraps_when_oversubscribed():
     assert plan_cores(2, [0, 1, 2, 3]) == [(0, 1), (2, 3)]
     assert plan_cores(3, [0, 1]) == [(0,), (1,), (0,)]

@@ -125,6 +125,40 @@ def test_halo_overlaps_the_interior_and_the_boundary_waits(tmp_path, pcie_gbps):
     assert (halo > interior.duration) == (pcie_gbps < 1)
 
 
+def test_without_halo_overlap_the_whole_layer_waits_for_the_halo(tmp_path):
+    # a slow switch: the halo takes longer than the interior; exchanged first, the layer runs after it whole
+    wl = workload([conv("c1", 8, 4, 8, 3)], tmp_path)
+    topo = tiny_topology(gpus=2, nvlink=False, pcie_gbps=0.001)
+    sc = spatial_scenario(topo, wl, "spatial", 2, grid=[1, 2, 1])
+    overlapped = simulate(sc)
+    sc["strategy"]["halo_overlap"] = False
+    blocking = simulate(sc)
+    (whole,) = [op for op in blocking.machine.ops
+                if op.resource == "gpu0" and op.op == "forward" and op.layer == "c1" and op.iteration == 1]
+    halo = 2 * 4 * 1 * 8 * F32 / (0.001 * 1e9)
+    before = [op for op in blocking.machine.ops if op.iteration == 1 and op.resource == "gpu0"]
+    start = min(op.start for op in before)
+    assert whole.start - start >= halo * (1 - 1e-9)
+    interior = _forward_parts(overlapped, "gpu0", "c1", 1)["interior"]
+    assert whole.duration == pytest.approx(interior.duration * 4 / 3, rel=1e-9)  # interior + boundary
+    assert blocking.iteration_time_s > overlapped.iteration_time_s
+
+
+def test_gathering_for_the_head_pays_the_measured_all_gather_latency(tmp_path):
+    # tiny-cnn split by rows: the trunk's output is gathered for the classifier, an all-gather within the
+    # group; where gloo calls have a measured cost, those messages pay the all-gather's, not a send's
+    sc = spatial_scenario(tiny_topology(gpus=2, nvlink=False), "tiny-cnn", "spatial", 4, grid=[1, 2, 1])
+    costs = []
+    for allgather in (0.25, 0.5):
+        sim = Simulation(sc)
+        sim.machine.call_latency = {"p2p": 0.01, "allgather": allgather}
+        sim.machine.p2p_latency = 0.01
+        moves = [op for op in sim.run().machine.ops if op.op == "redistribute" and op.iteration == 1]
+        assert moves
+        costs.append(min(op.duration for op in moves))
+    assert costs[0] >= 0.25 and costs[1] - costs[0] == pytest.approx(0.25, rel=1e-6)
+
+
 def test_spatial_on_one_gpu_equals_single(tmp_path):
     topo = tiny_topology(gpus=1, nvlink=False)
     single = simulate(make_scenario(topo, "tiny-cnn", "single", 8, gpus=1))
