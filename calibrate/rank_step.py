@@ -22,7 +22,10 @@ What is measured at each batch size:
   preparation, here +5-30 %) runs slower. The cores share the socket's last-level cache and DRAM
   bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound work does (a large
   copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream), and most when
-  the ranks run the same layers at the same moment.
+  the ranks run the same layers at the same moment. The cores of a virtual machine also differ: over one
+  launch one rank's median step was up to 25 % above the other's (2-25 % here, a different rank each time).
+  Ranks in step go at the slower one's pace, so ``together`` is the slowest rank's median (its step and its
+  batch preparation), not the mean over the ranks.
 
 On a shared (virtual) machine the speed of a core drifts by 10-15 % from one half-second to the next, so the
 windows alternate — alone, together, over every batch size, round after round — and each figure is the
@@ -240,21 +243,25 @@ def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *
                                                   dict(options or {})),
                      device="cpu", cores_per_rank=threads_per_rank, threads_per_rank=threads_per_rank,
                      timeout_s=timeout_s)
-    points = []
-    for i, batch in enumerate(batch_sizes):
-        alone = reports[0][i]["alone"]
-        per_rank = [report[i]["together"] for report in reports if report[i]["together"]]
+    return [summarise_point(batch, reports[0][i]["alone"],
+                            [report[i]["together"] for report in reports if report[i]["together"]],
+                            reports[0][i]["warm"])
+            for i, batch in enumerate(batch_sizes)]
 
-        def median_of(steps, part):
-            return statistics.median(s[part] for s in steps)
 
-        together = statistics.fmean(median_of(t, 1) for t in per_rank) if per_rank else None
-        data_together = statistics.fmean(median_of(t, 0) for t in per_rank) if per_rank else None
-        spread = log_spread([[s[1] for s in t] for t in per_rank] or [[s[1] for s in alone]])
-        points.append(RankStepPoint(batch, median_of(alone, 1), together, len(alone),
-                                    sum(len(t) for t in per_rank), spread, median_of(alone, 0),
-                                    data_together, statistics.median(reports[0][i]["warm"])))
-    return points
+def summarise_point(batch: int, alone: list, per_rank: list[list], warm: list[float]) -> RankStepPoint:
+    """One batch size's figures from its raw steps, each (seconds preparing, seconds computing): rank 0's
+    alone, every rank's together (none for one rank), and rank 0's back-to-back preparations."""
+
+    def median_of(steps, part):
+        return statistics.median(s[part] for s in steps)
+
+    # the ranks go at the slowest one's pace: its step and its batch preparation
+    slowest = max(per_rank, key=lambda t: median_of(t, 0) + median_of(t, 1)) if per_rank else None
+    spread = log_spread([[s[1] for s in t] for t in per_rank] or [[s[1] for s in alone]])
+    return RankStepPoint(batch, median_of(alone, 1), median_of(slowest, 1) if slowest else None, len(alone),
+                         sum(len(t) for t in per_rank), spread, median_of(alone, 0),
+                         median_of(slowest, 0) if slowest else None, statistics.median(warm))
 
 
 def log_spread(per_rank: Sequence[Sequence[float]]) -> float:
