@@ -9,7 +9,7 @@ base scenario and reads the fields the executor needs:
 - ``workload`` (zoo name or ``{name: tiny-cnn, image_size: 32}``) -> model, model_cfg
 - ``strategy.name`` / ``bucket_cap_mb`` / ``strategy.easgd`` (``variant``, ``tau``, ``centre``; the
   simulator's other EASGD switches are ignored) / ``strategy.pipeline`` (``stages``,
-  ``micro_batches``, ``schedule``, ``stage_layers``) -> strategy options
+  ``micro_batches``, ``schedule``, ``stage_layers``, ``blocking_sends``) -> strategy options
 - ``batch_size`` (global), ``gpus`` (a count or a list of indices) -> ranks
 - ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
 - ``host.pinned``, ``host.data_workers`` -> pinned host batches, prefetch threads
@@ -90,7 +90,9 @@ class EasgdConfig:
     rho: float = 0.1
     lr: float | None = None
     moving_rate: float | None = None
-    centre: str = "host"  # original: the centre in rank 0's host memory ("host") or on its device ("gpu")
+    # original: the centre in rank 0's host memory ("host") or on its device ("gpu"); sync keeps a copy on
+    # every rank ("replicated", its only layout); None: the variant's own
+    centre: str | None = None
 
     def __post_init__(self):
         _choice(self.variant, SCENARIO_EASGD_VARIANTS, "easgd variant", "easgd.variant")
@@ -99,7 +101,13 @@ class EasgdConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and value > 0):
                 raise TrainsimError(f"must be > 0, got {value!r}", field=f"easgd.{name}")
-        _choice(self.centre, ("host", "gpu"), "easgd centre", "easgd.centre")
+        if self.centre is not None:
+            _choice(self.centre, ("host", "gpu", "replicated"), "easgd centre", "easgd.centre")
+
+    @property
+    def where(self) -> str:
+        """Where the centre lives: as given, else a copy on every rank (sync) or rank 0's host (original)."""
+        return self.centre or ("replicated" if self.variant == "sync" else "host")
 
 
 @dataclass(frozen=True)
@@ -111,8 +119,14 @@ class PipelineConfig:
     micro_batches: int = 4
     schedule: str = "1f1b"  # gpipe | 1f1b | message-driven
     stage_layers: tuple[int, ...] | None = None  # leaf layers per stage (default: balanced by forward time)
+    # gpipe/1f1b: a stage waiting for each send at once (Megatron's p2p, the simulator's default) is not run:
+    # the executor issues isend and goes on, waiting for its sends at the end of the iteration
+    blocking_sends: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.blocking_sends, bool):
+            raise TrainsimError(f"must be true or false, got {self.blocking_sends!r}",
+                                field="pipeline.blocking_sends")
         if self.stages is not None:
             _positive_int(self.stages, "pipeline.stages")
         _positive_int(self.micro_batches, "pipeline.micro_batches")
@@ -255,11 +269,18 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
         return f"the executor does not run strategy {cfg.strategy} yet (it runs {', '.join(STRATEGIES)})"
     if cfg.strategy == "easgd" and cfg.easgd.variant not in EASGD_VARIANTS:
         return f"the executor runs EASGD {' and '.join(EASGD_VARIANTS)}, not {cfg.easgd.variant}"
+    if cfg.strategy == "easgd" and (cfg.easgd.variant == "sync") != (cfg.easgd.where == "replicated"):
+        return ("the executor's sync EASGD keeps a copy of the centre on every rank (one all-reduce) and its "
+                "original one a single centre; set strategy.easgd.centre: replicated for sync, host or gpu "
+                "for original")
     if cfg.strategy == "pipeline":
         from trainsim.calibrate.zoo import model_spec
 
         if model_spec(cfg.model).kind != "image":
             return f"the executor cuts only image models into pipeline stages, not {cfg.model}"
+        if cfg.pipeline.blocking_sends and cfg.pipeline.schedule != "message-driven":
+            return ("the executor's gpipe and 1f1b issue each send and go on, they do not wait for it; set "
+                    "strategy.pipeline.blocking_sends: false to run and predict that")
     if cfg.strategy == "spatial":
         from trainsim.calibrate.zoo import model_spec
 
@@ -409,6 +430,8 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
             raise TrainsimError(f"unknown field; valid: {', '.join(valid)}", field=f"executor.{extra[0]}")
         # the simulator's block names the variant, period and centre; the executor's adds the moving rate
         easgd_values = {k: easgd_block[k] for k in ("variant", "tau", "centre") if k in easgd_block}
+        if strategy.get("name") == "easgd":
+            easgd_values.setdefault("centre", "host")  # the simulator's default: the runs must match it
         exec_easgd = executor.get("easgd") or {}
         if not isinstance(exec_easgd, dict):
             raise TrainsimError("must be a mapping", field="executor.easgd")
@@ -416,8 +439,10 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
         pipe_block = strategy.get("pipeline") or {}
         if not isinstance(pipe_block, dict):
             raise TrainsimError("must be a mapping", field="strategy.pipeline")
-        pipe_keys = {"stages", "micro_batches", "schedule", "stage_layers"}
-        pipeline = PipelineConfig(**{k: pipe_block[k] for k in pipe_keys if k in pipe_block})
+        pipe_keys = {"stages", "micro_batches", "schedule", "stage_layers", "blocking_sends"}
+        # the simulator's default: fixed schedules wait for each send (the runs must match it)
+        pipeline = PipelineConfig(**{"blocking_sends": True, **{k: pipe_block[k] for k in pipe_keys
+                                                                 if k in pipe_block}})
         data_values = dict(executor.get("data") or {})
         workers = _get(s.get("host"), "data_workers", "host")
         if workers is not None and "workers" not in data_values:

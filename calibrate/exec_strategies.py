@@ -393,7 +393,7 @@ class Easgd(Single):
         if self.variant == "sync":
             self.centre = start.clone()
         elif self.rank == 0:  # original: the centre lives in rank 0's host memory (or on its device)
-            self.centre = start.to("cpu" if self.cfg.easgd.centre == "host" else self.device, copy=True)
+            self.centre = start.to("cpu" if self.cfg.easgd.where == "host" else self.device, copy=True)
 
     def step(self, batch, clock: Clock) -> torch.Tensor:
         loss = super().step(batch, clock)  # the local SGD step on this rank's shard

@@ -28,6 +28,7 @@ from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
 from .result import GpuResult, LinkResult, Result, breakdown, busy_time
 from .strategies import Context, get_strategy, rank_batch_hook
+from .strategy_pipeline import options as pipeline_options
 from .workload import Workload, load_workload
 
 __all__ = ["Simulation", "build_machine", "simulate", "load_inputs"]
@@ -253,17 +254,20 @@ class Simulation:
         # the input pipeline's cost per sample: given (another pipeline than the default, measured back to
         # back), else as a calibrated CPU rank's loop prepared the default pipeline, else the workload's
         calibrated_cpu = all(measured_cpu(self.workload, self.machine.gpus[g].device) for g in self.ranks)
-        in_loop = rank_data_in_loop_s(self.workload, per_gpu) if calibrated_cpu else 0.0
+        # a pipeline's first stage prepares the replica's whole batch at once, then splits it
+        pipelined = sc.strategy.name == "pipeline"
+        loaded = per_gpu * (pipeline_options(sc.strategy).micro_batches if pipelined else 1)
+        in_loop = rank_data_in_loop_s(self.workload, loaded) if calibrated_cpu else 0.0
         if prep_s_per_sample is not None:
             # in the loop a batch starts cold
-            prep = prep_s_per_sample + (rank_data_cold_s(self.workload, per_gpu) / max(1, per_gpu)
+            prep = prep_s_per_sample + (rank_data_cold_s(self.workload, loaded) / max(1, loaded)
                                         if calibrated_cpu and prep_s_per_sample > 0 else 0.0)
         elif in_loop > 0:
-            prep = in_loop / max(1, per_gpu)
+            prep = in_loop / max(1, loaded)
         else:
             prep = self.workload.input.prep_s_per_sample or 0.0
         if prep > 0 and calibrated_cpu:  # beside the host's other ranks a batch takes longer
-            prep *= rank_data_slowdown(self.workload, per_gpu, max(sharing.values()))
+            prep *= rank_data_slowdown(self.workload, loaded, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
             machine=self.machine,

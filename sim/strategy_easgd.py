@@ -11,7 +11,9 @@ Variants (how the centre serves the workers):
 - ``hogwild``: no lock: exchanges of different workers run concurrently on the centre (sharing its links,
   cores or compute stream);
 - ``sync``: all workers together: W~ broadcast to every worker, each updates its weights, sum of W_i reduced
-  to the centre, which updates W~. Deterministic.
+  to the centre, which updates W~. Deterministic. With ``centre: replicated`` every worker keeps its own
+  copy of W~ (they stay equal): one all-reduce of the W_i, then each worker updates its weights and its copy
+  (what trainsim's executor runs).
 
 Co-design switches: ``flat_buffer`` (one message for all layers; else one per layer with parameters, each
 paying its route's latency alpha), ``tree_reduce`` (sync: binomial-tree broadcast and reduce, log2 P rounds,
@@ -51,7 +53,11 @@ class EasgdOptions(BaseModel):
 
     variant: Literal["original", "async", "async-momentum", "hogwild", "sync"] = "sync"
     tau: int = Field(default=1, ge=1, description="communication period: iterations between exchanges")
-    centre: Literal["host", "gpu"] = Field(default="host", description="where the centre variable lives")
+    centre: Literal["host", "gpu", "replicated"] = Field(
+        default="host",
+        description="where the centre variable lives; replicated (sync): a copy on every worker, one "
+        "all-reduce per exchange",
+    )
     centre_gpu: int = Field(default=0, ge=0, description="rank holding the centre when centre: gpu")
     centre_socket: int = Field(default=0, ge=0, description="cpu socket holding the centre when centre: host")
     centre_cores: int = Field(default=1, ge=1, description="host cores doing one centre update")
@@ -61,6 +67,15 @@ class EasgdOptions(BaseModel):
     )
     weights_on_gpu: bool = Field(default=True, description="else weights cross CPU<->GPU every iteration")
     overlap: bool = Field(default=False, description="parameter communication overlapped with compute")
+
+    @model_validator(mode="after")
+    def _replicated_is_sync(self):
+        if self.centre == "replicated" and self.variant != "sync":
+            raise ValueError(
+                f"centre replicated applies to variant sync (all workers meet at once), not variant "
+                f"{self.variant}, whose workers exchange with one centre one by one"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tree_is_sync(self):
@@ -97,6 +112,9 @@ class _Easgd:
         self.messages = [self.weight_bytes] if opts.flat_buffer or not layer_bytes else layer_bytes
         if opts.centre == "gpu":
             self.centre = ctx.ranks[opts.centre_gpu]
+            self.centre_host = None
+        elif opts.centre == "replicated":  # a copy in every worker's weights' home
+            self.centre = "replicated"
             self.centre_host = None
         else:
             self.centre_host = machine.hosts[cpus[opts.centre_socket]]
@@ -270,6 +288,23 @@ class _Easgd:
         env = self.ctx.env
         yield env.all_of([env.process(self.move(src, dst, it, op, gpu, call)) for src, dst, gpu in pairs])
 
+    def replicated(self):
+        """Sync with a copy of the centre on every worker: S = sum of W_i all-reduced, then each worker
+        moves W_i towards its copy and its copy towards S / P (both memory-bound, 3 |W| each)."""
+        ctx, opts, env = self.ctx, self.opts, self.ctx.env
+        for k in range(self.rounds):
+            it = (k + 1) * opts.tau - 1
+            yield env.all_of([self.event("arrived", k, g) for g in ctx.ranks])
+            yield from ctx.collective("allreduce", self.weight_bytes, it, label=":easgd")
+            yield env.all_of([env.process(self._both_updates(g, it)) for g in ctx.ranks])
+            self._tally([0] * ctx.n)
+            self.event("done", k).succeed()
+
+    def _both_updates(self, gpu: str, it: int):
+        home = self.home(gpu)
+        yield from self.update(home, 3 * self.weight_bytes, it, "easgd_elastic_update")
+        yield from self.update(home, 3 * self.weight_bytes, it, "easgd_centre_update")
+
     def coordinator(self):
         ctx, opts = self.ctx, self.opts
         homes = {g: self.home(g) for g in ctx.ranks}
@@ -355,7 +390,7 @@ class _Easgd:
         for g in ctx.ranks:
             ctx.env.process(self.worker(g))
         if opts.variant == "sync":
-            ctx.env.process(self.coordinator())
+            ctx.env.process(self.replicated() if opts.centre == "replicated" else self.coordinator())
         ctx.extra["staleness"] = self.summary
         ctx.extra["easgd"] = {
             "variant": opts.variant,

@@ -17,12 +17,14 @@ topology (P2P, or staged through host memory without it) on the sender's copy-ou
   flight (1F1B's bound plus one: room to run a ready forward while a backward is late).
 
 The fixed schedules communicate as Megatron-style 1F1B does: ``batch_isend_irecv`` then wait. A stage posts
-the receive of its next step together with its send; the send is a rendezvous (it starts once the receiver
-has posted the matching receive) and the stage waits for it to finish, so each transfer is exposed on the
-sender. On free links and without jitter all three schedules take (M + S - 1) x (f + b) for uniform stages
-(bubble (S - 1) / (M + S - 1)); with real links message-driven hides its transfers; under jitter it does not
-wait for one particular message while another is ready, which pays when micro-batches are few per stage and
-can lose when many are (a greedy order can delay the forward stream the last stage waits on).
+the receive of its next step together with its send; the send is a rendezvous (it starts once the receiver has
+posted the matching receive) and the stage waits for it to finish, so each transfer is exposed on the sender.
+``blocking_sends: false`` models a stage that issues ``isend`` and goes on (its sends waited for at the end of
+the iteration), as trainsim's executor may run them; each receive still blocks. On free links and without
+jitter all three schedules take (M + S - 1) x (f + b) for uniform stages (bubble (S - 1) / (M + S - 1)); with
+real links message-driven hides its transfers; under jitter it does not wait for one particular message while
+another is ready, which pays when micro-batches are few per stage and can lose when many are (a greedy order
+can delay the forward stream the last stage waits on).
 
 After its last backward each stage's gradients are all-reduced over its data-parallel group (the same stage
 in every replica), then the optimizer steps. ``optimizations.offload_optimizer_state`` keeps the fp32 master
@@ -63,6 +65,11 @@ class PipelineOptions(BaseModel):
     schedule: Literal["gpipe", "1f1b", "message-driven"] = "1f1b"
     stage_layers: list[int] | None = Field(
         default=None, description="layers per stage, in order (default: balanced by compute time)"
+    )
+    blocking_sends: bool = Field(
+        default=True,
+        description="gpipe/1f1b: each send is a rendezvous the stage waits for (Megatron's p2p); false: "
+        "isend and go on, the sends waited for at the end of the iteration (message-driven never blocks)",
     )
 
     @model_validator(mode="after")
@@ -367,7 +374,7 @@ class _Pipeline:
         order = schedule_order(self.opts.schedule, self.stages[gpu].index, self.S, self.M)
         for i, (kind, m) in enumerate(order):
             then = order[i + 1] if i + 1 < len(order) else None
-            yield from self.step(gpu, it, kind, m, then=then, blocking=True)
+            yield from self.step(gpu, it, kind, m, then=then, blocking=self.opts.blocking_sends)
 
     def _message_driven(self, gpu: str, it: int):
         s, inbox = self.stages[gpu].index, self.inbox[gpu]

@@ -11,6 +11,7 @@ from trainsim.calibrate.exec_config import (  # noqa: E402
     EasgdConfig,
     ExecConfig,
     OptimizationsConfig,
+    PipelineConfig,
     exec_config_from_scenario,
     infeasible_reason,
     load_scenario_dict,
@@ -184,3 +185,31 @@ def test_cores_per_rank_that_do_not_fit_make_the_variant_a_skip():
     cores = len(os.sched_getaffinity(0))
     assert "cores each" in infeasible_reason(ExecConfig(ranks=1, cores_per_rank=cores + 1))
     assert infeasible_reason(ExecConfig(ranks=1, cores_per_rank=1)) is None
+
+
+def test_easgd_centre_must_be_the_layout_the_executor_runs():
+    base = {"workload": {"name": "tiny-cnn", "image_size": 16}, "gpus": 1, "batch_size": 4}
+
+    def reason(**easgd):
+        strategy = {"name": "easgd", "easgd": easgd}
+        return infeasible_reason(exec_config_from_scenario({**base, "strategy": strategy}))
+
+    assert "centre: replicated" in reason(variant="sync")  # the simulator's default centre is the host
+    assert reason(variant="sync", centre="replicated") is None
+    assert reason(variant="original") is None and reason(variant="original", centre="gpu") is None
+    assert "centre: replicated" in reason(variant="original", centre="replicated")
+    assert ExecConfig(strategy="easgd").easgd.where == "replicated"  # built directly: the variant's own
+
+
+def test_fixed_pipeline_schedules_run_only_without_blocking_sends():
+    base = {"workload": {"name": "tiny-cnn", "image_size": 16}, "gpus": 2, "batch_size": 8}
+
+    def reason(**pipeline):
+        strategy = {"name": "pipeline", "pipeline": {"stages": 2, "micro_batches": 2, **pipeline}}
+        return infeasible_reason(exec_config_from_scenario({**base, "strategy": strategy}))
+
+    assert "blocking_sends: false" in reason(schedule="gpipe")  # the simulator's default waits for sends
+    assert reason(schedule="1f1b", blocking_sends=False) is None
+    assert reason(schedule="message-driven") is None  # never blocks
+    with pytest.raises(TrainsimError, match="true or false"):
+        PipelineConfig(blocking_sends="yes")

@@ -213,3 +213,24 @@ def test_tree_order_spans_the_halves_first():
     for n in range(1, 12):
         assert sorted(tree_order(list(range(n)))) == list(range(n))  # a permutation, root first
         assert tree_order(list(range(n)))[0] == 0
+
+
+def test_sync_with_a_replicated_centre_is_one_all_reduce_and_two_local_updates(run):
+    result = run(variant="sync", centre="replicated", iterations=2)
+    ops = [op for op in result.machine.ops if op.iteration == 1]
+    assert not [op for op in ops if op.op in ("easgd_broadcast", "easgd_reduce")]
+    for gpu in ("gpu0", "gpu1", "gpu2", "gpu3"):
+        mine = [op.op for op in ops if op.resource == gpu]
+        assert mine.count("easgd_elastic_update") == 1 and mine.count("easgd_centre_update") == 1
+        update = next(op for op in ops if op.resource == gpu and op.op == "easgd_centre_update")
+        assert update.duration == pytest.approx(3 * W / HBM, rel=1e-9)  # read W~ and S, write W~
+    assert result.extra["easgd"]["centre"] == "replicated"
+    assert result.extra["staleness"]["max"] == 0
+    reduces = [op for op in ops if op.op == "allreduce"]
+    assert sorted(op.resource for op in reduces) == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    assert {op.nbytes for op in reduces} == {W}
+
+
+def test_a_replicated_centre_is_for_sync_only(run):
+    with pytest.raises(TrainsimError, match="centre replicated applies to variant sync"):
+        run(variant="original", centre="replicated")

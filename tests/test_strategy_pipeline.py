@@ -162,6 +162,24 @@ def test_non_blocking_sends_hide_transfers_that_blocking_ones_expose(workload_fi
     assert free < driven < fixed
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_fixed_schedule_that_does_not_wait_for_its_sends_hides_them(workload_file, schedule):
+    path = workload_file(layers=4, out=1_000_000)
+    topo = _topology(gbps=10)
+    waiting = _run(path, stages=4, micro=8, schedule=schedule, topology=topo)
+    sc = _scenario(path, stages=4, micro=8, schedule=schedule, topology=topo)
+    sc.strategy.pipeline.blocking_sends = False
+    going_on = Simulation(sc).run()
+    free = (8 + 4 - 1) * (F + B)
+    assert free < going_on.iteration_time_s < waiting.iteration_time_s
+    # the first stage's forwards follow each other with no gap: its sends run beside them
+    forwards = sorted((op for op in going_on.machine.ops if op.resource == "gpu0" and op.op == "forward"
+                       and op.iteration == 1), key=lambda op: op.start)
+    if schedule == "gpipe":
+        pairs = zip(forwards, forwards[1:], strict=False)
+        assert all(b.start == pytest.approx(a.end, abs=1e-12) for a, b in pairs)
+
+
 def test_activations_cross_the_links_between_stages(workload_file):
     out = 1000
     result = _run(workload_file(layers=4, out=out), stages=4, micro=8)
