@@ -317,8 +317,9 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     take the median over the pooled iterations: on a shared box a core's speed drifts by 10-30 % over
     seconds and minutes, and spreading each variant's runs over the whole session keeps a slow spell from
     landing on one variant only. On a CPU box each round after the first measures the bundle's rank step
-    again (`refresh_rank_step`) and predicts that round from it, so the prediction sees the box the round
-    runs on; predictions are pooled like measurements.
+    (`refresh_rank_step`), the variants' other input pipelines and the preload thread's interference again
+    and predicts that round from them, so the prediction sees the box the round runs on; predictions are
+    pooled like measurements.
 
     ``overrides`` are ExecConfig fields for the real runs (e.g. ``iterations=3, warmup=2``); ``baseline``
     defaults to the first variant; ``execute=False`` predicts only. With ``report_dir`` the rows are written
@@ -388,8 +389,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
         for k in range(1, rounds if execute else 1):
             progress(f"rank step (round {k + 1} of {rounds}): measuring this box again")
             fresh = refresh_rank_step(calibration, work / f"round-{k + 1}") if work is not None else None
-            if fresh is not None:  # the other pipelines too: this round's box
-                _input_costs(result.rows, configs, mismatched, in_loop=True, loader=False)
+            if fresh is not None:  # the other pipelines and the preload thread's interference too
+                _input_costs(result.rows, configs, mismatched, in_loop=True)
             for row in result.rows:
                 if row.measured_rounds == k:  # measured in every round so far
                     progress(f"{row.variant} (round {k + 1} of {rounds}): executing again")
@@ -416,14 +417,13 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     return result
 
 
-def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, in_loop: bool,
-                 loader: bool = True) -> None:
+def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, in_loop: bool) -> None:
     """Each row's input-pipeline cost per sample, measured once per distinct data config and batch size:
     the median batch, as the executor's median iteration sees it. ``in_loop``: the bundle's rank step
     measured the default pipeline inside the training loop, spread over its rounds; rows on that pipeline
     leave it to the simulator (None) rather than time a few batches back to back here, which on a shared
-    box read anywhere in 1-2x of each other seconds apart. ``loader``: also measure how a CPU preload
-    thread and the step slow each other."""
+    box read anywhere in 1-2x of each other seconds apart. For CPU preload: how the loader thread and the
+    step slow each other."""
     from trainsim.calibrate.exec_config import DataConfig
 
     cache: dict = {}
@@ -436,7 +436,7 @@ def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, in_
             if key not in cache:
                 cache[key] = input_prep_seconds(cfg)
             row.prep_s_per_sample = cache[key]
-        if loader and cfg.device == "cpu" and cfg.optimizations.preload and cfg.data.workers:
+        if cfg.device == "cpu" and cfg.optimizations.preload and cfg.data.workers:
             # the executor's CPU preload is a thread of the rank's own process: measure how they interfere
             from trainsim.calibrate.rank_step import measure_loader_overlap
 
