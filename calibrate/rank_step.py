@@ -22,10 +22,11 @@ What is measured at each batch size:
   preparation, here +5-30 %) runs slower. The cores share the socket's last-level cache and DRAM
   bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound work does (a large
   copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream), and most when
-  the ranks run the same layers at the same moment. The cores of a virtual machine also differ: over one
-  launch one rank's median step was up to 25 % above the other's (2-25 % here, a different rank each time).
-  Ranks in step go at the slower one's pace, so ``together`` is the slowest rank's median (its step and its
-  batch preparation), not the mean over the ranks.
+  the ranks run the same layers at the same moment. ``together`` is the mean over the ranks of each one's
+  median. The cores of a virtual machine also differ from one minute to the next: over one launch one
+  rank's median step was 2-25 % (once 50 %) above the other's, and not the same rank each time. Taking the
+  slower rank's median instead predicted the 2-rank runs a few minutes later 20-80 % too slow: the
+  difference does not persist, so it is left out rather than carried from the calibration into every run.
 
 On a shared (virtual) machine the speed of a core drifts by 10-15 % from one half-second to the next, so the
 windows alternate — alone, together, over every batch size, round after round — and each figure is the
@@ -256,12 +257,13 @@ def summarise_point(batch: int, alone: list, per_rank: list[list], warm: list[fl
     def median_of(steps, part):
         return statistics.median(s[part] for s in steps)
 
-    # the ranks go at the slowest one's pace: its step and its batch preparation
-    slowest = max(per_rank, key=lambda t: median_of(t, 0) + median_of(t, 1)) if per_rank else None
+    def mean_over_ranks(part):  # what sharing the host costs a rank, not which core was slow this time
+        return statistics.fmean(median_of(t, part) for t in per_rank) if per_rank else None
+
     spread = log_spread([[s[1] for s in t] for t in per_rank] or [[s[1] for s in alone]])
-    return RankStepPoint(batch, median_of(alone, 1), median_of(slowest, 1) if slowest else None, len(alone),
-                         sum(len(t) for t in per_rank), spread, median_of(alone, 0),
-                         median_of(slowest, 0) if slowest else None, statistics.median(warm))
+    return RankStepPoint(batch, median_of(alone, 1), mean_over_ranks(1), len(alone),
+                         sum(len(t) for t in per_rank), spread, median_of(alone, 0), mean_over_ranks(0),
+                         statistics.median(warm))
 
 
 def log_spread(per_rank: Sequence[Sequence[float]]) -> float:
