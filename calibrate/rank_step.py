@@ -16,8 +16,10 @@ What is measured at each batch size:
   has streamed its activations through the caches, the pipeline finds nothing of its own there and each
   batch starts by fetching its stored samples again (here 0.3-0.4 ms per batch of 32). Both are sampled in
   every round: back to back, one batch of 32 reads anywhere from 1.4 to 2.8 ms within a minute here;
-- ``together``: every rank computing at once, the steps started together (a barrier before each), as
-  synchronous training keeps them in step. A rank that has just waited in a collective also starts cold:
+- ``together``: every rank computing at once, meeting at a barrier after each step as synchronous training
+  meets in its collective at the end of the step. (Meeting before each step instead, so that every phase
+  starts at the same instant, once read the step 1.55x alone where the same launch's DDP-like loop read
+  1.2x, and the runs went at the lower figure.) A rank that has just waited in a collective also starts cold:
   on a virtual machine its idle vCPU is halted, and what runs first after the wake-up (the next batch's
   preparation, here +5-30 %) runs slower. The cores share the socket's last-level cache and DRAM
   bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound work does (a large
@@ -123,7 +125,7 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
     warm: dict[int, list] = {b: [] for b in batch_sizes}
     for batch in batch_sizes:
         step(batch)  # warm-up: first-touch allocations, oneDNN primitive creation
-        # every rank runs the same number of steps per window (they meet at a barrier before each one)
+        # every rank runs the same number of steps per window (they meet at a barrier after each one)
         slowest = torch.tensor([sum(step(batch))], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         counts[batch] = max(2, int(window_s / max(float(slowest.item()), 1e-6)))
@@ -138,11 +140,11 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
                 # in-loop excess is the difference of the two
                 warm[batch] += back_to_back(batch, max(2, counts[batch] // 2))
             if ctx.world_size > 1:
-                # in step with each other, as synchronous training keeps them: their memory-hungry phases
-                # run at the same moments, which is when the shared cache and DRAM are contended
+                # in step with each other, as synchronous training keeps them: they meet after each step
+                dist.barrier()
                 for _ in range(counts[batch]):
-                    dist.barrier()
                     together[batch].append(step(batch))
+                    dist.barrier()
     return [{"batch": b, "alone": alone[b], "together": together[b], "warm": warm[b]} for b in batch_sizes]
 
 
