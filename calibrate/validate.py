@@ -71,6 +71,7 @@ class ValidationRow:
     failed: str | None = None  # the real run crashed: the one-line error
     prep_s_per_sample: float | None = None  # this variant's input pipeline measured here (None: the bundle's)
     loader_overlap: dict | None = None  # CPU preload: step and preparation slowdowns, measured here
+    codec_s: float | None = None  # CPU ranks: what the DDP comm hook costs per step, measured here
     predicted_breakdown_s: dict = field(default_factory=dict)
     measured_breakdown_s: dict = field(default_factory=dict)
     sim_trace: str | None = None  # relative to the report folder
@@ -272,15 +273,15 @@ def input_prep_seconds(cfg, batches: int = 6) -> float:
 
 
 def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_sample: float | None = None,
-            loader_overlap: dict | None = None, trace_path: Path | None = None,
-            provenance: dict | None = None):
+            loader_overlap: dict | None = None, codec_s: float | None = None,
+            trace_path: Path | None = None, provenance: dict | None = None):
     """Simulate ``variant`` from the bundle; returns the Result (TrainsimError if it cannot be modelled)."""
     from trainsim.scenarios.loader import load_scenario
     from trainsim.sim.simulation import Simulation
 
     # the bundle measured the default pipeline; this variant's executor data config may cost more
     sim = Simulation(load_scenario(scenario, variant=variant), calibration=calibration,
-                     prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap)
+                     prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap, codec_s=codec_s)
     result = sim.run()
     if trace_path is not None:
         from trainsim.sim.chrome_trace import write_chrome_trace
@@ -375,7 +376,7 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
                               device=bundle_device, status="running", notes=notes,
                               rows=[ValidationRow(n, c.strategy, c.ranks) for n, c in configs.items()])
     # before any real run, so no rank exiting skews them
-    _input_costs(result.rows, configs, mismatched, in_loop=rank_data_in_loop_s(bundle.workload, 1) > 0)
+    _measured_costs(result.rows, configs, mismatched, in_loop=rank_data_in_loop_s(bundle.workload, 1) > 0)
     _write(result, out, prov)
     scratch = tempfile.TemporaryDirectory(prefix="trainsim-rounds-") if rounds > 1 and execute else None
     work = Path(scratch.name) if scratch is not None else None
@@ -390,7 +391,7 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
             progress(f"rank step (round {k + 1} of {rounds}): measuring this box again")
             fresh = refresh_rank_step(calibration, work / f"round-{k + 1}") if work is not None else None
             if fresh is not None:  # the other pipelines and the preload thread's interference too
-                _input_costs(result.rows, configs, mismatched, in_loop=True)
+                _measured_costs(result.rows, configs, mismatched, in_loop=True)
             for row in result.rows:
                 if row.measured_rounds == k:  # measured in every round so far
                     progress(f"{row.variant} (round {k + 1} of {rounds}): executing again")
@@ -417,13 +418,14 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     return result
 
 
-def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, in_loop: bool) -> None:
-    """Each row's input-pipeline cost per sample, measured once per distinct data config and batch size:
-    the median batch, as the executor's median iteration sees it. ``in_loop``: the bundle's rank step
+def _measured_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, in_loop: bool) -> None:
+    """What each row's run costs on this box beyond the bundle, measured once per distinct config. The input
+    pipeline's cost per sample, per data config and batch size: the median batch, as the executor's median
+    iteration sees it. ``in_loop``: the bundle's rank step
     measured the default pipeline inside the training loop, spread over its rounds; rows on that pipeline
     leave it to the simulator (None) rather than time a few batches back to back here, which on a shared
     box read anywhere in 1-2x of each other seconds apart. For CPU preload: how the loader thread and the
-    step slow each other."""
+    step slow each other; for a DDP comm hook on CPU ranks: what it costs per step (`codec_cost`)."""
     from trainsim.calibrate.exec_config import DataConfig
 
     cache: dict = {}
@@ -445,6 +447,13 @@ def _input_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, in_
                     cfg.model, cfg.local_batch, cfg.data, options=cfg.model_cfg,
                     threads_per_rank=cfg.cores_per_rank or 1)
             row.loader_overlap = cache[("loader",) + key]
+        if cfg.device == "cpu" and cfg.optimizations.param_compression != "none":
+            # a comm hook's small tensor ops cost their dispatch on a CPU rank, not their FLOPs: measure it
+            from trainsim.calibrate.codec_cost import measure_hook_cost
+
+            if ("codec",) + key + (cfg.optimizations,) not in cache:
+                cache[("codec",) + key + (cfg.optimizations,)] = measure_hook_cost(cfg)
+            row.codec_s = cache[("codec",) + key + (cfg.optimizations,)]
 
 
 def refresh_rank_step(calibration: str, into: Path) -> str | None:
@@ -479,7 +488,7 @@ def _predict_again(row: ValidationRow, scenario: str, calibration: str) -> None:
     """Pool another round's prediction (from the re-measured bundle) with the earlier ones."""
     try:
         predicted = predict(scenario, row.variant, calibration, prep_s_per_sample=row.prep_s_per_sample,
-                            loader_overlap=row.loader_overlap)
+                            loader_overlap=row.loader_overlap, codec_s=row.codec_s)
     except TrainsimError:
         return  # it was simulated in round 1; keep that
     row.predicted_iterations_s += list(predicted.iteration_times_s)
@@ -512,7 +521,7 @@ def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: 
             raise TrainsimError(row.not_simulated)
         sim_trace = (Path(TRACES) / f"{name}.sim.json.gz") if out is not None else None
         predicted = predict(scenario, name, calibration, prep_s_per_sample=row.prep_s_per_sample,
-                            loader_overlap=row.loader_overlap,
+                            loader_overlap=row.loader_overlap, codec_s=row.codec_s,
                             trace_path=out / sim_trace if sim_trace else None)
         row.predicted_iterations_s = list(predicted.iteration_times_s)
         row.predicted_s = statistics.median(predicted.iteration_times_s)

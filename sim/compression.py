@@ -114,6 +114,17 @@ class Codec:
         self.elem = WEIGHT_BYTES[precision]
         self.matrices = matrices  # per layer; None: no weight matrix (no parameters, or only 1-D ones)
         self.device = device
+        self.scale = 1.0  # on the roofline times of the codec's passes (`fit_to`)
+
+    def fit_to(self, measured_s: float, grad_bytes_per_layer: list[float]) -> None:
+        """Scale every pass so that one rank's codec work per iteration takes ``measured_s``, as measured on
+        the box (calibrate/codec_cost.py): on a CPU rank a hook's small tensor ops cost their dispatch, not
+        their FLOPs or bytes, which the roofline would charge in microseconds. Passes keep their shares."""
+        layers = [i for i, g in enumerate(grad_bytes_per_layer) if g > 0]
+        self.scale = 1.0
+        modelled = self.encode_s(grad_bytes_per_layer, layers) + self.decode_s(grad_bytes_per_layer, layers)
+        if modelled > 0:
+            self.scale = max(0.0, measured_s) / modelled
 
     def _elementwise_ratio(self) -> float:
         m = self.spec.method
@@ -150,8 +161,8 @@ class Codec:
             uncompressed_bytes=uncompressed,
             p_bytes=p_bytes,
             q_bytes=q_bytes,
-            matmul_s=flops / self.device.peak_flops["fp32"],
-            error_feedback_s=2 * bucket / self.device.memory_bandwidth,  # read + write
+            matmul_s=self.scale * flops / self.device.peak_flops["fp32"],
+            error_feedback_s=self.scale * 2 * bucket / self.device.memory_bandwidth,  # read + write
         )
 
     def wire_bytes(self, grad_bytes_per_layer: list[float], layers: list[int]) -> float:
@@ -174,8 +185,8 @@ class Codec:
         return self._memory_pass_s(grad_bytes_per_layer, layers)
 
     def _memory_pass_s(self, grad_bytes_per_layer: list[float], layers: list[int]) -> float:
-        full = sum(grad_bytes_per_layer[i] for i in layers)
-        return (full + self.wire_bytes(grad_bytes_per_layer, layers)) / self.device.memory_bandwidth
+        moved = sum(grad_bytes_per_layer[i] for i in layers) + self.wire_bytes(grad_bytes_per_layer, layers)
+        return self.scale * moved / self.device.memory_bandwidth
 
 
 def _linear_shape(layer, values: int, itemsize: int) -> WeightMatrix | None:

@@ -198,6 +198,7 @@ class Simulation:
         record: bool = True,
         prep_s_per_sample: float | None = None,
         loader_overlap: dict | None = None,
+        codec_s: float | None = None,
     ):
         from trainsim.scenarios.loader import load_scenario
 
@@ -301,6 +302,8 @@ class Simulation:
         from .data_movement import prepare
 
         prepare(self.ctx, sc, calibration)  # ScaleDNN / vDNN switches: codec, preload, offload plan
+        if codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on the box
+            self.ctx.codec.fit_to(codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
         if loader_overlap and self.ctx.preload_depth and self.ctx.data_workers:
             self._share_process_with_loader(loader_overlap)
         self._link_snapshot = None

@@ -97,3 +97,19 @@ def test_elementwise_methods_keep_their_ratio():
         codec = Codec(CompressionSpec.model_validate(spec), "fp32", layer_matrices(wl), DEVICE)
         assert codec.wire_bytes(g, [0, 1, 3]) == pytest.approx(ratio * (g[0] + g[1] + g[3]))
         assert codec.encode_s(g, [0]) == pytest.approx((1 + ratio) * g[0] / 1e12)
+
+
+def test_a_measured_hook_cost_scales_every_pass_and_keeps_their_shares():
+    wl = small_cnn()
+    g = grads(wl)
+    every = [i for i, b in enumerate(g) if b > 0]
+    for spec in ({"method": "powersgd", "rank": 2}, "fp16"):
+        codec = Codec(CompressionSpec.model_validate(spec), "fp32", layer_matrices(wl), DEVICE)
+        encode, decode = codec.encode_s(g, [0]), codec.decode_s(g, [0])
+        codec.fit_to(0.002, g)
+        assert codec.encode_s(g, every) + codec.decode_s(g, every) == pytest.approx(0.002)  # one iteration
+        assert codec.encode_s(g, [0]) / codec.decode_s(g, [0]) == pytest.approx(encode / decode)
+        assert codec.wire_bytes(g, every) == Codec(CompressionSpec.model_validate(spec), "fp32",
+                                                   layer_matrices(wl), DEVICE).wire_bytes(g, every)
+        codec.fit_to(-1.0, g)  # noise under 0: nothing
+        assert codec.encode_s(g, every) == 0

@@ -255,3 +255,18 @@ def test_incompatible_switches_are_one_line_naming_both(tmp_path, strategy, extr
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and all(word in lines[0] for word in words), result.output
+
+
+def test_a_measured_hook_cost_is_what_each_rank_spends_in_the_codec(tmp_path):
+    from trainsim.sim.simulation import Simulation
+
+    topo = tiny_topology(gpus=2)
+    wl = write(tmp_path, tiny_workload(LAYERS, batch=8, step_s=STEP))
+    spec = {"method": "powersgd", "rank": 4}
+    scenario = make_scenario(topo, wl, "ddp", 16, optimizations={"param_compression": spec})
+    result = Simulation(scenario, codec_s=0.003).run()
+    codec = ("encode_grads", "encode_q_grads", "decode_grads")
+    for gpu in ("gpu0", "gpu1"):
+        spent = sum(op.duration for op in result.machine.ops
+                    if op.op in codec and op.resource == gpu and op.iteration == 1)
+        assert spent == pytest.approx(0.003)

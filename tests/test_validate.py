@@ -244,14 +244,14 @@ def test_cli_help_names_the_options():
 
 def test_rows_on_the_default_pipeline_leave_its_in_loop_cost_to_the_bundle():
     from trainsim.calibrate.exec_config import DataConfig, ExecConfig
-    from trainsim.calibrate.validate import _input_costs
+    from trainsim.calibrate.validate import _measured_costs
 
     configs = {"plain": ExecConfig(model="tiny-cnn", model_cfg={"image_size": 16}, batch_size=4),
                "heavy": ExecConfig(model="tiny-cnn", model_cfg={"image_size": 16}, batch_size=4,
                                    data=DataConfig(augment_repeats=3))}
     for in_loop, plain_measured in ((True, False), (False, True)):
         table = [ValidationRow(name, "single", 1) for name in configs]
-        _input_costs(table, configs, dict.fromkeys(configs), in_loop=in_loop)
+        _measured_costs(table, configs, dict.fromkeys(configs), in_loop=in_loop)
         plain, heavy = table
         assert heavy.prep_s_per_sample > 0  # another pipeline: timed here
         assert (plain.prep_s_per_sample is not None) == plain_measured
