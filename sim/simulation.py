@@ -252,23 +252,7 @@ class Simulation:
         for gpu in self.ranks:
             costs[gpu] = costs_for(gpu, per_gpu)
 
-        # the input pipeline's cost per sample: given (another pipeline than the default, measured back to
-        # back), else as a calibrated CPU rank's loop prepared the default pipeline, else the workload's
-        calibrated_cpu = all(measured_cpu(self.workload, self.machine.gpus[g].device) for g in self.ranks)
-        # a pipeline's first stage prepares the replica's whole batch at once, then splits it
-        pipelined = sc.strategy.name == "pipeline"
-        loaded = per_gpu * (pipeline_options(sc.strategy).micro_batches if pipelined else 1)
-        in_loop = rank_data_in_loop_s(self.workload, loaded) if calibrated_cpu else 0.0
-        if prep_s_per_sample is not None:
-            # in the loop a batch starts cold
-            prep = prep_s_per_sample + (rank_data_cold_s(self.workload, loaded) / max(1, loaded)
-                                        if calibrated_cpu and prep_s_per_sample > 0 else 0.0)
-        elif in_loop > 0:
-            prep = in_loop / max(1, loaded)
-        else:
-            prep = self.workload.input.prep_s_per_sample or 0.0
-        if prep > 0 and calibrated_cpu:  # beside the host's other ranks a batch takes longer
-            prep *= rank_data_slowdown(self.workload, loaded, max(sharing.values()))
+        prep = self._prep_s_per_sample(prep_s_per_sample, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
             machine=self.machine,
@@ -307,6 +291,26 @@ class Simulation:
         if loader_overlap and self.ctx.preload_depth and self.ctx.data_workers:
             self._share_process_with_loader(loader_overlap)
         self._link_snapshot = None
+
+    def _prep_s_per_sample(self, given: float | None, per_gpu: int, sharing: int) -> float:
+        """The input pipeline's cost per sample: ``given`` (another pipeline than the default, measured back
+        to back), else as a calibrated CPU rank's loop prepared the default pipeline, else the workload's."""
+        sc = self.scenario
+        calibrated_cpu = all(measured_cpu(self.workload, self.machine.gpus[g].device) for g in self.ranks)
+        # a pipeline's first stage prepares the replica's whole batch at once, then splits it
+        pipelined = sc.strategy.name == "pipeline"
+        loaded = per_gpu * (pipeline_options(sc.strategy).micro_batches if pipelined else 1)
+        in_loop = rank_data_in_loop_s(self.workload, loaded) if calibrated_cpu else 0.0
+        if given is not None:  # in the loop a batch starts cold
+            prep = given + (rank_data_cold_s(self.workload, loaded) / max(1, loaded)
+                            if calibrated_cpu and given > 0 else 0.0)
+        elif in_loop > 0:
+            prep = in_loop / max(1, loaded)
+        else:
+            prep = self.workload.input.prep_s_per_sample or 0.0
+        if prep > 0 and calibrated_cpu:  # beside the host's other ranks a batch takes longer
+            prep *= rank_data_slowdown(self.workload, loaded, sharing)
+        return prep
 
     def _share_process_with_loader(self, overlap: dict) -> None:
         """``loader_overlap`` (measured, calibrate.rank_step.measure_loader_overlap): a CPU rank whose batches
