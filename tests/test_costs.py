@@ -128,11 +128,15 @@ def test_rank_data_slowdown_is_preparation_together_over_alone():
     assert rank_data_slowdown(old, 16, 2) == 1.0
 
 
+# rank-step points with the input pipeline: [batch, alone, together, sigma, data alone, data together,
+# data back to back]
+DATA_POINTS = [[16, 0.01, 0.011, 0.05, 0.002, 0.0025, 0.0015], [64, 0.04, 0.044, 0.05, 0.006, 0.0070, 0.0040]]
+
+
 def test_rank_data_cold_s_is_the_in_loop_preparation_over_back_to_back_per_batch():
     from trainsim.sim.costs import rank_data_cold_s
 
-    wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05, 0.002, 0.0025, 0.0015],
-                                                     [64, 0.04, 0.044, 0.05, 0.006, 0.0070, 0.0040]])
+    wl = _with_rank_step(load_workload("tiny-cnn"), DATA_POINTS)
     assert rank_data_cold_s(wl, 16) == pytest.approx(0.0005)
     assert rank_data_cold_s(wl, 40) == pytest.approx(0.00125)  # linear between the measured sizes
     assert rank_data_cold_s(wl, 128) == pytest.approx(0.004)  # proportional beyond them
@@ -144,8 +148,7 @@ def test_rank_data_cold_s_is_the_in_loop_preparation_over_back_to_back_per_batch
 def test_rank_data_in_loop_s_is_the_measured_in_loop_preparation_per_batch():
     from trainsim.sim.costs import rank_data_in_loop_s
 
-    wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05, 0.002, 0.0025, 0.0015],
-                                                     [64, 0.04, 0.044, 0.05, 0.006, 0.0070, 0.0040]])
+    wl = _with_rank_step(load_workload("tiny-cnn"), DATA_POINTS)
     assert rank_data_in_loop_s(wl, 16) == pytest.approx(0.002)
     assert rank_data_in_loop_s(wl, 40) == pytest.approx(0.004)  # linear between the measured sizes
     assert rank_data_in_loop_s(wl, 128) == pytest.approx(0.012)  # proportional beyond them

@@ -44,6 +44,17 @@ def test_two_pinned_ranks_measure_alone_and_together_round_after_round():
     assert one[0].together_s is None and one[0].steps_alone >= 2
 
 
+def _calibrate(out, batch: int, rank_step: bool = True):
+    """A quick 2-rank bundle of the tiny CNN at one batch size, with its rank step or without."""
+    from trainsim.calibrate import runner
+
+    runner.run_calibration(runner.CalibrationConfig(
+        model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True, batch_sizes=(batch,),
+        steps=("probe", "layers", "rank_step") if rank_step else ("probe", "layers"),
+        model_options={"image_size": 16}))
+    return out
+
+
 def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_it(tmp_path):
     pytest.importorskip("torch")
     from trainsim.calibrate import runner
@@ -52,10 +63,7 @@ def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_i
     from trainsim.sim.simulation import Simulation
     from trainsim.sim.workload import load_workload
 
-    out = tmp_path / "bundle"
-    runner.run_calibration(runner.CalibrationConfig(
-        model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True, batch_sizes=(4,),
-        steps=("probe", "layers", "rank_step"), model_options={"image_size": 16}))
+    out = _calibrate(tmp_path / "bundle", batch=4)
     workload = load_workload(out / "workload-tiny-cnn.json")
     record = workload.provenance.model_extra["rank_step"]
     assert record["ranks"] == 2 and [p[0] for p in record["points"]] == [4]
@@ -87,14 +95,10 @@ def test_log_spread_is_the_iqr_of_each_ranks_log_deviations():
 
 def test_a_round_of_validation_can_measure_the_rank_step_again_in_a_copy(tmp_path):
     pytest.importorskip("torch")
-    from trainsim.calibrate import runner
     from trainsim.calibrate.validate import refresh_rank_step
     from trainsim.sim.workload import load_workload
 
-    out = tmp_path / "bundle"
-    runner.run_calibration(runner.CalibrationConfig(
-        model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True, batch_sizes=(2,),
-        steps=("probe", "layers", "rank_step"), model_options={"image_size": 16}))
+    out = _calibrate(tmp_path / "bundle", batch=2)
     before = (out / "workload-tiny-cnn.json").read_text()
     fresh = refresh_rank_step(str(out), tmp_path / "round-2")
     assert fresh is not None and (out / "workload-tiny-cnn.json").read_text() == before  # the bundle kept
@@ -102,10 +106,7 @@ def test_a_round_of_validation_can_measure_the_rank_step_again_in_a_copy(tmp_pat
     record = copy.provenance.model_extra["rank_step"]
     assert [p[0] for p in record["points"]] == [2] and record["ranks"] == 2
     assert (tmp_path / "round-2" / "topology.yaml").is_file()
-    no_record = tmp_path / "old"
-    runner.run_calibration(runner.CalibrationConfig(
-        model="tiny-cnn", out=no_record, device="cpu", ranks=2, quick=True, batch_sizes=(2,),
-        steps=("probe", "layers"), model_options={"image_size": 16}))
+    no_record = _calibrate(tmp_path / "old", batch=2, rank_step=False)
     assert refresh_rank_step(str(no_record), tmp_path / "nothing") is None
 
 
