@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainsim.errors import TrainsimError, from_validation_error
 
@@ -75,6 +75,15 @@ class CollectivePoint(_Strict):
     spread_s: float = Field(ge=0)
     algbw_gbps: float = Field(ge=0)
     busbw_gbps: float = Field(ge=0)
+    # gloo: every call timed, met as training meets it (the simulator draws each call's latency from them)
+    samples_s: list[float] | None = None
+
+    @field_validator("samples_s")
+    @classmethod
+    def _non_negative(cls, value):
+        if value is not None and (not value or min(value) < 0):
+            raise ValueError("must be a non-empty list of seconds >= 0")
+        return value
 
 
 class CollectiveRecord(_Strict):

@@ -4,8 +4,17 @@ reduce-scatter, gather, scatter and send/recv.
 Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes of the whole array, as
 nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
 time per operation is the sample, and the median of the repeats is the point, with its interquartile range.
-On CPU ranks (gloo) every sample is one isolated operation instead, the way training issues them, and the
-point is their mean (see bench_rank).
+On CPU ranks (gloo) every sample is one operation met the way training meets it (`_as_training_meets`): one
+rank arrives late, the others have been waiting, and the sample runs from the last arrival to the last
+return. The point is the samples' mean, and the samples are kept: the simulator draws each call's latency
+from them (`trainsim.sim.call_latency`).
+
+Why the samples and not one figure: on a 2-vCPU virtual machine a gloo call is bimodal, a few hundred
+microseconds or 4-5 ms (about one tick of the 250 Hz guest). Between two training steps of the tiny CNN, a
+100 KB all-reduce read 0.45 / 4.5 / 5.5 ms at its 10th / 50th / 90th percentile, a send/recv exchange
+0.31 / 0.40 / 5.7 ms, and one message from a sender to a waiting receiver 0.1 ms almost every time. A median
+step sees the typical call, which a constant mean misstates either way. Timed between barriers instead (how
+this was measured before), the all-reduce's fit said 1.3 ms a call and the send/recv 1.2 ms a message.
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced
@@ -15,10 +24,11 @@ its busbw is beta x F).
 
 A backend without some collective (older gloo has no reduce-scatter) records the reason and skips it.
 
-``send_recv`` is the point-to-point message (spatial halos, pipeline activations): a ping-pong between ranks 0
-and 1 (the others idle), each point the one-way time of one message of S bytes (half the round trip). On
-gloo it costs far more than a memory copy (a TCP message and the peer's wake-up), so the simulator charges
-point-to-point flows its fitted latency on calibrated CPU boxes.
+``send_recv`` is the point-to-point message (spatial halos, pipeline activations): rank 0 sends S bytes to
+rank 1 (the others idle). With NCCL a point is half a ping-pong's round trip; on gloo it is one message,
+from the sender's call to the waiting receiver's return. On gloo it costs far more than a memory copy (a TCP
+message and the peer's wake-up), so the simulator charges point-to-point flows its measured latency on
+calibrated CPU boxes.
 """
 
 from __future__ import annotations
@@ -35,10 +45,13 @@ from trainsim.errors import TrainsimError
 # reduce, gather and scatter: what the parameter-server and DataParallel-style flows call, one call per phase
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
                "send_recv")
-MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time
-CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one isolated operation (see bench_rank)
-# send/recv on gloo is bimodal (the peer awake or not) and a ping-pong is cheap: more samples steady its mean
+MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time (NCCL)
+CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one operation as training meets it (see bench_rank)
+# send/recv on gloo is bimodal (the peer awake or not) and one message is cheap: more samples steady its mean
 CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
+# how late the last rank arrives at a gloo call: the others wait long enough to sleep, as a rank that finished
+# its step first does (a fraction of a millisecond is enough for the vCPU to halt)
+CPU_ARRIVAL_LAG_S = 0.002
 
 
 def bus_factor(collective: str, nranks: int) -> float:
@@ -88,8 +101,9 @@ class CollectiveResult:
         }
 
 
-def _operation(name: str, size_bytes: int, ctx: RankContext) -> Callable[[], None]:
-    """A closure running one ``name`` collective on a float32 array of ``size_bytes`` (whole array)."""
+def _operation(name: str, size_bytes: int, ctx: RankContext, one_way: bool = False) -> Callable[[], None]:
+    """A closure running one ``name`` collective on a float32 array of ``size_bytes`` (whole array);
+    ``send_recv`` is a ping-pong, or with ``one_way`` a single message."""
     import torch
     import torch.distributed as dist
 
@@ -97,7 +111,7 @@ def _operation(name: str, size_bytes: int, ctx: RankContext) -> Callable[[], Non
     numel = max(n, size_bytes // 4 // n * n)  # divisible by n so all-gather/reduce-scatter chunks are equal
     full = torch.ones(numel, dtype=torch.float32, device=ctx.device)
     if name == "send_recv":
-        return _ping_pong(full, ctx.rank)
+        return _one_way(full, ctx.rank) if one_way else _ping_pong(full, ctx.rank)
     if name == "all_reduce":
         return lambda: dist.all_reduce(full)
     if name == "broadcast":
@@ -133,6 +147,38 @@ def _ping_pong(buf, rank: int) -> Callable[[], None]:
     return op
 
 
+def _one_way(buf, rank: int) -> Callable[[], None]:
+    """Rank 0 sends ``buf`` to rank 1; other ranks do nothing."""
+    import torch.distributed as dist
+
+    def op() -> None:
+        if rank == 0:
+            dist.send(buf, dst=1)
+        elif rank == 1:
+            dist.recv(buf, src=0)
+
+    return op
+
+
+def _as_training_meets(op: Callable[[], None], ctx: RankContext, late: int) -> float:
+    """Seconds from the last rank's arrival at one operation to the last rank's return: rank ``late`` arrives
+    `CPU_ARRIVAL_LAG_S` after the others, which wait in the call. Ranks of one host read the same monotonic
+    clock, so arrivals and returns compare across ranks."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if ctx.rank == late:
+        until = time.perf_counter() + CPU_ARRIVAL_LAG_S
+        while time.perf_counter() < until:  # busy, as a rank finishing its step is
+            pass
+    arrived = time.perf_counter()
+    op()
+    stamps = torch.tensor([arrived, time.perf_counter()], dtype=torch.float64)
+    dist.all_reduce(stamps, op=dist.ReduceOp.MAX)
+    return float(stamps[1] - stamps[0])
+
+
 def _timed(op: Callable[[], None], k: int, ctx: RankContext) -> float:
     """Seconds per operation for k back-to-back operations: the slowest rank's, all ranks agreeing."""
     import torch
@@ -162,7 +208,8 @@ def bench_rank(
     for name in collectives:
         entry = {"collective": name, "points": [], "skipped": None}
         for size in sizes:
-            op = _operation(name, size, ctx)
+            cpu = ctx.device == "cpu"
+            op = _operation(name, size, ctx, one_way=cpu)
             try:
                 op()  # warm-up: connections, algorithm selection, first touch
             except (RuntimeError, NotImplementedError, ValueError) as exc:
@@ -170,22 +217,29 @@ def bench_rank(
                 entry["skipped"] = f"{ctx.backend} cannot run {name}: {text}"
                 dist.barrier()
                 break
-            if ctx.device == "cpu":
-                # gloo: one operation per sample, as training issues them. Back to back the ranks never go
-                # idle, and the cost an isolated message pays (waking the peer's thread; on a VM often a
-                # halted vCPU: milliseconds, bimodal with the fast case) drops out of alpha; training pays it.
-                # The mean is the point: it is the expected cost, and a median of a two-mode sample flips.
+            kept = None
+            if cpu:
+                # gloo: one operation per sample, met as training meets it. Back to back the ranks never go
+                # idle, and the cost a call pays in training (waking the peers that waited: on a VM often a
+                # halted vCPU, milliseconds, bimodal with the fast case) drops out. The mean is the point (a
+                # median of a two-mode sample flips); the samples go with it. The late rank takes turns
+                # (a root and a leaf arriving last are different calls); a message's sender is the late one.
                 shots = CPU_P2P_SHOTS if name == "send_recv" else CPU_SINGLE_SHOTS
-                samples = [_timed(op, 1, ctx) for _ in range(max(repeats, shots))]
+                samples = [_as_training_meets(op, ctx, 0 if name == "send_recv" else i % ctx.world_size)
+                           for i in range(max(repeats, shots))]
                 med, spread = sum(samples) / len(samples), median_spread(samples)[1]
+                kept = [round(t, 7) for t in samples]
             else:
                 # Every rank must use the same k, so the estimate is agreed through a collective too.
                 k = iterations_for(_timed(op, 1, ctx), target_s, cap=1000)
                 samples = [_timed(op, k, ctx) for _ in range(repeats)]
                 med, spread = median_spread(samples)
             numel = max(ctx.world_size, size // 4 // ctx.world_size * ctx.world_size)
-            per_op = MESSAGES_PER_OP.get(name, 1)
-            entry["points"].append({"bytes": numel * 4, "time_s": med / per_op, "spread_s": spread / per_op})
+            per_op = 1 if cpu else MESSAGES_PER_OP.get(name, 1)
+            point = {"bytes": numel * 4, "time_s": med / per_op, "spread_s": spread / per_op}
+            if kept is not None:
+                point["samples_s"] = kept
+            entry["points"].append(point)
         out.append(entry)
     return out
 

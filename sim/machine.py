@@ -24,8 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
+from .call_latency import Latency, draw
 from .devices import DeviceSpec, get_device
 from .flows import FlowNetwork
 from .memory import MemoryTracker
@@ -130,12 +132,13 @@ class Machine:
         # seconds a point-to-point message (GPU-to-GPU copy, halo, pipeline activation) pays before its first
         # byte moves, instead of its route's link latencies: set from a calibrated CPU box's measured gloo
         # send/recv, where a message is a TCP send and the peer's wake-up, not a memory copy; None: the links'
-        self.p2p_latency: float | None = None
+        self.p2p_latency: Latency | None = None
         # seconds one call of a collective costs before its bytes move, per op ("allreduce", "reduce",
         # "broadcast", "gather", "scatter", ...): set from a calibrated gloo box, where every call is a
         # hand-off to gloo's thread, TCP messages and the peers' wake-ups whatever its size; empty: the links'
-        # latency
-        self.call_latency: dict[str, float] = {}
+        # latency. Measured ones are drawn call by call (`call_latency`), from this seeded generator.
+        self.call_latency: dict[str, Latency] = {}
+        self.latency_rng = np.random.default_rng(0)
 
     # ---- lookups --------------------------------------------------------------------------------------
     def gpu(self, index_or_name: int | str) -> Gpu:
@@ -159,18 +162,24 @@ class Machine:
     def host_by_dram(self, dram: str) -> Host:
         return self._host_of_dram[dram]
 
-    def message_latencies(self, legs: list[list], call: str | None = None) -> list[float | None]:
+    def message_latencies(self, legs: list[list], nbytes: float,
+                          call: str | None = None) -> list[float | None]:
         """Per leg of a point-to-point message: the latency it pays (None: its route's). A measured latency
         is paid once, on the first leg: that of the collective ``call`` the copy is part of (a gloo reduce,
         scatter, ...) when measured, else that of one point-to-point message."""
         latency = self.call_latency.get(call, self.p2p_latency) if call else self.p2p_latency
         if latency is None:
             return [None] * len(legs)
-        return [latency] + [0.0] * (len(legs) - 1)
+        return [draw(latency, self.latency_rng, nbytes)] + [0.0] * (len(legs) - 1)
 
-    def _call_latencies(self, call: str | None) -> list[float | None] | None:
+    def call_cost(self, call: str, nbytes: float) -> float:
+        """Seconds this call of collective ``call`` on ``nbytes`` pays before its bytes move (it must be
+        measured)."""
+        return draw(self.call_latency[call], self.latency_rng, nbytes)
+
+    def _call_latencies(self, call: str | None, nbytes: float) -> list[float | None] | None:
         """A one-route copy, part of collective ``call``: its measured call latency, else the route's."""
-        return [self.call_latency[call]] if call in self.call_latency else None
+        return [self.call_cost(call, nbytes)] if call in self.call_latency else None
 
     @property
     def now(self) -> float:
@@ -294,7 +303,7 @@ class Machine:
             category=category,
             pinned=pinned,
             host=self.host_by_dram(src),
-            latencies=self._call_latencies(call),
+            latencies=self._call_latencies(call, nbytes),
         )
 
     def d2h(
@@ -322,7 +331,7 @@ class Machine:
             category=category,
             pinned=pinned,
             host=self.host_by_dram(dst),
-            latencies=self._call_latencies(call),
+            latencies=self._call_latencies(call, nbytes),
         )
 
     def peer_copy(
@@ -351,7 +360,7 @@ class Machine:
             iteration=iteration,
             category=category,
             peer=peer,
-            latencies=self.message_latencies(legs, call),
+            latencies=self.message_latencies(legs, nbytes, call),
         )
 
     def rank_transfer(self, ranks: list[str | None], leg: list, nbytes: float, *,

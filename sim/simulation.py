@@ -9,8 +9,8 @@
 A calibration bundle (``calibration=DIR``, the folder `trainsim calibrate` writes) replaces the scenario's
 topology and workload with the bundle's ``topology.yaml`` and ``workload-<model>.json``, and its measured
 device (``device.json``) becomes the device of the GPUs whose spec it names. On a CPU box (gloo) each call of
-a collective pays that collective's measured latency from ``collectives.json`` and every point-to-point
-message the measured send/recv latency (`bundle_call_latencies`).
+a collective pays a latency drawn from that collective's measured calls in ``collectives.json`` and every
+point-to-point message one drawn from the measured send/recv messages (`bundle_call_latencies`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import simpy
 
 from trainsim.errors import TrainsimError
 
+from . import call_latency
+from .call_latency import Latency
 from .costs import measured_cpu, rank_costs, rank_data_cold_s, rank_data_in_loop_s, rank_data_slowdown
 from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
@@ -119,9 +121,10 @@ _BUNDLE_OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_sca
                "send_recv": "p2p"}
 
 
-def bundle_call_latencies(path: str) -> dict[str, float]:
-    """Seconds one gloo call costs before its bytes move, per op (its fit's alpha; ``p2p``: one send/recv
-    message), from a calibration bundle's collectives.json; empty without one or on NCCL."""
+def bundle_call_latencies(path: str) -> dict[str, Latency]:
+    """What one gloo call costs before its bytes move, per op (``p2p``: one send/recv message), from a
+    calibration bundle's collectives.json: the measured calls less their bytes' time (`call_latency`), or
+    the fit's alpha where the bundle kept no samples; empty without one or on NCCL."""
     file = Path(path) / "collectives.json"
     if not file.is_file():
         return {}
@@ -136,7 +139,10 @@ def bundle_call_latencies(path: str) -> dict[str, float]:
         fit = entry.get("fit") if isinstance(entry, dict) else None
         op = _BUNDLE_OPS.get(entry.get("collective")) if isinstance(entry, dict) else None
         if op and isinstance(fit, dict) and isinstance(fit.get("latency_us"), int | float):
-            out[op] = max(0.0, float(fit["latency_us"])) * 1e-6
+            beta = fit.get("beta_bytes_per_s")
+            measured = call_latency.from_points(entry.get("points") or [], float(beta)) if isinstance(
+                beta, int | float) else None
+            out[op] = measured or max(0.0, float(fit["latency_us"])) * 1e-6
     return out
 
 

@@ -252,7 +252,7 @@ class Context:
         start = env.now
         tag = f"it{iteration}:{op}{label}"
         if op in machine.call_latency:  # a gloo call: its measured per-call cost, then its bytes
-            yield env.timeout(machine.call_latency[op])
+            yield env.timeout(machine.call_cost(op, nbytes))
         # CPU ranks move gloo's bytes with their own cores: no layer runs meanwhile (Machine.rank_transfer)
         held = yield from machine.hold_compute(machine.cpu_ranks(gpus))
         if self.collectives == "analytic":

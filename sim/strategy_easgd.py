@@ -158,9 +158,8 @@ class _Easgd:
         if not legs:
             return
         start = ctx.env.now
-        latencies = ctx.machine.message_latencies(legs, call)
         for nbytes in self.messages:
-            for leg, latency in zip(legs, latencies, strict=True):
+            for leg, latency in zip(legs, ctx.machine.message_latencies(legs, nbytes, call), strict=True):
                 yield ctx.machine.net.transfer(leg, nbytes, latency=latency, tag=f"it{it}:{op}:{gpu}")
         other = dst if src == gpu else src
         ctx.machine.record(

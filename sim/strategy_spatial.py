@@ -42,7 +42,7 @@ def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: 
     a, b = ctx.ranks[src], ctx.ranks[dst]
     start = env.now
     legs = machine.topology.gpu_copy_legs(a, b)
-    for leg, latency in zip(legs, machine.message_latencies(legs, call), strict=True):
+    for leg, latency in zip(legs, machine.message_latencies(legs, nbytes, call), strict=True):
         yield from machine.rank_transfer([a, b], leg, nbytes, latency=latency,
                                          tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
     machine.record(
