@@ -4,17 +4,20 @@ reduce-scatter, gather, scatter and send/recv.
 Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes of the whole array, as
 nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
 time per operation is the sample, and the median of the repeats is the point, with its interquartile range.
-On CPU ranks (gloo) every sample is one operation met the way training meets it (`_as_training_meets`): one
-rank arrives late, the others have been waiting, and the sample runs from the last arrival to the last
-return. The point is the samples' mean, and the samples are kept: the simulator draws each call's latency
-from them (`trainsim.sim.call_latency`).
+On CPU ranks (gloo) every sample is one operation met the way training meets it (`_as_training_meets`):
+every rank has just run a training step of the calibrated model (`TrainingStep`), one rank arrives late, the
+others have been waiting, and the sample runs from the last arrival to the last return. The point is the
+samples' mean, and the samples are kept: the simulator draws each call's latency from them
+(`trainsim.sim.call_latency`).
 
 Why the samples and not one figure: on a 2-vCPU virtual machine a gloo call is bimodal, a few hundred
 microseconds or 4-5 ms (about one tick of the 250 Hz guest). Between two training steps of the tiny CNN, a
 100 KB all-reduce read 0.45 / 4.5 / 5.5 ms at its 10th / 50th / 90th percentile, a send/recv exchange
 0.31 / 0.40 / 5.7 ms, and one message from a sender to a waiting receiver 0.1 ms almost every time. A median
 step sees the typical call, which a constant mean misstates either way. Timed between barriers instead (how
-this was measured before), the all-reduce's fit said 1.3 ms a call and the send/recv 1.2 ms a message.
+this was measured before), the all-reduce's fit said 1.3 ms a call and the send/recv 1.2 ms a message. Met
+after a busy loop instead of a training step, broadcast, scatter and gather read 0.2 ms where the same calls
+of the runs' DataParallel flow took about 1 ms each: how the call is met decides which mode it lands in.
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced
@@ -160,14 +163,45 @@ def _one_way(buf, rank: int) -> Callable[[], None]:
     return op
 
 
-def _as_training_meets(op: Callable[[], None], ctx: RankContext, late: int) -> float:
-    """Seconds from the last rank's arrival at one operation to the last rank's return: rank ``late`` arrives
-    `CPU_ARRIVAL_LAG_S` after the others, which wait in the call. Ranks of one host read the same monotonic
-    clock, so arrivals and returns compare across ranks."""
+@dataclass(frozen=True)
+class TrainingStep:
+    """The model whose training step every rank runs before each timed gloo call (`_as_training_meets`)."""
+
+    model: str
+    batch: int
+    options: dict = field(default_factory=dict)
+
+    def build(self) -> Callable[[], None]:
+        """One forward, backward and optimizer step of the model on a fixed synthetic batch."""
+        import torch
+
+        from trainsim.calibrate import zoo
+
+        torch.manual_seed(0)
+        model = zoo.build_model(self.model, **self.options)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        inputs, targets = zoo.example_batch(self.model, self.batch, **self.options)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            zoo.loss_fn(self.model, model(inputs), targets).backward()
+            optimizer.step()
+
+        return step
+
+
+def _as_training_meets(op: Callable[[], None], ctx: RankContext, late: int,
+                       step: Callable[[], None] | None = None) -> float:
+    """Seconds from the last rank's arrival at one operation to the last rank's return: every rank runs
+    ``step`` (a training step) first, then rank ``late`` arrives `CPU_ARRIVAL_LAG_S` after the others, which
+    wait in the call. Ranks of one host read the same monotonic clock, so arrivals and returns compare across
+    ranks."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
+    if step is not None:
+        step()
     if ctx.rank == late:
         until = time.perf_counter() + CPU_ARRIVAL_LAG_S
         while time.perf_counter() < until:  # busy, as a rank finishing its step is
@@ -199,11 +233,15 @@ def _timed(op: Callable[[], None], k: int, ctx: RankContext) -> float:
 
 
 def bench_rank(
-    ctx: RankContext, collectives: tuple[str, ...], sizes: list[int], repeats: int, target_s: float
+    ctx: RankContext, collectives: tuple[str, ...], sizes: list[int], repeats: int, target_s: float,
+    training: TrainingStep | None = None,
 ) -> list[dict]:
     """What every rank runs (via ``launch``); rank 0's return value is the report."""
     import torch.distributed as dist
 
+    step = training.build() if training is not None and ctx.device == "cpu" else None
+    if step is not None:
+        step()  # warm-up: first-touch allocations, oneDNN primitives
     out = []
     for name in collectives:
         entry = {"collective": name, "points": [], "skipped": None}
@@ -225,7 +263,7 @@ def bench_rank(
                 # median of a two-mode sample flips); the samples go with it. The late rank takes turns
                 # (a root and a leaf arriving last are different calls); a message's sender is the late one.
                 shots = CPU_P2P_SHOTS if name == "send_recv" else CPU_SINGLE_SHOTS
-                samples = [_as_training_meets(op, ctx, 0 if name == "send_recv" else i % ctx.world_size)
+                samples = [_as_training_meets(op, ctx, 0 if name == "send_recv" else i % ctx.world_size, step)
                            for i in range(max(repeats, shots))]
                 med, spread = sum(samples) / len(samples), median_spread(samples)[1]
                 kept = [round(t, 7) for t in samples]
@@ -253,8 +291,10 @@ def measure_collectives(
     target_s: float = 0.005,
     collectives: tuple[str, ...] = COLLECTIVES,
     timeout_s: float = 900.0,
+    training: TrainingStep | None = None,
 ) -> list[CollectiveResult]:
-    """Launch ``nranks`` ranks on ``device`` and benchmark ``collectives`` over ``sizes``."""
+    """Launch ``nranks`` ranks on ``device`` and benchmark ``collectives`` over ``sizes``; on CPU ranks with
+    ``training``, each call is met after a training step of that model, as the runs meet it."""
     for name in collectives:
         bus_factor(name, max(nranks, 1))  # validates the name
     if nranks < 2:
@@ -263,7 +303,7 @@ def measure_collectives(
     report = launch(
         bench_rank,
         nranks,
-        args=(tuple(collectives), list(sizes), repeats, target_s),
+        args=(tuple(collectives), list(sizes), repeats, target_s, training),
         device=device,
         timeout_s=timeout_s,
     )[0]

@@ -457,12 +457,16 @@ def _step_collectives(run: _Run):
         return [bf.COLLECTIVES], {}, ["one rank: no collectives to measure"]
     run.progress("collectives", f"{run.ranks} ranks, launching")
     quick = run.config.quick
+    batches = sorted(run.config.batch_sizes)
+    # gloo calls as the runs meet them: after a training step of the calibrated model (its middle batch)
+    training = collbench.TrainingStep(run.config.model, batches[len(batches) // 2], run.config.model_options)
     results = collbench.measure_collectives(
         run.device,
         run.ranks,
         collective_sizes(run.device, quick),
         repeats=3 if quick else 5,
         target_s=0.003 if quick else 0.02,
+        training=training if run.device == "cpu" else None,
     )
     doc = {
         "schema": "trainsim.collectives/1",
