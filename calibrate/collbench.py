@@ -5,8 +5,9 @@ Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes o
 nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
 time per operation is the sample, and the median of the repeats is the point, with its interquartile range.
 On CPU ranks (gloo) every sample is one operation met the way training meets it (`_as_training_meets`):
-every rank has just run a training step of the calibrated model (`TrainingStep`), one rank arrives late, the
-others have been waiting, and the sample runs from the last arrival to the last return. The point is the
+every rank runs a training step of the calibrated model (`TrainingStep`), then the call, and again, as a
+training loop does (a message's receiver waits for its sender), and each sample runs from the last arrival to
+the last return. The point is the
 samples' mean, and the samples are kept: the simulator draws each call's latency from them
 (`trainsim.sim.call_latency`).
 
@@ -15,9 +16,13 @@ microseconds or 4-5 ms (about one tick of the 250 Hz guest). Between two trainin
 100 KB all-reduce read 0.45 / 4.5 / 5.5 ms at its 10th / 50th / 90th percentile, a send/recv exchange
 0.31 / 0.40 / 5.7 ms, and one message from a sender to a waiting receiver 0.1 ms almost every time. A median
 step sees the typical call, which a constant mean misstates either way. Timed between barriers instead (how
-this was measured before), the all-reduce's fit said 1.3 ms a call and the send/recv 1.2 ms a message. Met
-after a busy loop instead of a training step, broadcast, scatter and gather read 0.2 ms where the same calls
-of the runs' DataParallel flow took about 1 ms each: how the call is met decides which mode it lands in.
+this was measured before), the all-reduce's fit said 1.3 ms a call and the send/recv 1.2 ms a message.
+
+How the call is met decides which mode it lands in. Timed inside the runs (every call's arrival and return
+on both ranks), the stall goes with the ranks arriving together: EASGD's all-reduce, whose ranks arrived
+0.06 ms apart on average, stalled 94 % of the time; the DataParallel flow's reduce (0.1 ms apart) 68 %; the
+parameter server's reduce (0.9 ms apart) 46 %; broadcasts and scatters, which one rank reaches milliseconds
+first, never. Met with one rank 2 ms late, the same all-reduce stalled about 40 % of the time.
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced
@@ -52,8 +57,7 @@ MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is 
 CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one operation as training meets it (see bench_rank)
 # send/recv on gloo is bimodal (the peer awake or not) and one message is cheap: more samples steady its mean
 CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
-# how late the last rank arrives at a gloo call: the others wait long enough to sleep, as a rank that finished
-# its step first does (a fraction of a millisecond is enough for the vCPU to halt)
+# how late a message's sender arrives: its receiver is already waiting (a pipeline stage, a halo's neighbour)
 CPU_ARRIVAL_LAG_S = 0.002
 
 
@@ -190,27 +194,33 @@ class TrainingStep:
         return step
 
 
-def _as_training_meets(op: Callable[[], None], ctx: RankContext, late: int,
-                       step: Callable[[], None] | None = None) -> float:
-    """Seconds from the last rank's arrival at one operation to the last rank's return: every rank runs
-    ``step`` (a training step) first, then rank ``late`` arrives `CPU_ARRIVAL_LAG_S` after the others, which
-    wait in the call. Ranks of one host read the same monotonic clock, so arrivals and returns compare across
-    ranks."""
+def _as_training_meets(op: Callable[[], None], ctx: RankContext, shots: int, late: int | None,
+                       step: Callable[[], None] | None = None) -> list[float]:
+    """``shots`` samples of one operation, each the seconds from the last rank's arrival to the last rank's
+    return, met as a training loop meets it: every rank runs ``step`` (a training step), then the call, and
+    again, with nothing else between (a barrier in between changed how often the call stalled). Rank
+    ``late`` (if any) arrives `CPU_ARRIVAL_LAG_S` after the others, which wait in the call. The ranks keep
+    their own stamps and swap them at the end; ranks of one host read the same monotonic clock, so arrivals
+    and returns compare across ranks."""
     import torch
     import torch.distributed as dist
 
+    stamps = torch.zeros(shots, 2, dtype=torch.float64)
     dist.barrier()
-    if step is not None:
-        step()
-    if ctx.rank == late:
-        until = time.perf_counter() + CPU_ARRIVAL_LAG_S
-        while time.perf_counter() < until:  # busy, as a rank finishing its step is
-            pass
-    arrived = time.perf_counter()
-    op()
-    stamps = torch.tensor([arrived, time.perf_counter()], dtype=torch.float64)
-    dist.all_reduce(stamps, op=dist.ReduceOp.MAX)
-    return float(stamps[1] - stamps[0])
+    for i in range(shots):
+        if step is not None:
+            step()
+        if ctx.rank == late:
+            until = time.perf_counter() + CPU_ARRIVAL_LAG_S
+            while time.perf_counter() < until:  # busy, as a stage finishing its layers is
+                pass
+        stamps[i, 0] = time.perf_counter()
+        op()
+        stamps[i, 1] = time.perf_counter()
+    every = [torch.empty_like(stamps) for _ in range(ctx.world_size)]
+    dist.all_gather(every, stamps)
+    last = torch.stack(every).amax(dim=0)  # per call: the last arrival and the last return
+    return [float(t) for t in last[:, 1] - last[:, 0]]
 
 
 def _timed(op: Callable[[], None], k: int, ctx: RankContext) -> float:
@@ -257,14 +267,14 @@ def bench_rank(
                 break
             kept = None
             if cpu:
-                # gloo: one operation per sample, met as training meets it. Back to back the ranks never go
-                # idle, and the cost a call pays in training (waking the peers that waited: on a VM often a
-                # halted vCPU, milliseconds, bimodal with the fast case) drops out. The mean is the point (a
-                # median of a two-mode sample flips); the samples go with it. The late rank takes turns
-                # (a root and a leaf arriving last are different calls); a message's sender is the late one.
+                # gloo: one operation per sample, met as training meets it. Back to back the ranks never
+                # stop, and what a call costs in training (bimodal: fast, or a 4-5 ms stall) drops out. The
+                # mean is the point (a median of a two-mode sample flips); the samples go with it. A
+                # collective's ranks arrive as their training steps bring them, a message's receiver waits
+                # for its sender (as a pipeline stage or a halo's neighbour does).
                 shots = CPU_P2P_SHOTS if name == "send_recv" else CPU_SINGLE_SHOTS
-                samples = [_as_training_meets(op, ctx, 0 if name == "send_recv" else i % ctx.world_size, step)
-                           for i in range(max(repeats, shots))]
+                late = 0 if name == "send_recv" else None
+                samples = _as_training_meets(op, ctx, max(repeats, shots), late, step)
                 med, spread = sum(samples) / len(samples), median_spread(samples)[1]
                 kept = [round(t, 7) for t in samples]
             else:

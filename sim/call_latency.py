@@ -12,7 +12,7 @@ A latency given as a plain number (a what-if, an old bundle: only the fit's alph
 
 from __future__ import annotations
 
-import math
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +23,7 @@ import numpy as np
 class MeasuredLatency:
     """Seconds before a call's bytes move, one per measured call (its bandwidth term taken out), per measured
     size: the slow wake-ups grow commoner with the size (a 4 KB all-reduce here was slow one time in ten, a
-    1 MB one every other time), so a call draws from the size nearest its own."""
+    1 MB one every other time), so a call draws from the sizes around its own."""
 
     sizes: tuple[float, ...]  # bytes of each measured point, ascending
     samples: tuple[tuple[float, ...], ...]  # per point
@@ -33,10 +33,15 @@ class MeasuredLatency:
             raise ValueError("a measured latency needs samples at every size it names")
 
     def at(self, nbytes: float) -> tuple[float, ...]:
-        """The samples of the measured size nearest ``nbytes`` (on a log scale)."""
-        wanted = math.log(max(nbytes, 1.0))
-        nearest = min(range(len(self.sizes)), key=lambda i: abs(math.log(max(self.sizes[i], 1.0)) - wanted))
-        return self.samples[nearest]
+        """The samples of the measured sizes around ``nbytes``: both neighbours' between two measured sizes
+        (each has a few samples only, and which mode most of them are in can differ by chance), that size's
+        at a measured one, the end's beyond the measured range."""
+        i = bisect.bisect_left(self.sizes, nbytes)
+        if i == len(self.sizes):
+            return self.samples[-1]
+        if i == 0 or self.sizes[i] == nbytes:
+            return self.samples[i]
+        return self.samples[i - 1] + self.samples[i]
 
     def mean(self, nbytes: float) -> float:
         return float(np.mean(self.at(nbytes)))

@@ -15,11 +15,13 @@ def test_samples_lose_their_bytes_time_and_never_go_negative():
     assert measured.samples[1] == pytest.approx((0.0, 1e-3))  # faster than the fit's bandwidth: zero
 
 
-def test_a_call_draws_from_the_size_nearest_its_own():
+def test_a_call_draws_from_the_sizes_around_its_own():
     measured = MeasuredLatency((1e3, 1e6), ((1e-4,), (4e-3,)))
     rng = np.random.default_rng(0)
-    assert draw(measured, rng, 2e3) == 1e-4
-    assert draw(measured, rng, 5e5) == 4e-3  # nearer 1 MB than 1 KB on a log scale
+    assert measured.at(1e3) == (1e-4,) and measured.at(1e6) == (4e-3,)
+    assert measured.at(5e5) == (1e-4, 4e-3)  # between two measured sizes: both neighbours' samples
+    assert measured.at(10) == (1e-4,) and measured.at(1e9) == (4e-3,)  # beyond the range: the end's
+    assert {draw(measured, rng, 5e5) for _ in range(50)} == {1e-4, 4e-3}
     assert draw(measured, rng, 1e9) == 4e-3
     assert draw(2.5e-3, rng, 1e6) == 2.5e-3  # a plain number (an old bundle's alpha) is charged as it is
 
