@@ -7,22 +7,20 @@ time per operation is the sample, and the median of the repeats is the point, wi
 On CPU ranks (gloo) every sample is one operation met the way training meets it (`_as_training_meets`):
 every rank runs a training step of the calibrated model (`TrainingStep`), then the call, and again, as a
 training loop does (a message's receiver waits for its sender), and each sample runs from the last arrival to
-the last return. The point is the
-samples' mean, and the samples are kept: the simulator draws each call's latency from them
-(`trainsim.sim.call_latency`).
+the last return. The point is the samples' mean, and the samples are kept: the simulator charges a call the
+mean of those at the sizes around its own (`trainsim.sim.call_latency`).
 
 Why the samples and not one figure: on a 2-vCPU virtual machine a gloo call is bimodal, a few hundred
-microseconds or 4-5 ms (about one tick of the 250 Hz guest). Between two training steps of the tiny CNN, a
-100 KB all-reduce read 0.45 / 4.5 / 5.5 ms at its 10th / 50th / 90th percentile, a send/recv exchange
-0.31 / 0.40 / 5.7 ms, and one message from a sender to a waiting receiver 0.1 ms almost every time. A median
-step sees the typical call, which a constant mean misstates either way. Timed between barriers instead (how
-this was measured before), the all-reduce's fit said 1.3 ms a call and the send/recv 1.2 ms a message.
+microseconds or a 4-5 ms stall (about one tick of the 250 Hz guest), and how often it stalls depends on the
+size and on how the call is met, so the samples are the record and their mean at a call's size is its cost.
 
-How the call is met decides which mode it lands in. Timed inside the runs (every call's arrival and return
-on both ranks), the stall goes with the ranks arriving together: EASGD's all-reduce, whose ranks arrived
-0.06 ms apart on average, stalled 94 % of the time; the DataParallel flow's reduce (0.1 ms apart) 68 %; the
-parameter server's reduce (0.9 ms apart) 46 %; broadcasts and scatters, which one rank reaches milliseconds
-first, never. Met with one rank 2 ms late, the same all-reduce stalled about 40 % of the time.
+How the call is met matters. Timed between barriers (how this was measured before), the fits said 1.3 ms an
+all-reduce and 1.2 ms a message (half a ping-pong). A message to a receiver that is already waiting takes
+0.1-0.25 ms almost every time. Met after a busy loop, broadcast, scatter and gather read 0.2 ms and never
+stalled. Timed inside the runs themselves (every call's arrival and return on both ranks), a 100 KB
+all-reduce stalled 57-94 % of the time, the DataParallel flow's reduce 45-68 %, the parameter server's
+46-66 %, broadcasts and scatters never. Met inside a training loop, as here, the all-reduce stalled 27 % of
+the time at 64 KB and 53 % at 256 KB: the nearest the calibration came to the runs.
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced

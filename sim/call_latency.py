@@ -1,11 +1,15 @@
-"""What one gloo call costs before its bytes move, as a calibrated CPU box measured it: one draw per call.
+"""What one gloo call costs before its bytes move, as a calibrated CPU box measured it inside a training loop.
 
-A rank waiting in gloo sleeps; on a virtual machine its idle vCPU halts, and waking it is bimodal (a few
-hundred microseconds, or the host's next tick, milliseconds). The calibration (`trainsim.calibrate.collbench`)
-meets each call as training does (one rank late, the others asleep) and keeps every sample. A constant, the
-samples' mean, would charge each call a cost it almost never has: a median step sees the fast call when slow
-ones are rarer than one in two, and the slow one when they are commoner. So each call draws one of the
-measured latencies instead, and the step-to-step spread comes out as the runs show it.
+On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a 4-5 ms stall. The
+calibration (`trainsim.calibrate.collbench`) meets each call as a training loop does and keeps every sample,
+and each call is charged the mean of the samples at the sizes around its own: its expected cost.
+
+Why not draw one sample per call, so that the simulated steps spread as the real ones do: how often a call
+stalls is not a property of the call. Timed inside the runs, the same 100 KB all-reduce stalled 57 % of the
+time in one launch and 94 % in another; calibrations minutes apart read 7-53 % around that size. Near one in
+two, the median step sits in one mode or the other by chance, and drawing made the prediction flip with it:
+the same all-reduce rows read -27 % in one benchmark repeat and +4 % in the next. The mean lands between the
+modes and misses by less whichever way the runs go.
 
 A latency given as a plain number (a what-if, an old bundle: only the fit's alpha) is charged as it is.
 """
@@ -22,8 +26,8 @@ import numpy as np
 @dataclass(frozen=True)
 class MeasuredLatency:
     """Seconds before a call's bytes move, one per measured call (its bandwidth term taken out), per measured
-    size: the slow wake-ups grow commoner with the size (a 4 KB all-reduce here was slow one time in ten, a
-    1 MB one every other time), so a call draws from the sizes around its own."""
+    size: the stalls grow commoner with the size (a 16 KB all-reduce here stalled one time in fifteen, a 256
+    KB one every other time), so a call is charged from the sizes around its own."""
 
     sizes: tuple[float, ...]  # bytes of each measured point, ascending
     samples: tuple[tuple[float, ...], ...]  # per point
@@ -34,8 +38,7 @@ class MeasuredLatency:
 
     def at(self, nbytes: float) -> tuple[float, ...]:
         """The samples of the measured sizes around ``nbytes``: both neighbours' between two measured sizes
-        (each has a few samples only, and which mode most of them are in can differ by chance), that size's
-        at a measured one, the end's beyond the measured range."""
+        (each has a few samples only), that size's at a measured one, the end's beyond the measured range."""
         i = bisect.bisect_left(self.sizes, nbytes)
         if i == len(self.sizes):
             return self.samples[-1]
@@ -46,17 +49,13 @@ class MeasuredLatency:
     def mean(self, nbytes: float) -> float:
         return float(np.mean(self.at(nbytes)))
 
-    def draw(self, rng: np.random.Generator, nbytes: float) -> float:
-        samples = self.at(nbytes)
-        return samples[int(rng.integers(len(samples)))]
-
 
 Latency = float | MeasuredLatency
 
 
-def draw(latency: Latency, rng: np.random.Generator, nbytes: float) -> float:
-    """One call's latency for ``nbytes``: a draw from the measured ones, or the number itself."""
-    return latency.draw(rng, nbytes) if isinstance(latency, MeasuredLatency) else float(latency)
+def cost(latency: Latency, nbytes: float) -> float:
+    """Seconds one call on ``nbytes`` pays before its bytes move: the measured mean, or the number itself."""
+    return latency.mean(nbytes) if isinstance(latency, MeasuredLatency) else float(latency)
 
 
 def from_points(points: Sequence[dict], beta_bytes_per_s: float) -> MeasuredLatency | None:

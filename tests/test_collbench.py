@@ -8,6 +8,9 @@ import torch  # noqa: E402
 
 from trainsim.calibrate.collbench import (  # noqa: E402
     COLLECTIVES,
+    CPU_P2P_SHOTS,
+    CPU_SINGLE_SHOTS,
+    TrainingStep,
     bus_factor,
     measure_collectives,
     results_from_report,
@@ -36,6 +39,10 @@ def test_two_gloo_ranks():
         assert [p["bytes"] for p in r.points] == sizes
         for p in r.points:
             assert p["time_s"] > 0
+            # gloo keeps every call it timed (inside a loop), and the point is their mean
+            shots = CPU_P2P_SHOTS if r.collective == "send_recv" else CPU_SINGLE_SHOTS
+            assert len(p["samples_s"]) == shots and min(p["samples_s"]) >= 0
+            assert p["time_s"] == pytest.approx(sum(p["samples_s"]) / shots, rel=1e-4)
             assert p["algbw_gbps"] == pytest.approx(p["bytes"] / p["time_s"] / 1e9)
             assert p["busbw_gbps"] == pytest.approx(p["algbw_gbps"] * bus_factor(r.collective, 2))
         assert r.fit is not None and r.fit.beta_bytes_per_s > 0
@@ -73,3 +80,13 @@ def test_send_recv_fit_recovered_from_a_synthetic_ping_pong():
     assert result.fit.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert result.fit.beta_bytes_per_s == pytest.approx(beta, rel=1e-6)
     assert result.to_json()["bus_factor"] == 1.0  # one message: bus bandwidth is the algorithm bandwidth
+
+
+def test_calls_met_inside_a_training_loop():
+    step = TrainingStep("tiny-cnn", 4)
+    results = measure_collectives("cpu", 2, [4096], repeats=2, collectives=("all_reduce", "send_recv"),
+                                  training=step)
+    for r in results:
+        (point,) = r.points
+        assert point["bytes"] == 4096 and len(point["samples_s"]) >= CPU_SINGLE_SHOTS
+        assert min(point["samples_s"]) >= 0
