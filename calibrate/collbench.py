@@ -52,9 +52,10 @@ from trainsim.errors import TrainsimError
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
                "send_recv")
 MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time (NCCL)
-CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one operation as training meets it (see bench_rank)
-# send/recv on gloo is bimodal (the peer awake or not) and one message is cheap: more samples steady its mean
-CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
+# gloo samples per size, each one operation as training meets it (see bench_rank): a 4-5 ms stall a third of
+# the time leaves the mean of 30 within about 0.4 ms
+CPU_SINGLE_SHOTS = 30
+CPU_P2P_SHOTS = 2 * CPU_SINGLE_SHOTS  # a message is cheap: more samples still
 # how late a message's sender arrives: its receiver is already waiting (a pipeline stage, a halo's neighbour)
 CPU_ARRIVAL_LAG_S = 0.002
 
@@ -174,7 +175,9 @@ class TrainingStep:
     options: dict = field(default_factory=dict)
 
     def build(self) -> Callable[[], None]:
-        """One forward, backward and optimizer step of the model on a fixed synthetic batch."""
+        """One forward, backward and optimizer step of the model on a fixed synthetic batch. (With the
+        default input pipeline's preparation in the step as well, broadcasts stalled as often as
+        all-reduces, where the runs' broadcasts, which one rank reaches milliseconds first, never did.)"""
         import torch
 
         from trainsim.calibrate import zoo
