@@ -5,22 +5,25 @@ Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes o
 nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
 time per operation is the sample, and the median of the repeats is the point, with its interquartile range.
 On CPU ranks (gloo) every sample is one operation met the way training meets it (`_as_training_meets`):
-every rank runs a training step of the calibrated model (`TrainingStep`), then the call, and again, as a
-training loop does (a message's receiver waits for its sender), and each sample runs from the last arrival to
-the last return. The point is the samples' mean, and the samples are kept: the simulator charges a call the
-mean of those at the sizes around its own (`trainsim.sim.call_latency`).
+every rank has just run a training step of the calibrated model (`TrainingStep`), one rank arrives late, the
+others have been waiting, and the sample runs from the last arrival to the last return. The point is the
+samples' mean, and the samples are kept: the simulator draws each call's latency from them
+(`trainsim.sim.call_latency`).
 
 Why the samples and not one figure: on a 2-vCPU virtual machine a gloo call is bimodal, a few hundred
-microseconds or a 4-5 ms stall (about one tick of the 250 Hz guest), and how often it stalls depends on the
-size and on how the call is met, so the samples are the record and their mean at a call's size is its cost.
+microseconds or a 4-5 ms stall (about one tick of the 250 Hz guest). Timed between barriers (how this was
+measured before), the fits said 1.3 ms an all-reduce and 1.2 ms a message (half a ping-pong); a message to a
+receiver that is already waiting takes 0.1-0.25 ms almost every time, and that 1.2 ms charged to every
+EASGD push and pull and every pipeline message made those rows 9-13 % too slow on average.
 
-How the call is met matters. Timed between barriers (how this was measured before), the fits said 1.3 ms an
-all-reduce and 1.2 ms a message (half a ping-pong). A message to a receiver that is already waiting takes
-0.1-0.25 ms almost every time. Met after a busy loop, broadcast, scatter and gather read 0.2 ms and never
-stalled. Timed inside the runs themselves (every call's arrival and return on both ranks), a 100 KB
-all-reduce stalled 57-94 % of the time, the DataParallel flow's reduce 45-68 %, the parameter server's
-46-66 %, broadcasts and scatters never. Met inside a training loop, as here, the all-reduce stalled 27 % of
-the time at 64 KB and 53 % at 256 KB: the nearest the calibration came to the runs.
+How the call is met decides how often it stalls. Timed inside the runs themselves (every call's arrival and
+return on both ranks), a 100 KB all-reduce stalled 57-94 % of the time, the DataParallel flow's reduce
+45-68 %, the parameter server's 46-66 %, broadcasts and scatters (one rank reaches them milliseconds first)
+never. Met as here, in three calibrations, the all-reduce stalled 33-67 % of the time at 64 and 256 KB, the
+reduce 20-80 %, broadcasts never, scatters almost never. Two other ways were measured and dropped: in an
+unbroken loop of steps and calls (no barrier, each call charged its samples' mean) the benchmark's median
+error read 5.7-9.5 % over five repeats, against 5.1-6.1 % over three this way; with each step preparing its
+batch as the executor's loop does, broadcasts stalled 40-50 % of the time, which the runs' never did.
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced
@@ -52,11 +55,11 @@ from trainsim.errors import TrainsimError
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
                "send_recv")
 MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time (NCCL)
-# gloo samples per size, each one operation as training meets it (see bench_rank): a 4-5 ms stall a third of
-# the time leaves the mean of 30 within about 0.4 ms
-CPU_SINGLE_SHOTS = 30
-CPU_P2P_SHOTS = 2 * CPU_SINGLE_SHOTS  # a message is cheap: more samples still
-# how late a message's sender arrives: its receiver is already waiting (a pipeline stage, a halo's neighbour)
+CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one operation as training meets it (see bench_rank)
+# send/recv on gloo is bimodal (the peer awake or not) and one message is cheap: more samples steady its mean
+CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
+# how late the last rank arrives at a gloo call: the others wait long enough to sleep, as a rank that finished
+# its step first does (a fraction of a millisecond is enough for the vCPU to halt)
 CPU_ARRIVAL_LAG_S = 0.002
 
 
@@ -175,9 +178,7 @@ class TrainingStep:
     options: dict = field(default_factory=dict)
 
     def build(self) -> Callable[[], None]:
-        """One forward, backward and optimizer step of the model on a fixed synthetic batch. (With the
-        default input pipeline's preparation in the step as well, broadcasts stalled as often as
-        all-reduces, where the runs' broadcasts, which one rank reaches milliseconds first, never did.)"""
+        """One forward, backward and optimizer step of the model on a fixed synthetic batch."""
         import torch
 
         from trainsim.calibrate import zoo
@@ -195,33 +196,27 @@ class TrainingStep:
         return step
 
 
-def _as_training_meets(op: Callable[[], None], ctx: RankContext, shots: int, late: int | None,
-                       step: Callable[[], None] | None = None) -> list[float]:
-    """``shots`` samples of one operation, each the seconds from the last rank's arrival to the last rank's
-    return, met as a training loop meets it: every rank runs ``step`` (a training step), then the call, and
-    again, with nothing else between (a barrier in between changed how often the call stalled). Rank
-    ``late`` (if any) arrives `CPU_ARRIVAL_LAG_S` after the others, which wait in the call. The ranks keep
-    their own stamps and swap them at the end; ranks of one host read the same monotonic clock, so arrivals
-    and returns compare across ranks."""
+def _as_training_meets(op: Callable[[], None], ctx: RankContext, late: int,
+                       step: Callable[[], None] | None = None) -> float:
+    """Seconds from the last rank's arrival at one operation to the last rank's return: every rank runs
+    ``step`` (a training step) first, then rank ``late`` arrives `CPU_ARRIVAL_LAG_S` after the others, which
+    wait in the call. Ranks of one host read the same monotonic clock, so arrivals and returns compare across
+    ranks."""
     import torch
     import torch.distributed as dist
 
-    stamps = torch.zeros(shots, 2, dtype=torch.float64)
     dist.barrier()
-    for i in range(shots):
-        if step is not None:
-            step()
-        if ctx.rank == late:
-            until = time.perf_counter() + CPU_ARRIVAL_LAG_S
-            while time.perf_counter() < until:  # busy, as a stage finishing its layers is
-                pass
-        stamps[i, 0] = time.perf_counter()
-        op()
-        stamps[i, 1] = time.perf_counter()
-    every = [torch.empty_like(stamps) for _ in range(ctx.world_size)]
-    dist.all_gather(every, stamps)
-    last = torch.stack(every).amax(dim=0)  # per call: the last arrival and the last return
-    return [float(t) for t in last[:, 1] - last[:, 0]]
+    if step is not None:
+        step()
+    if ctx.rank == late:
+        until = time.perf_counter() + CPU_ARRIVAL_LAG_S
+        while time.perf_counter() < until:  # busy, as a rank finishing its step is
+            pass
+    arrived = time.perf_counter()
+    op()
+    stamps = torch.tensor([arrived, time.perf_counter()], dtype=torch.float64)
+    dist.all_reduce(stamps, op=dist.ReduceOp.MAX)
+    return float(stamps[1] - stamps[0])
 
 
 def _timed(op: Callable[[], None], k: int, ctx: RankContext) -> float:
@@ -268,14 +263,14 @@ def bench_rank(
                 break
             kept = None
             if cpu:
-                # gloo: one operation per sample, met as training meets it. Back to back the ranks never
-                # stop, and what a call costs in training (bimodal: fast, or a 4-5 ms stall) drops out. The
-                # mean is the point (a median of a two-mode sample flips); the samples go with it. A
-                # collective's ranks arrive as their training steps bring them, a message's receiver waits
-                # for its sender (as a pipeline stage or a halo's neighbour does).
+                # gloo: one operation per sample, met as training meets it. Back to back the ranks never go
+                # idle, and the cost a call pays in training (waking the peers that waited: on a VM often a
+                # halted vCPU, milliseconds, bimodal with the fast case) drops out. The mean is the point (a
+                # median of a two-mode sample flips); the samples go with it. The late rank takes turns
+                # (a root and a leaf arriving last are different calls); a message's sender is the late one.
                 shots = CPU_P2P_SHOTS if name == "send_recv" else CPU_SINGLE_SHOTS
-                late = 0 if name == "send_recv" else None
-                samples = _as_training_meets(op, ctx, max(repeats, shots), late, step)
+                samples = [_as_training_meets(op, ctx, 0 if name == "send_recv" else i % ctx.world_size, step)
+                           for i in range(max(repeats, shots))]
                 med, spread = sum(samples) / len(samples), median_spread(samples)[1]
                 kept = [round(t, 7) for t in samples]
             else:

@@ -39,7 +39,7 @@ def test_two_gloo_ranks():
         assert [p["bytes"] for p in r.points] == sizes
         for p in r.points:
             assert p["time_s"] > 0
-            # gloo keeps every call it timed (inside a loop), and the point is their mean
+            # gloo keeps every call it timed, and the point is their mean
             shots = CPU_P2P_SHOTS if r.collective == "send_recv" else CPU_SINGLE_SHOTS
             assert len(p["samples_s"]) == shots and min(p["samples_s"]) >= 0
             assert p["time_s"] == pytest.approx(sum(p["samples_s"]) / shots, rel=1e-4)
@@ -82,7 +82,7 @@ def test_send_recv_fit_recovered_from_a_synthetic_ping_pong():
     assert result.to_json()["bus_factor"] == 1.0  # one message: bus bandwidth is the algorithm bandwidth
 
 
-def test_calls_met_inside_a_training_loop():
+def test_calls_met_after_a_training_step():
     step = TrainingStep("tiny-cnn", 4)
     results = measure_collectives("cpu", 2, [4096], repeats=2, collectives=("all_reduce", "send_recv"),
                                   training=step)
