@@ -1,22 +1,22 @@
-"""What one gloo call costs before its bytes move, as a calibrated CPU box measured it: one draw per call.
+"""What one gloo call costs before its bytes move, as a calibrated CPU box measured it: its samples' mean.
 
 On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a 4-5 ms stall. The
-calibration (`trainsim.calibrate.collbench`) meets each call after a training step (one rank late, the others
-waiting) and keeps every sample. A constant, the samples' mean, charges each call a cost it almost never has:
-a median step sees the fast call when stalls are rarer than one in two, and the stall when they are commoner.
-So each call draws one of the measured latencies, and the step-to-step spread comes out as the runs show it.
+calibration (`trainsim.calibrate.collbench`) keeps every call it timed, and each call is charged the mean of
+the samples at the sizes around its own: its expected cost.
 
-The catch: near one stall in two, which mode the median step lands in is chance, in the calibration as in the
-runs, and the prediction flips with it (the same 2-rank all-reduce rows read -27 % in one benchmark repeat and
-+4 % in the next). Charging the mean instead left those rows mostly 10-13 % short, and the benchmark's
-median error was no better (5.7-9.5 % over five repeats, against 5.1-6.1 % over three), so the draws stay.
+Why not draw one sample per call, so that the simulated steps spread as the real ones do: how often a call
+stalls is not a property of the call. Timed inside the runs, the same 100 KB all-reduce stalled 57 % of the
+time in one launch and 94 % in another; calibrations minutes apart read 7-80 % around that size. Near one in
+two, the median step sits in one mode or the other by chance, and drawing made the prediction flip with it:
+the same all-reduce rows read -27 % in one benchmark repeat and +4 % in the next. The mean lands between the
+modes.
 
 A latency given as a plain number (a what-if, an old bundle: only the fit's alpha) is charged as it is.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,8 +26,8 @@ import numpy as np
 @dataclass(frozen=True)
 class MeasuredLatency:
     """Seconds before a call's bytes move, one per measured call (its bandwidth term taken out), per measured
-    size: the slow wake-ups grow commoner with the size (a 4 KB all-reduce here was slow one time in ten, a
-    1 MB one every other time), so a call draws from the size nearest its own."""
+    size: the stalls grow commoner with the size (a 16 KB all-reduce here stalled one time in fifteen, a 256
+    KB one every other time), so a call is charged from the sizes around its own."""
 
     sizes: tuple[float, ...]  # bytes of each measured point, ascending
     samples: tuple[tuple[float, ...], ...]  # per point
@@ -37,25 +37,25 @@ class MeasuredLatency:
             raise ValueError("a measured latency needs samples at every size it names")
 
     def at(self, nbytes: float) -> tuple[float, ...]:
-        """The samples of the measured size nearest ``nbytes`` (on a log scale)."""
-        wanted = math.log(max(nbytes, 1.0))
-        nearest = min(range(len(self.sizes)), key=lambda i: abs(math.log(max(self.sizes[i], 1.0)) - wanted))
-        return self.samples[nearest]
+        """The samples of the measured sizes around ``nbytes``: both neighbours' between two measured sizes
+        (each has a few samples only), that size's at a measured one, the end's beyond the measured range."""
+        i = bisect.bisect_left(self.sizes, nbytes)
+        if i == len(self.sizes):
+            return self.samples[-1]
+        if i == 0 or self.sizes[i] == nbytes:
+            return self.samples[i]
+        return self.samples[i - 1] + self.samples[i]
 
     def mean(self, nbytes: float) -> float:
         return float(np.mean(self.at(nbytes)))
-
-    def draw(self, rng: np.random.Generator, nbytes: float) -> float:
-        samples = self.at(nbytes)
-        return samples[int(rng.integers(len(samples)))]
 
 
 Latency = float | MeasuredLatency
 
 
-def draw(latency: Latency, rng: np.random.Generator, nbytes: float) -> float:
-    """One call's latency for ``nbytes``: a draw from the measured ones, or the number itself."""
-    return latency.draw(rng, nbytes) if isinstance(latency, MeasuredLatency) else float(latency)
+def cost(latency: Latency, nbytes: float) -> float:
+    """Seconds one call on ``nbytes`` pays before its bytes move: the measured mean, or the number itself."""
+    return latency.mean(nbytes) if isinstance(latency, MeasuredLatency) else float(latency)
 
 
 def from_points(points: Sequence[dict], beta_bytes_per_s: float) -> MeasuredLatency | None:

@@ -24,10 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import simpy
 
-from .call_latency import Latency, draw
+from .call_latency import Latency, cost
 from .devices import DeviceSpec, get_device
 from .flows import FlowNetwork
 from .memory import MemoryTracker
@@ -136,9 +135,8 @@ class Machine:
         # seconds one call of a collective costs before its bytes move, per op ("allreduce", "reduce",
         # "broadcast", "gather", "scatter", ...): set from a calibrated gloo box, where every call is a
         # hand-off to gloo's thread, TCP messages and the peers' wake-ups whatever its size; empty: the links'
-        # latency. Measured ones are drawn call by call (`call_latency`), from this seeded generator.
+        # latency. A measured one is charged its mean at the call's size (`call_latency`).
         self.call_latency: dict[str, Latency] = {}
-        self.latency_rng = np.random.default_rng(0)
 
     # ---- lookups --------------------------------------------------------------------------------------
     def gpu(self, index_or_name: int | str) -> Gpu:
@@ -170,12 +168,12 @@ class Machine:
         latency = self.call_latency.get(call, self.p2p_latency) if call else self.p2p_latency
         if latency is None:
             return [None] * len(legs)
-        return [draw(latency, self.latency_rng, nbytes)] + [0.0] * (len(legs) - 1)
+        return [cost(latency, nbytes)] + [0.0] * (len(legs) - 1)
 
     def call_cost(self, call: str, nbytes: float) -> float:
         """Seconds this call of collective ``call`` on ``nbytes`` pays before its bytes move (it must be
         measured)."""
-        return draw(self.call_latency[call], self.latency_rng, nbytes)
+        return cost(self.call_latency[call], nbytes)
 
     def _call_latencies(self, call: str | None, nbytes: float) -> list[float | None] | None:
         """A one-route copy, part of collective ``call``: its measured call latency, else the route's."""

@@ -1,9 +1,8 @@
-"""A gloo call's latency as measured: samples per size, bandwidth term out, one draw per call."""
+"""A gloo call's latency as measured: samples per size, bandwidth term out, the mean around its size."""
 
-import numpy as np
 import pytest
 
-from trainsim.sim.call_latency import MeasuredLatency, draw, from_points
+from trainsim.sim.call_latency import MeasuredLatency, cost, from_points
 
 
 def test_samples_lose_their_bytes_time_and_never_go_negative():
@@ -15,23 +14,17 @@ def test_samples_lose_their_bytes_time_and_never_go_negative():
     assert measured.samples[1] == pytest.approx((0.0, 1e-3))  # faster than the fit's bandwidth: zero
 
 
-def test_a_call_draws_from_the_size_nearest_its_own():
-    measured = MeasuredLatency((1e3, 1e6), ((1e-4,), (4e-3,)))
-    rng = np.random.default_rng(0)
-    assert draw(measured, rng, 2e3) == 1e-4
-    assert draw(measured, rng, 5e5) == 4e-3  # nearer 1 MB than 1 KB on a log scale
-    assert draw(measured, rng, 1e9) == 4e-3
-    assert draw(2.5e-3, rng, 1e6) == 2.5e-3  # a plain number (an old bundle's alpha) is charged as it is
-
-
-def test_draws_follow_the_measured_mix():
-    slow, fast = 5e-3, 2e-4
-    measured = MeasuredLatency((1e5,), ((fast,) * 7 + (slow,) * 3,))
-    rng = np.random.default_rng(1)
-    drawn = np.array([measured.draw(rng, 1e5) for _ in range(4000)])
-    assert set(drawn) == {fast, slow}
-    assert np.mean(drawn == slow) == pytest.approx(0.3, abs=0.03)
-    assert np.median(drawn) == fast and measured.mean(1e5) == pytest.approx(0.7 * fast + 0.3 * slow)
+def test_a_call_is_charged_the_mean_of_the_sizes_around_its_own():
+    fast, slow = 2e-4, 5e-3
+    measured = MeasuredLatency((1e3, 1e6), ((fast,) * 3 + (slow,), (slow,) * 3 + (fast,)))
+    assert measured.at(1e3) == (fast,) * 3 + (slow,) and measured.at(1e6) == (slow,) * 3 + (fast,)
+    assert measured.at(5e5) == measured.samples[0] + measured.samples[1]  # between two sizes: both
+    assert measured.at(10) == measured.samples[0] and measured.at(1e9) == measured.samples[1]  # the end's
+    # a stall one time in four at 1 KB, three in four at 1 MB: the mean lies between the modes
+    assert cost(measured, 1e3) == pytest.approx(0.75 * fast + 0.25 * slow)
+    assert cost(measured, 5e5) == pytest.approx((fast + slow) / 2)
+    assert cost(measured, 1e6) == pytest.approx(0.25 * fast + 0.75 * slow)
+    assert cost(2.5e-3, 1e6) == 2.5e-3  # a plain number (an old bundle's alpha) is charged as it is
 
 
 def test_no_samples_no_measured_latency():
