@@ -56,7 +56,7 @@ from trainsim.errors import TrainsimError
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
                "send_recv")
 MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time (NCCL)
-CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one operation as training meets it (see bench_rank)
+CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one isolated operation (see bench_rank)
 # send/recv on gloo is bimodal (the peer awake or not) and one message is cheap: more samples steady its mean
 CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
 # how late a message's sender arrives: its receiver is already waiting (a pipeline stage, a halo's neighbour)
