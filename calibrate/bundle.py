@@ -75,7 +75,7 @@ class CollectivePoint(_Strict):
     spread_s: float = Field(ge=0)
     algbw_gbps: float = Field(ge=0)
     busbw_gbps: float = Field(ge=0)
-    # gloo: every call timed, met as training meets it (the simulator draws each call's latency from them)
+    # gloo: every call timed (the simulator charges a call the mean of those around its size)
     samples_s: list[float] | None = None
 
     @field_validator("samples_s")

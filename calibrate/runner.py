@@ -458,7 +458,7 @@ def _step_collectives(run: _Run):
     run.progress("collectives", f"{run.ranks} ranks, launching")
     quick = run.config.quick
     batches = sorted(run.config.batch_sizes)
-    # gloo calls as the runs meet them: after a training step of the calibrated model (its middle batch)
+    # a gloo message is met as the runs meet it: after a training step of the model (its middle batch)
     training = collbench.TrainingStep(run.config.model, batches[len(batches) // 2], run.config.model_options)
     results = collbench.measure_collectives(
         run.device,

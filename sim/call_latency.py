@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -36,18 +37,28 @@ class MeasuredLatency:
         if not self.sizes or len(self.sizes) != len(self.samples) or not all(self.samples):
             raise ValueError("a measured latency needs samples at every size it names")
 
-    def at(self, nbytes: float) -> tuple[float, ...]:
-        """The samples of the measured sizes around ``nbytes``: both neighbours' between two measured sizes
-        (each has a few samples only), that size's at a measured one, the end's beyond the measured range."""
+    def _around(self, nbytes: float) -> tuple[int, ...]:
+        """The measured sizes around ``nbytes``: both neighbours between two measured sizes (each has a few
+        samples only), that size at a measured one, the end beyond the measured range."""
         i = bisect.bisect_left(self.sizes, nbytes)
         if i == len(self.sizes):
-            return self.samples[-1]
+            return (i - 1,)
         if i == 0 or self.sizes[i] == nbytes:
-            return self.samples[i]
-        return self.samples[i - 1] + self.samples[i]
+            return (i,)
+        return (i - 1, i)
+
+    def at(self, nbytes: float) -> tuple[float, ...]:
+        """The samples of the measured sizes around ``nbytes``."""
+        return tuple(t for i in self._around(nbytes) for t in self.samples[i])
+
+    @cached_property
+    def _totals(self) -> tuple[tuple[float, int], ...]:
+        return tuple((float(np.sum(s)), len(s)) for s in self.samples)
 
     def mean(self, nbytes: float) -> float:
-        return float(np.mean(self.at(nbytes)))
+        """The mean of the samples around ``nbytes`` (asked once per simulated call: sums kept per size)."""
+        picked = [self._totals[i] for i in self._around(nbytes)]
+        return sum(total for total, _ in picked) / sum(count for _, count in picked)
 
 
 Latency = float | MeasuredLatency
