@@ -88,7 +88,7 @@ class CollectivePoint(_Strict):
 
 class CollectiveRecord(_Strict):
     collective: Literal["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather",
-                        "scatter", "send_recv"]
+                        "scatter", "send_recv", "exchange"]
     ranks: int = Field(ge=2)
     backend: Literal["gloo", "nccl"]
     bus_factor: float = Field(gt=0)

@@ -1,5 +1,5 @@
 """Collective microbenchmarks across all local devices: all-reduce, broadcast, reduce, all-gather,
-reduce-scatter, gather, scatter and send/recv.
+reduce-scatter, gather, scatter, send/recv and the halo exchange.
 
 Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes of the whole array, as
 nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
@@ -34,11 +34,20 @@ its busbw is beta x F).
 
 A backend without some collective (older gloo has no reduce-scatter) records the reason and skips it.
 
-``send_recv`` is the point-to-point message (spatial halos, pipeline activations): rank 0 sends S bytes to
+``send_recv`` is the point-to-point message (pipeline activations, EASGD's pushes): rank 0 sends S bytes to
 rank 1 (the others idle). With NCCL a point is half a ping-pong's round trip; on gloo it is one message,
 from the sender's call to the waiting receiver's return. On gloo it costs far more than a memory copy (a TCP
 message and the peer's wake-up), so the simulator charges point-to-point flows its measured latency on
 calibrated CPU boxes.
+
+``exchange`` is the spatial halo exchange: every rank swaps S bytes with its partner (rank r with r xor 1)
+at once, ``isend`` and ``irecv`` both ways then wait, as the executor's halo exchange does
+(`trainsim.calibrate.exec_spatial`). On gloo it is timed between barriers like the collectives. Both
+neighbours arrive together and each waits for the other's rows, so it stalls as the collectives do, not as
+a message to a waiting receiver: inside spatial-2's runs the 24 KB and 64 KB exchanges cost 1.3 and 2.6 ms
+on average (31 % and 52 % of them stalled), between barriers 1.5 ms at 4 KB and 2.6 ms at 64 KB, where
+the one-way message the simulator charged each halo before cost 0.2-0.3 ms; spatial-2 came out 20-25 %
+short in most runs.
 """
 
 from __future__ import annotations
@@ -54,11 +63,12 @@ from trainsim.errors import TrainsimError
 
 # reduce, gather and scatter: what the parameter-server and DataParallel-style flows call, one call per phase
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
-               "send_recv")
+               "send_recv", "exchange")
 MESSAGES_PER_OP = {"send_recv": 2}  # a ping-pong is two messages: the point is one message's time (NCCL)
 CPU_SINGLE_SHOTS = 15  # gloo samples per size, each one isolated operation (see bench_rank)
-# send/recv on gloo is bimodal (the peer awake or not) and one message is cheap: more samples steady its mean
+# point-to-point calls are cheap and bimodal (the peer awake or not): more samples steady their means
 CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
+P2P = ("send_recv", "exchange")
 # how late a message's sender arrives: its receiver is already waiting (a pipeline stage, a halo's neighbour)
 CPU_ARRIVAL_LAG_S = 0.002
 
@@ -75,6 +85,7 @@ def bus_factor(collective: str, nranks: int) -> float:
         "broadcast": 1.0,
         "reduce": 1.0,
         "send_recv": 1.0,
+        "exchange": 1.0,  # S is what each rank sends (and receives)
     }
     if collective not in factors:
         raise TrainsimError(f"unknown collective {collective!r}; valid choices: {', '.join(sorted(factors))}")
@@ -121,6 +132,8 @@ def _operation(name: str, size_bytes: int, ctx: RankContext, one_way: bool = Fal
     full = torch.ones(numel, dtype=torch.float32, device=ctx.device)
     if name == "send_recv":
         return _one_way(full, ctx.rank) if one_way else _ping_pong(full, ctx.rank)
+    if name == "exchange":
+        return _swap(full, torch.empty_like(full), ctx.rank, n)
     if name == "all_reduce":
         return lambda: dist.all_reduce(full)
     if name == "broadcast":
@@ -165,6 +178,22 @@ def _one_way(buf, rank: int) -> Callable[[], None]:
             dist.send(buf, dst=1)
         elif rank == 1:
             dist.recv(buf, src=0)
+
+    return op
+
+
+def _swap(buf, inbox, rank: int, nranks: int) -> Callable[[], None]:
+    """Rank r sends ``buf`` to rank r xor 1 and receives its partner's into ``inbox`` (isend and irecv both
+    ways, then wait); a last odd rank idles."""
+    import torch.distributed as dist
+
+    peer = rank ^ 1
+
+    def op() -> None:
+        if peer < nranks:  # batched: one NCCL group (no send/recv ordering deadlock); plain calls on gloo
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer),
+                                                dist.P2POp(dist.irecv, inbox, peer)]):
+                work.wait()
 
     return op
 
@@ -270,7 +299,8 @@ def bench_rank(
                     shots = max(repeats, CPU_P2P_SHOTS)
                     samples = [_as_training_meets(op, ctx, 0, step) for _ in range(shots)]
                 else:  # between barriers: the mean came out nearest the runs' (see above)
-                    samples = [_timed(op, 1, ctx) for _ in range(max(repeats, CPU_SINGLE_SHOTS))]
+                    shots = max(repeats, CPU_P2P_SHOTS if name in P2P else CPU_SINGLE_SHOTS)
+                    samples = [_timed(op, 1, ctx) for _ in range(shots)]
                 med, spread = sum(samples) / len(samples), median_spread(samples)[1]
                 kept = [round(t, 7) for t in samples]
             else:

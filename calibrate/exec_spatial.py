@@ -79,9 +79,11 @@ class HaloPlan:
 
 
 def _exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
-    works = [dist.isend(t.contiguous(), dst=peer) for t, peer in sends if t.shape[2] > 0]
-    works += [dist.irecv(t, src=peer) for t, peer in recvs if t.shape[2] > 0]
-    for work in works:
+    """Every send and receive at once, then wait. Batched, NCCL runs them as one group, so two neighbours
+    that both send first cannot block each other; on gloo they are the plain isend/irecv calls."""
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer) for t, peer in sends if t.shape[2] > 0]
+    ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs if t.shape[2] > 0]
+    for work in dist.batch_isend_irecv(ops) if ops else []:
         work.wait()
 
 

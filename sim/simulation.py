@@ -118,7 +118,7 @@ def _read_bundle(path: str) -> tuple[str, list[Path], dict[str, DeviceSpec]]:
 #: collectives.json names -> the simulator's op names
 _BUNDLE_OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
                "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-               "send_recv": "p2p"}
+               "send_recv": "p2p", "exchange": "halo_exchange"}
 
 
 def bundle_call_latencies(path: str) -> dict[str, Latency]:

@@ -19,6 +19,9 @@ What each GPU does and moves (everything per iteration, per rank):
   backward exchanges the output gradient ``dL/dy`` (``C_out``, output resolution) that the data-gradient
   convolution needs at the slab's edge (that tensor is the next layer's ``dL/dx``). The first layer's input
   needs no gradient, so it has no backward halo. Corner halos of 2-D splits are left out (order ``k²``).
+  Where the bundle measured gloo's halo swap (collectives.json ``exchange``: both neighbours send and
+  receive at once), each halo pays that call's cost; a one-way message to a waiting receiver costs a
+  fraction of it.
   The halo for a stride-s conv is taken as ``k//2`` rows too (an upper bound).
 - **Overlap.** The interior of the output does not need the halo: it is computed while the halo is in
   flight; the boundary rows (``k//2`` per neighbour side, at the output resolution) wait for it. So a

@@ -92,7 +92,8 @@ def _pass(
         yield from machine.run(gpu, "compute", seconds, op=direction, layer=name, iteration=it)
         return
     kind = "halo_" + direction
-    _start_sends(ctx, events, halos, kind, it, i, rank, kind, name)
+    # a halo goes out while the neighbour's comes in: where the swap was measured (gloo), each pays it
+    _start_sends(ctx, events, halos, kind, it, i, rank, kind, name, call="halo_exchange")
     overlap = ctx.spec.halo_overlap
     boundary = layout.boundary(i, rank, direction)
     if overlap:

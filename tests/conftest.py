@@ -3,4 +3,17 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def rank_functions(monkeypatch):
+    """The helper module the ranks import (they are fresh interpreters: give them the tests folder)."""
+    here = str(Path(__file__).parent)
+    monkeypatch.syspath_prepend(here)
+    monkeypatch.setenv("PYTHONPATH", here)
+    import rank_functions
+
+    return rank_functions

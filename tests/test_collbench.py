@@ -10,6 +10,7 @@ from trainsim.calibrate.collbench import (  # noqa: E402
     COLLECTIVES,
     CPU_P2P_SHOTS,
     CPU_SINGLE_SHOTS,
+    P2P,
     TrainingStep,
     bus_factor,
     measure_collectives,
@@ -40,7 +41,7 @@ def test_two_gloo_ranks():
         for p in r.points:
             assert p["time_s"] > 0
             # gloo keeps every call it timed, and the point is their mean
-            shots = CPU_P2P_SHOTS if r.collective == "send_recv" else CPU_SINGLE_SHOTS
+            shots = CPU_P2P_SHOTS if r.collective in P2P else CPU_SINGLE_SHOTS
             assert len(p["samples_s"]) == shots and min(p["samples_s"]) >= 0
             assert p["time_s"] == pytest.approx(sum(p["samples_s"]) / shots, rel=1e-4)
             assert p["algbw_gbps"] == pytest.approx(p["bytes"] / p["time_s"] / 1e9)
@@ -49,6 +50,13 @@ def test_two_gloo_ranks():
         record = r.to_json()
         assert record["fit"]["busbw_gbps"] == pytest.approx(r.fit.bandwidth_gbps * record["bus_factor"])
     assert results[0].skipped is None  # gloo always has all-reduce
+
+
+def test_the_halo_exchange_swaps_each_ranks_buffer_with_its_partner(rank_functions):
+    from trainsim.calibrate.launch import launch
+
+    assert launch(rank_functions.swap_rank_ids, 2) == [[1.0] * 4, [0.0] * 4]
+    assert bus_factor("exchange", 2) == 1.0  # S is what each rank sends
 
 
 def test_needs_two_ranks_and_known_collectives():

@@ -1,6 +1,5 @@
 """The torchrun-like launcher: N gloo ranks, results back in rank order, failures as one line."""
 
-from pathlib import Path
 
 import pytest
 
@@ -8,17 +7,6 @@ pytest.importorskip("torch")
 
 from trainsim.calibrate.launch import all_reduce_check, launch, plan_cores  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
-
-
-@pytest.fixture
-def rank_functions(monkeypatch):
-    """The helper module the ranks import (they are fresh interpreters: give them the tests folder)."""
-    here = str(Path(__file__).parent)
-    monkeypatch.syspath_prepend(here)
-    monkeypatch.setenv("PYTHONPATH", here)
-    import rank_functions
-
-    return rank_functions
 
 
 def test_two_gloo_ranks_with_torchrun_environment_and_own_cores(rank_functions):

@@ -302,9 +302,10 @@ def _gloo_calls(**latency_us) -> dict:
 
 def test_bundle_call_latencies_name_the_simulators_ops(tmp_path):
     bundle = _cpu_bundle(tmp_path, _gloo_calls(all_reduce=2000.0, reduce=1800.0, broadcast=700.0,
-                                               gather=600.0, scatter=400.0, send_recv=500.0))
+                                               gather=600.0, scatter=400.0, send_recv=500.0,
+                                               exchange=900.0))
     expected = {"allreduce": 2e-3, "reduce": 1.8e-3, "broadcast": 7e-4, "gather": 6e-4, "scatter": 4e-4,
-                "p2p": 5e-4}
+                "p2p": 5e-4, "halo_exchange": 9e-4}
     assert bundle_call_latencies(bundle) == pytest.approx(expected)
     assert bundle_call_latencies(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl"))) == {}
 

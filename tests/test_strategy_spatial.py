@@ -299,3 +299,22 @@ def test_a_halo_pays_the_measured_message_latency_once(tmp_path, p2p):
     for a, b in zip(halos[0], halos[1], strict=True):
         links = sum(topology.route_latency(leg) for leg in topology.gpu_copy_legs(a.resource, a.peer))
         assert b.duration - a.duration == pytest.approx(0.25 - links, rel=1e-9)
+
+
+def test_a_halo_pays_the_measured_exchange_where_the_bundle_has_one(tmp_path):
+    # both neighbours send and receive at once; gloo's measured swap is what each halo costs, the one-way
+    # message's latency only where the bundle has no exchange (older bundles)
+    wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 8, 3)], tmp_path)
+    sc = spatial_scenario(tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0), wl, "spatial", 2,
+                          grid=[1, 2, 1])
+    costs = {}
+    for name, calls in (("p2p", {"p2p": 0.25}), ("exchange", {"p2p": 0.25, "halo_exchange": 0.75})):
+        sim = Simulation(sc)
+        sim.machine.call_latency = calls
+        sim.machine.p2p_latency = 0.25
+        halos = [op for op in sim.run().machine.ops if op.op.startswith("halo_") and op.iteration == 1]
+        assert {op.op for op in halos} == {"halo_forward", "halo_backward"}
+        costs[name] = [op.duration for op in halos]
+    assert len(costs["p2p"]) == len(costs["exchange"])
+    for one_way, swap in zip(costs["p2p"], costs["exchange"], strict=True):
+        assert swap - one_way == pytest.approx(0.5, rel=1e-9)
