@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainsim.errors import TrainsimError, from_validation_error
 
@@ -97,6 +97,25 @@ class CollectiveRecord(_Strict):
     skipped: str | None = None
 
 
+class TimerTick(_Strict):
+    """The tick stalled gloo calls return on (`trainsim.calibrate.timer_tick`); period None: none found."""
+
+    period_s: float | None = Field(default=None, gt=0)
+    offset_s: float | None = Field(default=None, ge=0)
+    dead_time_s: float | None = Field(default=None, ge=0)
+    resultant: float | None = Field(default=None, ge=0, le=1)
+    stalled_calls: int = Field(ge=0)
+    calls: int = Field(ge=0)
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _within_the_period(self):
+        if self.period_s is not None and not all(
+                v is not None and v < self.period_s for v in (self.offset_s, self.dead_time_s)):
+            raise ValueError("offset_s and dead_time_s must be given and below period_s")
+        return self
+
+
 class CollectivesFile(_Strict):
     schema_: Literal["trainsim.collectives/1"] = Field(alias="schema")
     provenance: dict[str, Any]
@@ -104,6 +123,7 @@ class CollectivesFile(_Strict):
     backend: Literal["gloo", "nccl"]
     world_size: int = Field(ge=1)
     results: list[CollectiveRecord]
+    timer_tick: TimerTick | None = None
 
 
 class CpuDevice(_Strict):

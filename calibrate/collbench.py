@@ -7,8 +7,10 @@ time per operation is the sample, and the median of the repeats is the point, wi
 On CPU ranks (gloo) every sample is one isolated operation after a barrier, the slowest rank's time; a
 send/recv sample is one message met as training meets it (`_as_training_meets`): every rank has just run a
 training step of the calibrated model (`TrainingStep`), the sender arrives late, and the sample runs from
-its arrival to the waiting receiver's return. The point is the samples' mean, the samples are kept, and the
-simulator charges a call the mean of those at the sizes around its own (`trainsim.sim.call_latency`).
+its arrival to the waiting receiver's return. The point is the samples' mean and the samples are kept: the
+simulator takes from those at the sizes around a call's own how long it takes when fast and how often it
+stalls, a stall lasting until the host's timer tick (`trainsim.calibrate.timer_tick`,
+`trainsim.sim.call_latency`).
 
 Why: on a 2-vCPU virtual machine a gloo call is bimodal, a few hundred microseconds or a 4-5 ms stall (about
 one tick of the 250 Hz guest). Half a ping-pong, as messages were measured before, came to 1.2 ms a

@@ -476,8 +476,17 @@ def _step_collectives(run: _Run):
         "world_size": run.ranks,
         "results": [r.to_json() for r in results],
     }
-    bf.write_json(run.out / bf.COLLECTIVES, doc)
     summary, notes = {}, []
+    if run.device == "cpu":  # gloo calls that stall return on the host's timer tick
+        from trainsim.calibrate import timer_tick
+
+        run.progress("collectives", "timer tick probe")
+        doc["timer_tick"] = timer_tick.measure(run.ranks)
+        if doc["timer_tick"]["period_s"] is None:
+            notes.append(f"timer tick: {doc['timer_tick']['reason']}")
+        else:
+            summary["timer_tick_ms"] = round(doc["timer_tick"]["period_s"] * 1e3, 4)
+    bf.write_json(run.out / bf.COLLECTIVES, doc)
     for r in results:
         if r.skipped:
             notes.append(r.skipped)
@@ -623,10 +632,11 @@ def _headline(step: str, results: dict) -> str:
             parts.append(f"memory {results['memory_bandwidth_gbps']:.1f} GB/s")
         return "; ".join(parts[:4]) + (" ..." if len(parts) > 4 else "")
     if step == "collectives":
-        return "; ".join(
-            f"{name} busbw {r['busbw_gbps']:.2f} GB/s + {r['latency_us']:.0f} us"
-            for name, r in results.items()
-        )
+        parts = [f"{name} busbw {r['busbw_gbps']:.2f} GB/s + {r['latency_us']:.0f} us"
+                 for name, r in results.items() if isinstance(r, dict)]
+        if results.get("timer_tick_ms"):
+            parts.append(f"stalled calls wake on a {results['timer_tick_ms']:g} ms timer tick")
+        return "; ".join(parts)
     if step == "data":
         return (
             f"{results.get('prep_s_per_sample', 0) * 1e3:.3f} ms per sample, "

@@ -1,27 +1,34 @@
-"""What one gloo call costs before its bytes move, as a calibrated CPU box measured it: its samples' mean.
+"""What one gloo call costs before its bytes move, as a calibrated CPU box measured it.
 
-On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a 4-5 ms stall. The
-calibration (`trainsim.calibrate.collbench`) keeps every call it timed, and each call is charged the mean of
-the samples at the sizes around its own: its expected cost.
+On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a stall. The calibration
+(`trainsim.calibrate.collbench`) keeps every call it timed and when it returned, and found
+(`trainsim.calibrate.timer_tick`) that the stalled calls return just after a tick of the guest's timer
+(every 4 ms at 250 Hz): the waiting rank's wake-up is lost and the next tick after its data has arrived
+wakes it. Where the bundle has that tick, each call is fast (the mean of the fast samples around its size)
+or, with the share of stalled samples there as its chance, stalled: it ends on the first tick after its fast
+end. What a stall costs then depends on where in the tick the call falls, as on the box: a 2-rank DDP step
+of 11.7 ms there took 12 ms or exactly 16 ms, never between, and synchronous steps lock to the tick.
 
-Why not draw one sample per call, so that the simulated steps spread as the real ones do: how often a call
-stalls is not a property of the call. Timed inside the runs, the same 100 KB all-reduce stalled 57 % of the
-time in one launch and 94 % in another; calibrations minutes apart read 7-80 % around that size. Near one in
-two, the median step sits in one mode or the other by chance, and drawing made the prediction flip with it:
-the same all-reduce rows read -27 % in one benchmark repeat and +4 % in the next. The mean lands between the
-modes.
+Without a tick (an older bundle, or none found) a call is charged the mean of the samples at the sizes
+around its own, its expected cost; a latency given as a plain number (a what-if, a bundle with only the
+fit's alpha) is charged as it is.
 
-A latency given as a plain number (a what-if, an old bundle: only the fit's alpha) is charged as it is.
+Drawing whole samples per call, as tried first, was dropped: the calibration's stalls (between barriers,
+just after the tick that ended the barrier) cost nearly a full period; the runs' stalls cost whatever was
+left of the tick.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
+STALL_OVER_S = 0.001  # a call this much slower than the fastest at its size has stalled
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class MeasuredLatency:
 
     sizes: tuple[float, ...]  # bytes of each measured point, ascending
     samples: tuple[tuple[float, ...], ...]  # per point
+    beta_bytes_per_s: float = math.inf  # the fitted bandwidth the samples' bytes were taken out at
 
     def __post_init__(self):
         if not self.sizes or len(self.sizes) != len(self.samples) or not all(self.samples):
@@ -60,6 +68,49 @@ class MeasuredLatency:
         picked = [self._totals[i] for i in self._around(nbytes)]
         return sum(total for total, _ in picked) / sum(count for _, count in picked)
 
+    @cached_property
+    def _splits(self) -> tuple[tuple[float, int, int], ...]:
+        """Per size: (sum of the fast samples, how many, how many stalled)."""
+        out = []
+        for s in self.samples:
+            floor = min(s)
+            fast = [t for t in s if t - floor <= STALL_OVER_S]
+            out.append((float(np.sum(fast)), len(fast), len(s) - len(fast)))
+        return tuple(out)
+
+    def fast_and_stall_chance(self, nbytes: float) -> tuple[float, float]:
+        """The mean of the fast samples around ``nbytes`` and the share of them that stalled."""
+        picked = [self._splits[i] for i in self._around(nbytes)]
+        fast_total, fast, stalled = (sum(x) for x in zip(*picked, strict=True))
+        return fast_total / fast, stalled / (fast + stalled)
+
+    def wire_s(self, nbytes: float) -> float:
+        """What the samples' bytes were taken out at: the call's bytes at the fitted bandwidth."""
+        return nbytes / self.beta_bytes_per_s
+
+
+@dataclass(frozen=True)
+class TimerTick:
+    """The timer tick stalled calls return on: ``offset_s`` after every multiple of ``period_s`` on the
+    host's clock (the simulated clock starts on one), the first at least ``dead_time_s`` after the call
+    began."""
+
+    period_s: float
+    offset_s: float = 0.0
+    dead_time_s: float = 0.0
+
+    def __post_init__(self):
+        if not self.period_s > 0 or not 0 <= self.offset_s < self.period_s or not 0 <= self.dead_time_s:
+            raise ValueError("a timer tick needs a period > 0, an offset within it and a dead time >= 0")
+
+    def first_after(self, t: float) -> float:
+        """The first tick return at or after ``t``."""
+        return self.offset_s + math.ceil((t - self.offset_s) / self.period_s - 1e-9) * self.period_s
+
+    def stalled_end(self, start: float, fast_end: float) -> float:
+        """When a call that began at ``start`` and would have ended at ``fast_end`` ends, stalled."""
+        return self.first_after(max(start + self.dead_time_s, fast_end))
+
 
 Latency = float | MeasuredLatency
 
@@ -85,4 +136,5 @@ def from_points(points: Sequence[dict], beta_bytes_per_s: float) -> MeasuredLate
     if not kept:
         return None
     sizes = tuple(sorted(kept))
-    return MeasuredLatency(sizes, tuple(kept[b] for b in sizes))
+    return MeasuredLatency(sizes, tuple(kept[b] for b in sizes),
+                           beta_bytes_per_s if beta_bytes_per_s > 0 else math.inf)

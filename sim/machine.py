@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
-from .call_latency import Latency, cost
+from .call_latency import Latency, MeasuredLatency, TimerTick, cost
 from .devices import DeviceSpec, get_device
 from .flows import FlowNetwork
 from .memory import MemoryTracker
@@ -135,8 +136,11 @@ class Machine:
         # seconds one call of a collective costs before its bytes move, per op ("allreduce", "reduce",
         # "broadcast", "gather", "scatter", ...): set from a calibrated gloo box, where every call is a
         # hand-off to gloo's thread, TCP messages and the peers' wake-ups whatever its size; empty: the links'
-        # latency. A measured one is charged its mean at the call's size (`call_latency`).
+        # latency. A measured one is charged from its samples at the call's size (`call_latency`).
         self.call_latency: dict[str, Latency] = {}
+        # the timer tick a stalled gloo call waits for (`call_latency`); None: calls are charged their mean
+        self.timer_tick: TimerTick | None = None
+        self._stalls = np.random.default_rng(0)  # which calls stall: reproducible, in simulated order
 
     # ---- lookups --------------------------------------------------------------------------------------
     def gpu(self, index_or_name: int | str) -> Gpu:
@@ -168,12 +172,23 @@ class Machine:
         latency = self.call_latency.get(call, self.p2p_latency) if call else self.p2p_latency
         if latency is None:
             return [None] * len(legs)
-        return [cost(latency, nbytes)] + [0.0] * (len(legs) - 1)
+        return [self._charge(latency, nbytes)] + [0.0] * (len(legs) - 1)
 
     def call_cost(self, call: str, nbytes: float) -> float:
-        """Seconds this call of collective ``call`` on ``nbytes`` pays before its bytes move (it must be
-        measured)."""
-        return cost(self.call_latency[call], nbytes)
+        """Seconds this call of collective ``call`` on ``nbytes``, starting now, pays before its bytes move
+        (it must be measured)."""
+        return self._charge(self.call_latency[call], nbytes)
+
+    def _charge(self, latency: Latency, nbytes: float) -> float:
+        """A call starting now: its measured mean; where stalls wait for the timer tick, fast or stalled as
+        its samples say, a stalled one ending on the first tick after its fast end (`call_latency`)."""
+        if self.timer_tick is None or not isinstance(latency, MeasuredLatency):
+            return cost(latency, nbytes)
+        fast, chance = latency.fast_and_stall_chance(nbytes)
+        if self._stalls.random() >= chance:
+            return fast
+        now, wire = self.env.now, latency.wire_s(nbytes)
+        return self.timer_tick.stalled_end(now, now + fast + wire) - now - wire
 
     def _call_latencies(self, call: str | None, nbytes: float) -> list[float | None] | None:
         """A one-route copy, part of collective ``call``: its measured call latency, else the route's."""

@@ -121,10 +121,8 @@ _BUNDLE_OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_sca
                "send_recv": "p2p", "exchange": "halo_exchange"}
 
 
-def bundle_call_latencies(path: str) -> dict[str, Latency]:
-    """What one gloo call costs before its bytes move, per op (``p2p``: one send/recv message), from a
-    calibration bundle's collectives.json: the measured calls less their bytes' time (`call_latency`), or
-    the fit's alpha where the bundle kept no samples; empty without one or on NCCL."""
+def _gloo_collectives(path: str) -> dict:
+    """A calibration bundle's collectives.json where gloo measured it; empty without one or on NCCL."""
     file = Path(path) / "collectives.json"
     if not file.is_file():
         return {}
@@ -132,8 +130,26 @@ def bundle_call_latencies(path: str) -> dict[str, Latency]:
         data = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise TrainsimError(f"not valid JSON ({exc})", file=str(file)) from None
-    if not isinstance(data, dict) or data.get("backend") != "gloo":
-        return {}
+    return data if isinstance(data, dict) and data.get("backend") == "gloo" else {}
+
+
+def bundle_timer_tick(path: str) -> call_latency.TimerTick | None:
+    """The timer tick the bundle's stalled gloo calls returned on (`trainsim.calibrate.timer_tick`)."""
+    tick = _gloo_collectives(path).get("timer_tick")
+    if not isinstance(tick, dict) or not isinstance(tick.get("period_s"), int | float):
+        return None
+    try:
+        return call_latency.TimerTick(float(tick["period_s"]), float(tick.get("offset_s") or 0.0),
+                                      float(tick.get("dead_time_s") or 0.0))
+    except (TypeError, ValueError) as exc:
+        raise TrainsimError(str(exc), file=str(Path(path) / "collectives.json"), field="timer_tick") from None
+
+
+def bundle_call_latencies(path: str) -> dict[str, Latency]:
+    """What one gloo call costs before its bytes move, per op (``p2p``: one send/recv message), from a
+    calibration bundle's collectives.json: the measured calls less their bytes' time (`call_latency`), or
+    the fit's alpha where the bundle kept no samples; empty without one or on NCCL."""
+    data = _gloo_collectives(path)
     out = {}
     for entry in data.get("results") or []:
         fit = entry.get("fit") if isinstance(entry, dict) else None
@@ -236,6 +252,7 @@ class Simulation:
         if machine is None and calibration is not None:
             self.machine.call_latency = bundle_call_latencies(calibration)
             self.machine.p2p_latency = self.machine.call_latency.get("p2p")
+            self.machine.timer_tick = bundle_timer_tick(calibration)
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
         if batch_hook is not None:
             per_gpu = batch_hook(sc, self.ranks, self.workload)

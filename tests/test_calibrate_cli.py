@@ -11,6 +11,7 @@ import torch  # noqa: E402
 
 from trainsim.calibrate import runner  # noqa: E402
 from trainsim.calibrate.bundle import load_bundle  # noqa: E402
+from trainsim.calibrate.timer_tick import PROBE_CALLS  # noqa: E402
 from trainsim.cli import app  # noqa: E402
 
 cli = CliRunner()
@@ -75,7 +76,11 @@ def test_quick_run_interrupted_then_resumed(tmp_path, monkeypatch):
     assert rank_links and all(link["bandwidth"] == pytest.approx(min(busbw, rank_copy.fit.beta_bytes_per_s))
                               for link in rank_links)
     assert all(link["latency"] == 0 for link in rank_links)
-    assert {r.collective for r in bundle.collectives.results} >= {"reduce", "gather", "scatter", "send_recv"}
+    assert {r.collective for r in bundle.collectives.results} >= {"reduce", "gather", "scatter", "send_recv",
+                                                                   "exchange"}
+    # the timer tick probe ran (whether this box's stalls land on a tick is the box's business)
+    tick = bundle.collectives.timer_tick
+    assert tick is not None and tick.calls == PROBE_CALLS and (tick.period_s is not None or tick.reason)
     assert "rank_step" in bundle.workload.provenance.model_extra  # the pinned step, alone and together
     assert bundle.machine.cpu.gemm_flops_per_core > 0 and bundle.machine.cpu.threads_per_rank >= 1
     # The batch size that cannot fit is reported, the others measured.

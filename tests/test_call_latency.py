@@ -1,8 +1,9 @@
-"""A gloo call's latency as measured: samples per size, bandwidth term out, the mean around its size."""
+"""A gloo call's latency as measured: samples per size, bandwidth term out, the mean around its size; fast or
+stalled until the timer tick."""
 
 import pytest
 
-from trainsim.sim.call_latency import MeasuredLatency, cost, from_points
+from trainsim.sim.call_latency import MeasuredLatency, TimerTick, cost, from_points
 
 
 def test_samples_lose_their_bytes_time_and_never_go_negative():
@@ -32,3 +33,26 @@ def test_no_samples_no_measured_latency():
     assert from_points([{"bytes": 1000, "samples_s": []}], 1e9) is None
     with pytest.raises(ValueError, match="samples"):
         MeasuredLatency((1e3,), ((),))
+
+
+def test_fast_samples_and_the_share_that_stalled_per_size():
+    fast, slow = 2e-4, 5e-3
+    measured = MeasuredLatency((1e3, 1e6), ((fast,) * 3 + (slow,), (fast, slow, slow, slow)), 1e9)
+    assert measured.fast_and_stall_chance(1e3) == pytest.approx((fast, 0.25))
+    assert measured.fast_and_stall_chance(5e5) == pytest.approx((fast, 0.5))  # both sizes pooled
+    assert measured.fast_and_stall_chance(1e6) == pytest.approx((fast, 0.75))
+    assert measured.wire_s(1e6) == pytest.approx(1e-3)
+
+
+def test_a_stalled_call_ends_on_the_first_tick_past_its_dead_time_and_its_fast_end():
+    tick = TimerTick(period_s=4e-3, offset_s=2.5e-4, dead_time_s=1.5e-3)
+    assert tick.first_after(0.0) == pytest.approx(2.5e-4)
+    assert tick.first_after(2.5e-4) == pytest.approx(2.5e-4)  # on a tick: that one
+    assert tick.first_after(3e-4) == pytest.approx(4.25e-3)
+    # began 2 ms before a tick: that tick wakes it; 1 ms before: the next one
+    assert tick.stalled_end(2.25e-3, 2.5e-3) == pytest.approx(4.25e-3)
+    assert tick.stalled_end(3.25e-3, 3.5e-3) == pytest.approx(8.25e-3)
+    # a call whose bytes alone take past the dead time ends on the tick after its fast end
+    assert tick.stalled_end(0.0, 9e-3) == pytest.approx(12.25e-3)
+    with pytest.raises(ValueError):
+        TimerTick(period_s=4e-3, offset_s=5e-3)

@@ -13,7 +13,13 @@ from trainsim.errors import TrainsimError
 from trainsim.sim.collectives import run_collective
 from trainsim.sim.flows import FlowNetwork
 from trainsim.sim.machine import PAGEABLE_COPY_RATE
-from trainsim.sim.simulation import Simulation, build_machine, bundle_call_latencies, simulate
+from trainsim.sim.simulation import (
+    Simulation,
+    build_machine,
+    bundle_call_latencies,
+    bundle_timer_tick,
+    simulate,
+)
 from trainsim.topologies import load_topology
 
 MB = 1e6
@@ -333,6 +339,42 @@ def test_a_measured_gloo_call_costs_the_mean_of_its_samples(tmp_path):
 
     # every call pays the samples' mean: the same steps as an alpha of that mean
     assert run(measured, "a") == pytest.approx(run(mean, "b"), rel=1e-6)
+
+def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_path):
+    from trainsim.sim.call_latency import TimerTick
+
+    fast, slow = 2e-4, 5e-3  # fast 8 times in 10
+    calls = _gloo_calls(all_reduce=1000.0)
+    calls["results"][0]["fit"]["beta_bytes_per_s"] = 1e12
+    calls["results"][0]["points"] = [{"bytes": 4096, "samples_s": [fast] * 8 + [slow] * 2}]
+    calls["timer_tick"] = {"period_s": 4e-3, "offset_s": 2.5e-4, "dead_time_s": 1.5e-3, "stalled_calls": 40,
+                           "calls": 100}
+    bundle = _cpu_bundle(tmp_path, calls)
+    assert bundle_timer_tick(bundle) == TimerTick(4e-3, 2.5e-4, 1.5e-3)
+    sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=200),
+                     calibration=bundle)
+    charged, charge = [], sim.machine._charge
+
+    def recorded(latency, nbytes):
+        charged.append((sim.env.now, charge(latency, nbytes), latency.wire_s(nbytes)))
+        return charged[-1][1]
+
+    sim.machine._charge = recorded
+    sim.run()
+    stalled = [(start, paid, wire) for start, paid, wire in charged if paid > 1e-3]
+    assert len(charged) >= 200 and 0.1 < len(stalled) / len(charged) < 0.3  # one in five, drawn
+    for start, paid, wire in stalled:  # it ends on a tick, the first at least the dead time after it began
+        ticks = (start + paid + wire - 2.5e-4) / 4e-3
+        assert ticks == pytest.approx(round(ticks), abs=1e-6) and 1.5e-3 <= paid + wire < 1.5e-3 + 4e-3
+    assert all(paid == pytest.approx(fast, rel=1e-3) for _, paid, _ in charged if paid <= 1e-3)
+    # the same bundle without its tick: every call its mean
+    del calls["timer_tick"]
+    plain = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=2),
+                       calibration=_cpu_bundle(tmp_path / "plain", calls))
+    assert plain.machine.timer_tick is None
+    costs = {plain.machine.call_cost("allreduce", 4096) for _ in range(20)}
+    assert len(costs) == 1 and costs.pop() == pytest.approx(0.8 * fast + 0.2 * slow, rel=1e-4)
+
 
 def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
     calls = {"all_reduce": 3000.0, "reduce": 2000.0, "broadcast": 1000.0, "gather": 700.0, "scatter": 500.0}
