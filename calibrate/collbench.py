@@ -5,9 +5,10 @@ Run with ``launch`` (NCCL on GPUs, gloo on CPU ranks). For every size S (bytes o
 nccl-tests reports them) each rank times ``k`` back-to-back operations between barriers, the slowest rank's
 time per operation is the sample, and the median of the repeats is the point, with its interquartile range.
 On CPU ranks (gloo) every sample is one isolated operation after a barrier, the slowest rank's time; a
-send/recv sample is one message met as training meets it (`_as_training_meets`): every rank has just run a
-training step of the calibrated model (`TrainingStep`), the sender arrives late, and the sample runs from
-its arrival to the waiting receiver's return. The point is the samples' mean and the samples are kept: the
+one-way call (send/recv, broadcast, scatter: `ROOT_LATE`) is met as training meets it
+(`_as_training_meets`): every rank has just run a training step of the calibrated model (`TrainingStep`),
+the sender (the root) arrives late, and the sample runs from its arrival to the last waiting receiver's
+return. The point is the samples' mean and the samples are kept: the
 simulator takes from those at the sizes around a call's own how long it takes when fast and how often it
 stalls, a stall lasting until the host's timer tick (`trainsim.calibrate.timer_tick`,
 `trainsim.sim.call_latency`).
@@ -26,7 +27,12 @@ by call, the 2-rank collective rows came out 11-27 % short in the runs where the
 Inside an unbroken loop of steps and calls, charged the mean, they were mostly 10-13 % short; with each step
 preparing its batch too, broadcasts stalled 40-50 % of the time, which the runs' never did. Between
 barriers, the way collectives were measured before, their means came out nearest the runs (those rows
-within 1-4 % of them on average over ten repeats), so collectives stay measured that way.
+within 1-4 % of them on average over ten repeats), so collectives stay measured that way, except where the
+data flows one way. Over 800 calls after busy gaps that put the two ranks' arrivals 0-5 ms apart, a
+broadcast stalled only when they arrived within 0.1 ms of each other (13-16 % of those), never otherwise;
+an all-reduce stalled about half the time and a reduce a quarter to two fifths whatever the gap. The
+simulator's broadcasts and scatters (DataParallel's replicate and input scatter, the parameter server's
+pull) all have a root that works first while the others wait, so these are measured with the root late.
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced
@@ -73,6 +79,8 @@ CPU_P2P_SHOTS = 4 * CPU_SINGLE_SHOTS
 P2P = ("send_recv", "exchange")
 # how late a message's sender arrives: its receiver is already waiting (a pipeline stage, a halo's neighbour)
 CPU_ARRIVAL_LAG_S = 0.002
+# one-way calls, rank 0 sending: their receivers wait for a root that has worked first (see above)
+ROOT_LATE = ("send_recv", "broadcast", "scatter")
 
 
 def bus_factor(collective: str, nranks: int) -> float:
@@ -297,8 +305,8 @@ def bench_rank(
                 # gloo: one operation per sample. Back to back the ranks never stop, and what a call costs in
                 # training (bimodal: fast, or a 4-5 ms stall) drops out. The mean is the point (a median of a
                 # two-mode sample flips); the samples go with it.
-                if name == "send_recv":  # its receiver waits for it, as a pipeline stage or a halo's does
-                    shots = max(repeats, CPU_P2P_SHOTS)
+                if name in ROOT_LATE:  # its receivers wait for it, as a pipeline stage or a replica does
+                    shots = max(repeats, CPU_P2P_SHOTS if name in P2P else CPU_SINGLE_SHOTS)
                     samples = [_as_training_meets(op, ctx, 0, step) for _ in range(shots)]
                 else:  # between barriers: the mean came out nearest the runs' (see above)
                     shots = max(repeats, CPU_P2P_SHOTS if name in P2P else CPU_SINGLE_SHOTS)
