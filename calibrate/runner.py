@@ -456,32 +456,12 @@ def _step_collectives(run: _Run):
         bf.write_json(run.out / bf.COLLECTIVES, doc)
         return [bf.COLLECTIVES], {}, ["one rank: no collectives to measure"]
     run.progress("collectives", f"{run.ranks} ranks, launching")
-    quick = run.config.quick
-    batches = sorted(run.config.batch_sizes)
-    # a gloo message is met as the runs meet it: after a training step of the model (its middle batch)
-    training = collbench.TrainingStep(run.config.model, batches[len(batches) // 2], run.config.model_options)
-    results = collbench.measure_collectives(
-        run.device,
-        run.ranks,
-        collective_sizes(run.device, quick),
-        repeats=3 if quick else 5,
-        target_s=0.003 if quick else 0.02,
-        training=training if run.device == "cpu" else None,
-    )
-    doc = {
-        "schema": "trainsim.collectives/1",
-        "provenance": provenance(timestamp=True),
-        "device": run.device,
-        "backend": results[0].backend,
-        "world_size": run.ranks,
-        "results": [r.to_json() for r in results],
-    }
+    doc, results = measure_collectives_doc(run.device, run.ranks, model=run.config.model,
+                                           batch_sizes=run.config.batch_sizes, quick=run.config.quick,
+                                           model_options=run.config.model_options,
+                                           progress=lambda what: run.progress("collectives", what))
     summary, notes = {}, []
-    if run.device == "cpu":  # gloo calls that stall return on the host's timer tick
-        from trainsim.calibrate import timer_tick
-
-        run.progress("collectives", "timer tick probe")
-        doc["timer_tick"] = timer_tick.measure(run.ranks)
+    if "timer_tick" in doc:
         if doc["timer_tick"]["period_s"] is None:
             notes.append(f"timer tick: {doc['timer_tick']['reason']}")
         else:
@@ -505,6 +485,40 @@ def _step_collectives(run: _Run):
         _write_topology(run, topo)
         files.append(bf.TOPOLOGY)
     return files, summary, notes
+
+
+def measure_collectives_doc(device: str, ranks: int, *, model: str, batch_sizes, quick: bool,
+                            model_options: dict | None = None, progress=None) -> tuple[dict, list]:
+    """collectives.json's document (and the results): every collective on ``ranks`` ranks and, on gloo
+    CPU ranks, the timer tick that stalled calls wake on."""
+    from trainsim.calibrate import collbench
+
+    batches = sorted(batch_sizes)
+    # a gloo message is met as the runs meet it: after a training step of the model (its middle batch)
+    training = collbench.TrainingStep(model, batches[len(batches) // 2], dict(model_options or {}))
+    results = collbench.measure_collectives(
+        device,
+        ranks,
+        collective_sizes(device, quick),
+        repeats=3 if quick else 5,
+        target_s=0.003 if quick else 0.02,
+        training=training if device == "cpu" else None,
+    )
+    doc = {
+        "schema": "trainsim.collectives/1",
+        "provenance": provenance(timestamp=True),
+        "device": device,
+        "backend": results[0].backend,
+        "world_size": ranks,
+        "results": [r.to_json() for r in results],
+    }
+    if device == "cpu":  # gloo calls that stall return on the host's timer tick
+        from trainsim.calibrate import timer_tick
+
+        if progress is not None:
+            progress("timer tick probe")
+        doc["timer_tick"] = timer_tick.measure(ranks)
+    return doc, results
 
 
 def _step_data(run: _Run):

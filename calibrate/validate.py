@@ -318,9 +318,9 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     take the median over the pooled iterations: on a shared box a core's speed drifts by 10-30 % over
     seconds and minutes, and spreading each variant's runs over the whole session keeps a slow spell from
     landing on one variant only. On a CPU box each round after the first measures the bundle's rank step
-    (`refresh_rank_step`), the variants' other input pipelines and the preload thread's interference again
-    and predicts that round from them, so the prediction sees the box the round runs on; predictions are
-    pooled like measurements.
+    and gloo calls (`refresh_bundle`), the variants' other input pipelines and the preload thread's
+    interference again and predicts that round from them, so the prediction sees the box the round runs on;
+    predictions are pooled like measurements.
 
     ``overrides`` are ExecConfig fields for the real runs (e.g. ``iterations=3, warmup=2``); ``baseline``
     defaults to the first variant; ``execute=False`` predicts only. With ``report_dir`` the rows are written
@@ -388,8 +388,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
             compare(result.rows, baseline)
             _write(result, out, prov)
         for k in range(1, rounds if execute else 1):
-            progress(f"rank step (round {k + 1} of {rounds}): measuring this box again")
-            fresh = refresh_rank_step(calibration, work / f"round-{k + 1}") if work is not None else None
+            progress(f"rank step and gloo calls (round {k + 1} of {rounds}): measuring this box again")
+            fresh = refresh_bundle(calibration, work / f"round-{k + 1}") if work is not None else None
             if fresh is not None:  # the other pipelines and the preload thread's interference too
                 _measured_costs(result.rows, configs, mismatched, in_loop=True)
             for row in result.rows:
@@ -456,10 +456,11 @@ def _measured_costs(rows: list[ValidationRow], configs: dict, mismatched: dict, 
             row.codec_s = cache[("codec",) + key + (cfg.optimizations,)]
 
 
-def refresh_rank_step(calibration: str, into: Path) -> str | None:
-    """A copy of the bundle (in ``into``) whose CPU rank step (`rank_step`) is measured again now; None when
-    the bundle has no such record (GPUs, an older bundle). On a shared machine a core's speed drifts by
-    15-30 % over minutes: a round of real runs is predicted from the box as it is at that round."""
+def refresh_bundle(calibration: str, into: Path) -> str | None:
+    """A copy of the bundle (in ``into``) whose CPU rank step (`rank_step`) and gloo calls (collectives and
+    timer tick, where it has them) are measured again now; None when the bundle has no rank step record
+    (GPUs, an older bundle). On a shared machine a core's speed drifts by 15-30 % over minutes, and how
+    often gloo calls stall with it: a round of real runs is predicted from the box as it is at that round."""
     import shutil
 
     from trainsim.calibrate.rank_step import measure_rank_step, rank_step_record
@@ -481,7 +482,27 @@ def refresh_rank_step(calibration: str, into: Path) -> str | None:
     provenance = workload.provenance.model_copy(update={**extra, "rank_step": rank_step_record(points, ranks,
                                                                                                  threads)})
     save_workload(workload.model_copy(update={"provenance": provenance}), into / files[0].name)
+    _refresh_gloo_calls(into)
     return str(into)
+
+
+def _refresh_gloo_calls(bundle: Path) -> None:
+    """Measure the bundle's gloo collectives and timer tick again, in place: how often a call stalls drifts
+    with the box (a 100 KB all-reduce stalled 40 % of the time in one calibration and 80 % in the next)."""
+    from trainsim.calibrate import bundle as bf
+    from trainsim.calibrate.runner import measure_collectives_doc
+
+    if not (bundle / bf.COLLECTIVES).is_file() or not (bundle / bf.META).is_file():
+        return
+    old = bf.read_file(bundle / bf.COLLECTIVES, bf.CollectivesFile)
+    config = bf.read_file(bundle / bf.META, bf.MetaFile).config
+    if old.backend != "gloo" or old.world_size < 2 or not old.results or not config.get("model"):
+        return
+    doc, _ = measure_collectives_doc("cpu", old.world_size, model=config["model"],
+                                     batch_sizes=config.get("batch_sizes") or [32],
+                                     quick=bool(config.get("quick")),
+                                     model_options=config.get("model_options"))
+    bf.write_json(bundle / bf.COLLECTIVES, doc)
 
 
 def _predict_again(row: ValidationRow, scenario: str, calibration: str) -> None:

@@ -44,13 +44,15 @@ def test_two_pinned_ranks_measure_alone_and_together_round_after_round():
     assert one[0].together_s is None and one[0].steps_alone >= 2
 
 
-def _calibrate(out, batch: int, rank_step: bool = True):
-    """A quick 2-rank bundle of the tiny CNN at one batch size, with its rank step or without."""
+def _calibrate(out, batch: int, rank_step: bool = True, collectives: bool = False):
+    """A quick 2-rank bundle of the tiny CNN at one batch size, with its rank step or without (and its gloo
+    calls)."""
     from trainsim.calibrate import runner
 
+    steps = ("probe", "layers", "rank_step") if rank_step else ("probe", "layers")
+    steps += ("collectives",) if collectives else ()
     runner.run_calibration(runner.CalibrationConfig(
-        model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True, batch_sizes=(batch,),
-        steps=("probe", "layers", "rank_step") if rank_step else ("probe", "layers"),
+        model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True, batch_sizes=(batch,), steps=steps,
         model_options={"image_size": 16}))
     return out
 
@@ -93,21 +95,28 @@ def test_log_spread_is_the_iqr_of_each_ranks_log_deviations():
     assert log_spread([[0.01] * 5]) == 0.0
 
 
-def test_a_round_of_validation_can_measure_the_rank_step_again_in_a_copy(tmp_path):
+def test_a_round_of_validation_can_measure_the_rank_step_and_gloo_calls_again_in_a_copy(tmp_path):
     pytest.importorskip("torch")
-    from trainsim.calibrate.validate import refresh_rank_step
+    from trainsim.calibrate import bundle as bf
+    from trainsim.calibrate.validate import refresh_bundle
     from trainsim.sim.workload import load_workload
 
-    out = _calibrate(tmp_path / "bundle", batch=2)
-    before = (out / "workload-tiny-cnn.json").read_text()
-    fresh = refresh_rank_step(str(out), tmp_path / "round-2")
-    assert fresh is not None and (out / "workload-tiny-cnn.json").read_text() == before  # the bundle kept
+    out = _calibrate(tmp_path / "bundle", batch=2, collectives=True)
+    before = {name: (out / name).read_text() for name in ("workload-tiny-cnn.json", "collectives.json")}
+    fresh = refresh_bundle(str(out), tmp_path / "round-2")
+    assert fresh is not None  # the bundle kept, the copy measured again
+    assert all((out / name).read_text() == text for name, text in before.items())
     copy = load_workload(tmp_path / "round-2" / "workload-tiny-cnn.json")
     record = copy.provenance.model_extra["rank_step"]
     assert [p[0] for p in record["points"]] == [2] and record["ranks"] == 2
     assert (tmp_path / "round-2" / "topology.yaml").is_file()
+    calls = bf.read_file(tmp_path / "round-2" / "collectives.json", bf.CollectivesFile)
+    then = bf.read_file(out / "collectives.json", bf.CollectivesFile)
+    assert [r.points[0].samples_s for r in calls.results] != [r.points[0].samples_s for r in then.results]
+    assert calls.timer_tick is not None
+    assert {r.collective for r in calls.results} >= {"all_reduce", "exchange"}
     no_record = _calibrate(tmp_path / "old", batch=2, rank_step=False)
-    assert refresh_rank_step(str(no_record), tmp_path / "nothing") is None
+    assert refresh_bundle(str(no_record), tmp_path / "nothing") is None
 
 
 def test_a_loader_thread_beside_the_step_is_measured_both_ways():
