@@ -66,7 +66,7 @@ def rich_table(result: ValidationResult):
     from rich.table import Table
 
     table = Table(title=f"{result.scenario}: predicted (simulated from {result.calibration}) vs measured "
-                        f"(this box), median iteration time")
+                        f"(this box), mean iteration time")
     for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("variant", "strategy", "status") else "right")
     for cells in table_rows(result):
@@ -102,7 +102,7 @@ def write_chart(result: ValidationResult, path: Path) -> Path:
         ax.text(x, max(bar.get_height(), (r.predicted_s or 0.0) * 1e3) + 0.02 * top, label, ha="center",
                 va="bottom", fontsize=7)
     ax.set_xticks(list(xs), [r.variant for r in rows], rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("iteration time (ms, median)")
+    ax.set_ylabel("iteration time (ms, mean)")
     ax.set_title(f"{result.scenario}: predicted vs measured")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -132,7 +132,8 @@ def _breakdown(row: ValidationRow) -> str:
 def report_markdown(result: ValidationResult, *, chart: str | None = CHART) -> str:
     lines = [f"# trainsim validate: {result.scenario}", "",
              f"Predicted: simulated from the calibration bundle `{result.calibration}`. Measured: executed "
-             f"with PyTorch on this box ({result.device}). Times are medians over the measured iterations; "
+             f"with PyTorch on this box ({result.device}). Times are means over the iterations (the "
+             "measured IQR is their spread); "
              "error = "
              f"(predicted - measured) / measured; speedup = {result.baseline}'s time / the variant's time; "
              "speedup error in percentage points = 100 x (predicted - measured speedup).", ""]

@@ -51,7 +51,9 @@ def percent_error(predicted: float | None, measured: float | None) -> float | No
 
 @dataclass
 class ValidationRow:
-    """One variant, both ways. Times in seconds (median over measured iterations)."""
+    """One variant, both ways. Times in seconds: the mean over the iterations (what sets samples/s; on a
+    gloo box a step is bimodal, fast or held to the next timer tick, and the median jumps between the modes
+    as their shares cross one half), with the measured interquartile range as the spread."""
 
     variant: str
     strategy: str
@@ -315,7 +317,7 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     """Simulate and execute ``variants`` (default: all) of ``scenario``; compare them.
 
     ``rounds``: execute every variant that many times, round-robin (all variants, then all again, ...), and
-    take the median over the pooled iterations: on a shared box a core's speed drifts by 10-30 % over
+    take the mean over the pooled iterations: on a shared box a core's speed drifts by 10-30 % over
     seconds and minutes, and spreading each variant's runs over the whole session keeps a slow spell from
     landing on one variant only. On a CPU box each round after the first measures the bundle's rank step
     and gloo calls (`refresh_bundle`), the variants' other input pipelines and the preload thread's
@@ -513,7 +515,7 @@ def _predict_again(row: ValidationRow, scenario: str, calibration: str) -> None:
     except TrainsimError:
         return  # it was simulated in round 1; keep that
     row.predicted_iterations_s += list(predicted.iteration_times_s)
-    row.predicted_s = float(np.median(row.predicted_iterations_s))
+    row.predicted_s = float(np.mean(row.predicted_iterations_s))
 
 
 def _measure(row: ValidationRow, cfg, execute_config) -> None:
@@ -525,8 +527,8 @@ def _measure(row: ValidationRow, cfg, execute_config) -> None:
         return
     k = row.measured_rounds
     row.measured_iterations_s += list(measured.iteration_s)
-    q1, median, q3 = np.percentile(row.measured_iterations_s, [25, 50, 75])
-    row.measured_s, row.measured_iqr_s = float(median), float(q3 - q1)
+    q1, q3 = np.percentile(row.measured_iterations_s, [25, 75])
+    row.measured_s, row.measured_iqr_s = float(np.mean(row.measured_iterations_s)), float(q3 - q1)
     row.measured_breakdown_s = {phase: (row.measured_breakdown_s.get(phase, 0.0) * k + seconds) / (k + 1)
                                 for phase, seconds in measured.breakdown_s.items()}
     row.measured_rounds = k + 1
@@ -545,7 +547,7 @@ def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: 
                             loader_overlap=row.loader_overlap, codec_s=row.codec_s,
                             trace_path=out / sim_trace if sim_trace else None)
         row.predicted_iterations_s = list(predicted.iteration_times_s)
-        row.predicted_s = statistics.median(predicted.iteration_times_s)
+        row.predicted_s = float(np.mean(predicted.iteration_times_s))
         row.predicted_breakdown_s = dict(predicted.breakdown_s)
         row.sim_trace = str(sim_trace) if sim_trace else None
     except TrainsimError as exc:

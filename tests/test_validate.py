@@ -152,7 +152,7 @@ def test_rounds_run_every_variant_round_robin_and_pool_the_iterations(scenario, 
     from trainsim.calibrate import executor
     from trainsim.calibrate.validate import validate
 
-    order, times = [], {"single": iter([[0.010, 0.012], [0.020, 0.022]]), "ddp-2": iter([[0.5], [0.7]])}
+    order, times = [], {"single": iter([[0.010, 0.012], [0.020, 0.030]]), "ddp-2": iter([[0.5], [0.7]])}
 
     def fake_run(cfg):
         name = "single" if cfg.ranks == 1 else "ddp-2"
@@ -164,8 +164,10 @@ def test_rounds_run_every_variant_round_robin_and_pool_the_iterations(scenario, 
     result = validate(str(scenario), bundle_dir, ["single", "ddp-2"], rounds=2)
     assert order == ["single", "ddp-2", "single", "ddp-2"]
     single, ddp = result.rows
-    assert single.measured_iterations_s == [0.010, 0.012, 0.020, 0.022] and single.measured_rounds == 2
-    assert single.measured_s == pytest.approx(0.016) and ddp.measured_s == pytest.approx(0.6)
+    assert single.measured_iterations_s == [0.010, 0.012, 0.020, 0.030] and single.measured_rounds == 2
+    # the mean of the pooled iterations (the median would be 0.016), their IQR the spread
+    assert single.measured_s == pytest.approx(0.018) and ddp.measured_s == pytest.approx(0.6)
+    assert single.measured_iqr_s == pytest.approx(0.0225 - 0.0115)
     assert single.measured_breakdown_s == {"forward": pytest.approx(0.015)}  # the mean over the rounds
     with pytest.raises(TrainsimError, match="rounds"):
         validate(str(scenario), bundle_dir, ["single"], rounds=0)
