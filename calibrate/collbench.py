@@ -29,8 +29,8 @@ preparing its batch too, broadcasts stalled 40-50 % of the time, which the runs'
 barriers, the way collectives were measured before, their means came out nearest the runs (those rows
 within 1-4 % of them on average over ten repeats), so collectives stay measured that way, except where the
 data flows one way. Over 800 calls after busy gaps that put the two ranks' arrivals 0-5 ms apart, a
-broadcast stalled only when they arrived within 0.1 ms of each other (13-16 % of those), never otherwise;
-an all-reduce stalled about half the time and a reduce a quarter to two fifths whatever the gap. The
+broadcast stalled when they arrived within 0.1 ms of each other (13-16 % of those) and otherwise 2 times in
+552; an all-reduce stalled 40-65 % of the time and a reduce 9-43 %, whatever the gap. The
 simulator's broadcasts and scatters (DataParallel's replicate and input scatter, the parameter server's
 pull) all have a root that works first while the others wait, so these are measured with the root late.
 

@@ -5,11 +5,12 @@ On this kind of virtual machine (a 2-vCPU Firecracker guest, 250 Hz kernel, no g
 call either returns in a few hundred microseconds or stalls, and a stalled call does not return at a random
 moment: it returns 0.2-0.3 ms after a multiple of 4 ms on the monotonic clock, a tick of the guest's timer.
 The waiting rank's wake-up is lost and a tick wakes it, but only a tick at least about 1.5 ms after the last
-rank arrived: over 800 all-reduces after busy gaps of 3-12 ms, a stalled call that arrived 1.5-4 ms before a
-tick returned on that tick, one that arrived less than 1.5 ms before it returned on the next one. So a stall
+rank arrived: over 800 all-reduces after busy gaps of 3-12 ms, 230 of the 242 stalled calls that arrived
+1.75-4 ms before a tick returned on that tick, 153 of the 203 that arrived less than 1.5 ms before it on the
+next one. So a stall
 does not cost a fixed 4-5 ms: it costs the wait until that tick, which depends on where in the tick the call
 falls. Timed between barriers (a barrier that stalled also returned just after a tick) stalled calls cost
-almost a whole period; a 2-rank DDP step of 11.7 ms took 12 ms or exactly 16 ms, never between.
+almost a whole period; a 2-rank DDP step took 11.5-12.2 ms or 15.9-16.1 ms (four ticks), never between.
 
 `probe_rank` times such calls on every rank (an all-reduce after a busy gap of random length, so that calls
 fall everywhere in the tick); `fit` finds the period among the common kernel tick rates, the offset of the

@@ -1,21 +1,21 @@
 """What one gloo call costs before its bytes move, as a calibrated CPU box measured it.
 
 On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a stall. The calibration
-(`trainsim.calibrate.collbench`) keeps every call it timed and when it returned, and found
-(`trainsim.calibrate.timer_tick`) that the stalled calls return just after a tick of the guest's timer
-(every 4 ms at 250 Hz): the waiting rank's wake-up is lost and the next tick after its data has arrived
-wakes it. Where the bundle has that tick, each call is fast (the mean of the fast samples around its size)
-or, with the share of stalled samples there as its chance, stalled: it ends on the first tick after its fast
-end. What a stall costs then depends on where in the tick the call falls, as on the box: a 2-rank DDP step
-of 11.7 ms there took 12 ms or exactly 16 ms, never between, and synchronous steps lock to the tick.
+(`trainsim.calibrate.collbench`) keeps every call it timed, and its timer tick probe
+(`trainsim.calibrate.timer_tick`) found that a stalled call returns just after a tick of the guest's timer
+(every 4 ms at 250 Hz), the first that comes at least a dead time (about 1.7 ms) after the ranks arrived:
+the waiting rank's wake-up is lost and that tick wakes it. Where the bundle has the tick, each call is fast
+(the mean of the fast samples around its size) or, with the share of stalled samples there as its chance,
+stalled: it ends on the first tick past both its dead time and its fast end. What a stall costs then
+depends on where in the tick the call falls, as on the box: a 2-rank DDP step there took 11.5-12.2 ms or
+15.9-16.1 ms, never between, and synchronous steps lock to the tick.
 
 Without a tick (an older bundle, or none found) a call is charged the mean of the samples at the sizes
 around its own, its expected cost; a latency given as a plain number (a what-if, a bundle with only the
 fit's alpha) is charged as it is.
 
-Drawing whole samples per call, as tried first, was dropped: the calibration's stalls (between barriers,
-just after the tick that ended the barrier) cost nearly a full period; the runs' stalls cost whatever was
-left of the tick.
+Why not the mean where the tick is known: the calibration's stalls (between barriers, just after the tick
+that ended the barrier) cost nearly a whole period, a run's stall whatever is left until its tick.
 """
 
 from __future__ import annotations
