@@ -490,7 +490,7 @@ def refresh_bundle(calibration: str, into: Path) -> str | None:
 
 def _refresh_gloo_calls(bundle: Path) -> None:
     """Measure the bundle's gloo collectives and timer tick again, in place: how often a call stalls drifts
-    with the box (a 100 KB all-reduce stalled 40 % of the time in one calibration, 80 % in another)."""
+    with the box (a 256 KB all-reduce stalled 40 % of the time in one calibration, 80 % in another)."""
     from trainsim.calibrate import bundle as bf
     from trainsim.calibrate.runner import measure_collectives_doc
 
