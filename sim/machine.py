@@ -181,7 +181,8 @@ class Machine:
 
     def _charge(self, latency: Latency, nbytes: float) -> float:
         """A call starting now: its measured mean; where stalls wait for the timer tick, fast or stalled as
-        its samples say, a stalled one ending on the first tick after its fast end (`call_latency`)."""
+        its samples say, a stalled one ending on the first tick past its dead time and its fast end
+        (`call_latency`)."""
         if self.timer_tick is None or not isinstance(latency, MeasuredLatency):
             return cost(latency, nbytes)
         fast, chance = latency.fast_and_stall_chance(nbytes)
