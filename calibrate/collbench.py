@@ -305,14 +305,13 @@ def bench_rank(
                 # gloo: one operation per sample. Back to back the ranks never stop, and what a call costs in
                 # training (bimodal: fast, or a 4-5 ms stall) drops out. The mean is the point (a median of a
                 # two-mode sample flips); the samples go with it.
+                shots = max(repeats, CPU_P2P_SHOTS if name in P2P else CPU_SINGLE_SHOTS)
                 if name in ROOT_LATE:  # its receivers wait for it, as a pipeline stage or a replica does
-                    shots = max(repeats, CPU_P2P_SHOTS if name in P2P else CPU_SINGLE_SHOTS)
                     samples = [_as_training_meets(op, ctx, 0, step) for _ in range(shots)]
                 else:  # between barriers: the mean came out nearest the runs' (see above)
-                    shots = max(repeats, CPU_P2P_SHOTS if name in P2P else CPU_SINGLE_SHOTS)
                     samples = [_timed(op, 1, ctx) for _ in range(shots)]
-                med, spread = sum(samples) / len(samples), median_spread(samples)[1]
-                kept = [round(t, 7) for t in samples]
+                kept = [round(t, 7) for t in samples]  # the point is the mean of what is kept
+                med, spread = sum(kept) / len(kept), median_spread(kept)[1]
             else:
                 # Every rank must use the same k, so the estimate is agreed through a collective too.
                 k = iterations_for(_timed(op, 1, ctx), target_s, cap=1000)

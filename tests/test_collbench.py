@@ -43,8 +43,7 @@ def test_two_gloo_ranks():
             # gloo keeps every call it timed, and the point is their mean
             shots = CPU_P2P_SHOTS if r.collective in P2P else CPU_SINGLE_SHOTS
             assert len(p["samples_s"]) == shots and min(p["samples_s"]) >= 0
-            # (the samples are kept to 0.1 us)
-            assert p["time_s"] == pytest.approx(sum(p["samples_s"]) / shots, rel=1e-4, abs=1e-7)
+            assert p["time_s"] == pytest.approx(sum(p["samples_s"]) / shots, rel=1e-4)
             assert p["algbw_gbps"] == pytest.approx(p["bytes"] / p["time_s"] / 1e9)
             assert p["busbw_gbps"] == pytest.approx(p["algbw_gbps"] * bus_factor(r.collective, 2))
         assert r.fit is not None and r.fit.beta_bytes_per_s > 0
