@@ -75,7 +75,8 @@ class CollectivePoint(_Strict):
     spread_s: float = Field(ge=0)
     algbw_gbps: float = Field(ge=0)
     busbw_gbps: float = Field(ge=0)
-    # gloo: every call timed (the simulator charges a call the mean of those around its size)
+    # gloo: every call timed (the simulator takes a call's fast time and stall chance from those around its
+    # size, or their mean where the bundle found no timer tick)
     samples_s: list[float] | None = None
 
     @field_validator("samples_s")

@@ -9,8 +9,9 @@
 A calibration bundle (``calibration=DIR``, the folder `trainsim calibrate` writes) replaces the scenario's
 topology and workload with the bundle's ``topology.yaml`` and ``workload-<model>.json``, and its measured
 device (``device.json``) becomes the device of the GPUs whose spec it names. On a CPU box (gloo) each call of
-a collective pays the mean latency of that collective's measured calls in ``collectives.json`` and every
-point-to-point message that of the measured send/recv messages (`bundle_call_latencies`).
+a collective pays a latency from that collective's measured calls in ``collectives.json`` and every
+point-to-point message one from the measured send/recv messages (`bundle_call_latencies`): fast, or stalled
+until the timer tick the bundle found (`bundle_timer_tick`), else their mean.
 """
 
 from __future__ import annotations
