@@ -107,6 +107,10 @@ class TimerTick(_Strict):
     resultant: float | None = Field(default=None, ge=0, le=1)
     stalled_calls: int = Field(ge=0)
     calls: int = Field(ge=0)
+    together_s: float | None = Field(default=None, gt=0)  # ranks this close met a call together
+    stall_together: float | None = Field(default=None, ge=0, le=1)  # share of those calls that stalled
+    stall_apart: float | None = Field(default=None, ge=0, le=1)
+    probe_bytes: int | None = Field(default=None, gt=0)  # the probe's all-reduce
     reason: str | None = None
 
     @model_validator(mode="after")

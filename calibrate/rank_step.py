@@ -75,6 +75,7 @@ class RankStepPoint:
     data_alone_s: float | None = None  # preparing the step's batch (the executor's default pipeline)
     data_together_s: float | None = None
     data_warm_s: float | None = None  # the same preparation back to back, with nothing in between
+    sigma_rank_log: float | None = None  # the part of sigma_log that is one rank's own (`rank_spread`)
 
     @property
     def slowdown(self) -> float | None:
@@ -82,7 +83,7 @@ class RankStepPoint:
 
     def to_json(self) -> list:
         return [self.batch, self.alone_s, self.together_s, self.sigma_log, self.data_alone_s,
-                self.data_together_s, self.data_warm_s]
+                self.data_together_s, self.data_warm_s, self.sigma_rank_log]
 
 
 def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int], rounds: int,
@@ -262,10 +263,11 @@ def summarise_point(batch: int, alone: list, per_rank: list[list], warm: list[fl
     def mean_over_ranks(part):  # what sharing the host costs a rank, not which core was slow this time
         return statistics.fmean(median_of(t, part) for t in per_rank) if per_rank else None
 
-    spread = log_spread([[s[1] for s in t] for t in per_rank] or [[s[1] for s in alone]])
+    computing = [[s[1] for s in t] for t in per_rank]
+    spread = log_spread(computing or [[s[1] for s in alone]])
     return RankStepPoint(batch, median_of(alone, 1), mean_over_ranks(1), len(alone),
                          sum(len(t) for t in per_rank), spread, median_of(alone, 0), mean_over_ranks(0),
-                         statistics.median(warm))
+                         statistics.median(warm), rank_spread(computing) if len(computing) > 1 else None)
 
 
 def log_spread(per_rank: Sequence[Sequence[float]]) -> float:
@@ -280,6 +282,21 @@ def log_spread(per_rank: Sequence[Sequence[float]]) -> float:
     return float((q3 - q1) / 1.349)
 
 
+def rank_spread(per_rank: Sequence[Sequence[float]]) -> float:
+    """The part of the step-to-step spread that is each rank's own, sigma of log: the ranks' steps of one
+    window are in step (they meet after each one), so step k of every rank ran at the same time, and a
+    slowdown of the host shows in all of them at once. Each rank's log-deviations from its own median (as in
+    `log_spread`: a core slower for a whole launch is not a scatter), less the ranks' mean deviation at the
+    same step; their interquartile range / 1.349, x sqrt(n / (n - 1)) (the mean takes a rank's own share
+    with it)."""
+    steps = min(len(t) for t in per_rank)
+    logs = np.log(np.array([list(t)[:steps] for t in per_rank], dtype=float))
+    logs -= np.median(logs, axis=1, keepdims=True)
+    deviations = logs - logs.mean(axis=0)
+    q1, q3 = np.percentile(deviations, [25, 75])
+    return float((q3 - q1) / 1.349 * np.sqrt(len(per_rank) / (len(per_rank) - 1)))
+
+
 def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_rank: int) -> dict:
     """The workload file's ``provenance.rank_step``."""
     return {
@@ -288,5 +305,5 @@ def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_ra
         "points": [p.to_json() for p in points],
         "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s, "
                 "sigma of log(step) from step to step, median batch preparation alone s, together s, "
-                "back to back s]",
+                "back to back s, the rank's own part of that sigma]",
     }

@@ -93,15 +93,23 @@ class MeasuredLatency:
 class TimerTick:
     """The timer tick stalled calls return on: ``offset_s`` after every multiple of ``period_s`` on the
     host's clock (the simulated clock starts on one), the first at least ``dead_time_s`` after the call
-    began."""
+    began. Where the probe measured them, ``stall_together`` and ``stall_apart``: the shares of its
+    all-reduces (of ``probe_bytes``) that stalled with the ranks arriving within ``together_s`` of each other
+    and further apart."""
 
     period_s: float
     offset_s: float = 0.0
     dead_time_s: float = 0.0
+    together_s: float = 0.0
+    stall_together: float | None = None
+    stall_apart: float | None = None
+    probe_bytes: float = 0.0
 
     def __post_init__(self):
         if not self.period_s > 0 or not 0 <= self.offset_s < self.period_s or not 0 <= self.dead_time_s:
             raise ValueError("a timer tick needs a period > 0, an offset within it and a dead time >= 0")
+        if not all(0 <= x <= 1 for x in (self.stall_together, self.stall_apart) if x is not None):
+            raise ValueError("a share of stalled calls must be within 0-1")
 
     def first_after(self, t: float) -> float:
         """The first tick return at or after ``t``."""
@@ -110,6 +118,16 @@ class TimerTick:
     def stalled_end(self, start: float, fast_end: float) -> float:
         """When a call that began at ``start`` and would have ended at ``fast_end`` ends, stalled."""
         return self.first_after(max(start + self.dead_time_s, fast_end))
+
+    def met_chance(self, skew_s: float, at_size: float, at_probe: float) -> float | None:
+        """The chance that an all-reduce whose ranks arrived ``skew_s`` apart stalls: the probe's share for
+        ranks meeting that way, scaled by how much more (or less) often the calibration's calls of this size
+        stalled than those of the probe's size (``at_size`` / ``at_probe``, equal at the probe's size). None
+        where the probe did not measure it."""
+        share = self.stall_together if skew_s < self.together_s else self.stall_apart
+        if share is None:
+            return None
+        return share if at_probe <= 0 else min(1.0, share * at_size / at_probe)
 
 
 Latency = float | MeasuredLatency

@@ -16,6 +16,7 @@ device's memory bandwidth.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,15 +247,21 @@ def rank_data_slowdown(workload: Workload, batch: int, sharing: int) -> float:
     return _shared_excess(ratio, sharing, measured_ranks)
 
 
-def rank_step_sigma(workload: Workload, batch: int) -> float:
-    """The measured step-to-step spread of a calibrated CPU rank's step (sigma of its log, from the
-    interquartile range of ``provenance.rank_step``'s steps with every rank computing); 0 without it.
-    Linear in the batch between the measured sizes, the nearest one beyond them."""
+def rank_step_sigma(workload: Workload, batch: int) -> tuple[float, float]:
+    """The measured step-to-step spread of a calibrated CPU rank's step, sigma of its log (from the
+    interquartile range of ``provenance.rank_step``'s steps with every rank computing), split into each
+    rank's own part and the part the ranks share (a slower host slows them all at once): (own, shared).
+    (0, 0) without it; all its own where the record does not split it. Linear in the batch between the
+    measured sizes, the nearest one beyond them."""
     record = (workload.provenance.model_extra or {}).get("rank_step") or {}
-    points = sorted((int(p[0]), float(p[3])) for p in record.get("points") or [] if len(p) > 3 and p[3])
+    points = sorted((int(p[0]), float(p[3]), float(p[7]) if len(p) > 7 and p[7] is not None else float(p[3]))
+                    for p in record.get("points") or [] if len(p) > 3 and p[3])
     if not points:
-        return 0.0
-    return float(np.interp(batch, [b for b, _ in points], [s for _, s in points]))
+        return 0.0, 0.0
+    sizes = [b for b, _, _ in points]
+    whole = float(np.interp(batch, sizes, [s for _, s, _ in points]))
+    own = min(whole, float(np.interp(batch, sizes, [r for _, _, r in points])))
+    return own, math.sqrt(whole**2 - own**2)
 
 
 def _measured_here(workload: Workload, device: DeviceSpec) -> bool:

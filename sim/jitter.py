@@ -9,6 +9,10 @@ isolates the schedule.
 - ``lognormal``: factor = exp(N(-sigma^2/2, sigma)) (mean 1, right-skewed: the occasional slow kernel);
   with ``centre: median``, exp(N(0, sigma)) (median 1: for times that are medians, as calibrated ones are);
 - ``uniform``: factor ~ U(1 - sigma, 1 + sigma).
+
+``common_sigma`` (lognormal) adds a factor that every rank shares for the same piece of work: ranks that are
+cores of one host speed up and slow down together (a 2-rank loop of steps and all-reduces here met each call
+0-10 us apart after steps of about 10 ms), so only ``sigma`` makes one rank wait for another.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class JitterSpec(BaseModel):
 
     distribution: Literal["lognormal", "uniform"] = "lognormal"
     sigma: float = Field(default=0.1, ge=0, description="lognormal: sigma of log; uniform: half-width")
+    common_sigma: float = Field(default=0.0, ge=0,
+                                description="lognormal: sigma of log of a factor every rank shares")
     centre: Literal["mean", "median"] = Field(default="mean", description="lognormal: which is 1")
     seed: int = Field(default=0, ge=0)
 
@@ -34,6 +40,8 @@ class JitterSpec(BaseModel):
     def _uniform_positive(self):
         if self.distribution == "uniform" and self.sigma >= 1:
             raise ValueError("uniform jitter needs sigma < 1 (durations must stay positive)")
+        if self.distribution == "uniform" and self.common_sigma:
+            raise ValueError("common_sigma is lognormal only")
         return self
 
 
@@ -43,12 +51,20 @@ class Jitter:
     def __init__(self, spec: JitterSpec | None):
         self.spec = spec
 
-    def factor(self, *key: int) -> float:
+    def factor(self, rank: int, *work: int) -> float:
+        """The factor of rank ``rank``'s piece of work ``work`` (iteration, micro-batch, pass, ...)."""
         spec = self.spec
-        if spec is None or spec.sigma == 0:
+        if spec is None or spec.sigma == spec.common_sigma == 0:
             return 1.0
-        rng = np.random.default_rng([spec.seed, *(int(k) for k in key)])
-        if spec.distribution == "lognormal":
-            mu = 0.0 if spec.centre == "median" else -(spec.sigma**2) / 2
-            return float(np.exp(rng.normal(mu, spec.sigma)))
-        return float(rng.uniform(1 - spec.sigma, 1 + spec.sigma))
+        if spec.distribution == "uniform":
+            rng = np.random.default_rng([spec.seed, int(rank), *(int(k) for k in work)])
+            return float(rng.uniform(1 - spec.sigma, 1 + spec.sigma))
+        own = self._lognormal(spec.sigma, [spec.seed, int(rank), *work])
+        # keyed without the rank (and one entry shorter than any rank's key): the same for every rank
+        return own * self._lognormal(spec.common_sigma, [spec.seed, *work]) if spec.common_sigma else own
+
+    def _lognormal(self, sigma: float, key: list) -> float:
+        if sigma == 0:
+            return 1.0
+        mu = 0.0 if self.spec.centre == "median" else -(sigma**2) / 2
+        return float(np.exp(np.random.default_rng([int(k) for k in key]).normal(mu, sigma)))

@@ -141,6 +141,7 @@ class Machine:
         # the timer tick a stalled gloo call waits for (`call_latency`); None: calls are charged their mean
         self.timer_tick: TimerTick | None = None
         self._stalls = np.random.default_rng(0)  # which calls stall: reproducible, in simulated order
+        self._drawn: dict = {}  # per call id: whether that call stalled, for every rank's part of it
 
     # ---- lookups --------------------------------------------------------------------------------------
     def gpu(self, index_or_name: int | str) -> Gpu:
@@ -174,26 +175,39 @@ class Machine:
             return [None] * len(legs)
         return [self._charge(latency, nbytes)] + [0.0] * (len(legs) - 1)
 
-    def call_cost(self, call: str, nbytes: float) -> float:
+    def call_cost(self, call: str, nbytes: float, skew_s: float | None = None, call_id=None) -> float:
         """Seconds this call of collective ``call`` on ``nbytes``, starting now, pays before its bytes move
-        (it must be measured)."""
-        return self._charge(self.call_latency[call], nbytes)
+        (it must be measured). ``skew_s``: how far apart its ranks arrived, where the caller knows; an
+        all-reduce then stalls as often as the tick probe's all-reduces met that way did. ``call_id``: one
+        rank's part of that call, which stalls or not with the others' (`_charge`)."""
+        return self._charge(self.call_latency[call], nbytes, skew_s if call == "allreduce" else None, call_id)
 
-    def _charge(self, latency: Latency, nbytes: float) -> float:
+    def _charge(self, latency: Latency, nbytes: float, skew_s: float | None = None, call_id=None) -> float:
         """A call starting now: its measured mean; where stalls wait for the timer tick, fast or stalled as
-        its samples say, a stalled one ending on the first tick past its dead time and its fast end
-        (`call_latency`)."""
-        if self.timer_tick is None or not isinstance(latency, MeasuredLatency):
+        its samples (and, given ``skew_s``, the probe's calls met the same way) say, a stalled one ending on
+        the first tick past its dead time and its fast end (`call_latency`). The parts of one call with the
+        same ``call_id`` (each rank's push of one gloo reduce) are drawn once: it is one call that stalls,
+        and each part then ends on the tick after its own start."""
+        tick = self.timer_tick
+        if tick is None or not isinstance(latency, MeasuredLatency):
             return cost(latency, nbytes)
         fast, chance = latency.fast_and_stall_chance(nbytes)
-        if self._stalls.random() >= chance:
+        if skew_s is not None:
+            met = tick.met_chance(skew_s, chance, latency.fast_and_stall_chance(tick.probe_bytes)[1])
+            chance = chance if met is None else met
+        stalled = self._drawn.get(call_id) if call_id is not None else None
+        if stalled is None:
+            stalled = bool(self._stalls.random() < chance)
+            if call_id is not None:
+                self._drawn[call_id] = stalled
+        if not stalled:
             return fast
         now, wire = self.env.now, latency.wire_s(nbytes)
-        return self.timer_tick.stalled_end(now, now + fast + wire) - now - wire
+        return tick.stalled_end(now, now + fast + wire) - now - wire
 
-    def _call_latencies(self, call: str | None, nbytes: float) -> list[float | None] | None:
+    def _call_latencies(self, call: str | None, nbytes: float, call_id=None) -> list[float | None] | None:
         """A one-route copy, part of collective ``call``: its measured call latency, else the route's."""
-        return [self.call_cost(call, nbytes)] if call in self.call_latency else None
+        return [self.call_cost(call, nbytes, call_id=call_id)] if call in self.call_latency else None
 
     @property
     def now(self) -> float:
@@ -302,9 +316,11 @@ class Machine:
         src: str | None = None,
         category: str = TRANSFER,
         call: str | None = None,
+        call_id=None,
     ):
         """Host memory (``src``, default the GPU's nearest DRAM) to a GPU on its H2D engine; ``call``: the
-        collective this copy is part of (its measured call latency replaces the route's, when known)."""
+        collective this copy is part of (its measured call latency replaces the route's, when known), and
+        ``call_id`` which call of it, where every rank's copy is a part of the same one."""
         src = src or self.gpus[gpu].host_memory
         route = self.topology.route(src, gpu)
         yield from self.transfer(
@@ -317,7 +333,7 @@ class Machine:
             category=category,
             pinned=pinned,
             host=self.host_by_dram(src),
-            latencies=self._call_latencies(call, nbytes),
+            latencies=self._call_latencies(call, nbytes, call_id),
         )
 
     def d2h(
@@ -331,8 +347,10 @@ class Machine:
         dst: str | None = None,
         category: str = TRANSFER,
         call: str | None = None,
+        call_id=None,
     ):
-        """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine; ``call`` as for h2d."""
+        """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine; ``call`` and
+        ``call_id`` as for h2d."""
         dst = dst or self.gpus[gpu].host_memory
         route = self.topology.route(gpu, dst)
         yield from self.transfer(
@@ -345,7 +363,7 @@ class Machine:
             category=category,
             pinned=pinned,
             host=self.host_by_dram(dst),
-            latencies=self._call_latencies(call, nbytes),
+            latencies=self._call_latencies(call, nbytes, call_id),
         )
 
     def peer_copy(

@@ -140,8 +140,10 @@ def bundle_timer_tick(path: str) -> call_latency.TimerTick | None:
     if not isinstance(tick, dict) or not isinstance(tick.get("period_s"), int | float):
         return None
     try:
-        return call_latency.TimerTick(float(tick["period_s"]), float(tick.get("offset_s") or 0.0),
-                                      float(tick.get("dead_time_s") or 0.0))
+        return call_latency.TimerTick(
+            float(tick["period_s"]), float(tick.get("offset_s") or 0.0),
+            float(tick.get("dead_time_s") or 0.0), float(tick.get("together_s") or 0.0),
+            tick.get("stall_together"), tick.get("stall_apart"), float(tick.get("probe_bytes") or 0.0))
     except (TypeError, ValueError) as exc:
         raise TrainsimError(str(exc), file=str(Path(path) / "collectives.json"), field="timer_tick") from None
 
@@ -354,16 +356,19 @@ class Simulation:
 
     def _measured_jitter(self, batch: int):
         """On a calibrated CPU box with several ranks: each rank's passes scatter as the calibration measured
-        (median-centred, since the calibrated times are medians), so a step that synchronises the ranks
-        waits for the slowest, as it does for real. One rank has nobody to wait for: no jitter."""
+        (median-centred, since the calibrated times are medians), by a part of their own, so a step that
+        synchronises the ranks waits for the slowest as it does for real, and a part the ranks share (the
+        host's speed), which moves them together. One rank has nobody to wait for: no jitter."""
         from .costs import rank_step_sigma
         from .jitter import JitterSpec
 
         devices = [self.machine.gpus[g].device for g in self.ranks]
         if len(self.ranks) < 2 or any(d.kind != "cpu" for d in devices):
             return None
-        sigma = rank_step_sigma(self.workload, batch)
-        return JitterSpec(distribution="lognormal", sigma=sigma, centre="median") if sigma > 0 else None
+        own, shared = rank_step_sigma(self.workload, batch)
+        if own == shared == 0:
+            return None
+        return JitterSpec(distribution="lognormal", sigma=own, common_sigma=shared, centre="median")
 
     def _on_finish(self, iteration: int) -> None:
         if iteration == self.scenario.warmup_iterations - 1:

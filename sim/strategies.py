@@ -237,10 +237,12 @@ class Context:
 
     # ---- communication --------------------------------------------------------------------------------
     def collective(
-        self, op: str, nbytes: float, iteration: int, *, gpus: list[str] | None = None, label: str = ""
+        self, op: str, nbytes: float, iteration: int, *, gpus: list[str] | None = None, label: str = "",
+        skew_s: float | None = None,
     ):
         """One collective over ``gpus`` (default all ranks) on their communication channels: flows on the
-        topology, or the analytic alpha-beta time when ``collectives: analytic``."""
+        topology, or the analytic alpha-beta time when ``collectives: analytic``. ``skew_s``: how far apart
+        the ranks arrived, where the strategy knows (a gloo all-reduce's stalls depend on it)."""
         from . import collectives as coll
 
         gpus = gpus or self.ranks
@@ -252,7 +254,7 @@ class Context:
         start = env.now
         tag = f"it{iteration}:{op}{label}"
         if op in machine.call_latency:  # a gloo call: its measured per-call cost, then its bytes
-            yield env.timeout(machine.call_cost(op, nbytes))
+            yield env.timeout(machine.call_cost(op, nbytes, skew_s))
         # CPU ranks move gloo's bytes with their own cores: no layer runs meanwhile (Machine.rank_transfer)
         held = yield from machine.hold_compute(machine.cpu_ranks(gpus))
         if self.collectives == "analytic":

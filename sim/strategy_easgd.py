@@ -120,6 +120,7 @@ class _Easgd:
             self.centre_host = machine.hosts[cpus[opts.centre_socket]]
             self.centre = self.centre_host.dram
         self.version = 0
+        self.first_arrival: dict[int, float] = {}  # sync: per round, when the first worker arrived
         self.read_version = dict.fromkeys(ctx.ranks, 0)
         self.staleness: Counter = Counter()
         env = ctx.env
@@ -242,6 +243,7 @@ class _Easgd:
 
     def exchange(self, gpu: str, it: int, k: int):
         if self.opts.variant == "sync":
+            self.first_arrival.setdefault(k, self.ctx.env.now)
             self.event("arrived", k, gpu).succeed()
             yield self.event("done", k)
             return
@@ -294,7 +296,8 @@ class _Easgd:
         for k in range(self.rounds):
             it = (k + 1) * opts.tau - 1
             yield env.all_of([self.event("arrived", k, g) for g in ctx.ranks])
-            yield from ctx.collective("allreduce", self.weight_bytes, it, label=":easgd")
+            skew = env.now - self.first_arrival.pop(k)  # how far apart the workers arrived
+            yield from ctx.collective("allreduce", self.weight_bytes, it, label=":easgd", skew_s=skew)
             yield env.all_of([env.process(self._both_updates(g, it)) for g in ctx.ranks])
             self._tally([0] * ctx.n)
             self.event("done", k).succeed()

@@ -29,7 +29,7 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
         yield from ctx.backward(gpu, it)
         yield from ctx.machine.d2h(
             gpu, ctx.costs[gpu].grad_bytes, iteration=it, op="push_grads", dst=dram, category=COMM,
-            call="reduce",  # on CPU ranks the executor's push is a gloo reduce to the server rank
+            call="reduce", call_id=("push", it),  # on CPU ranks: one gloo reduce to the server rank
         )
         pushed(it).succeed()
         waiting = ctx.env.now
@@ -39,7 +39,7 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
                                start=waiting, end=ctx.env.now, category=COMM)
         yield from ctx.machine.h2d(
             gpu, ctx.costs[gpu].param_bytes, iteration=it, op="pull_params", src=dram, category=COMM,
-            call="broadcast",
+            call="broadcast", call_id=("pull", it),  # one gloo broadcast from the server rank
         )
         ctx.finish(it, gpu)
 

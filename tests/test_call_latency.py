@@ -56,3 +56,15 @@ def test_a_stalled_call_ends_on_the_first_tick_past_its_dead_time_and_its_fast_e
     assert tick.stalled_end(0.0, 9e-3) == pytest.approx(12.25e-3)
     with pytest.raises(ValueError):
         TimerTick(period_s=4e-3, offset_s=5e-3)
+    with pytest.raises(ValueError):
+        TimerTick(period_s=4e-3, stall_together=1.5)
+
+
+def test_how_the_ranks_met_an_all_reduce_sets_its_chance_of_a_stall():
+    tick = TimerTick(4e-3, together_s=5e-5, stall_together=0.7, stall_apart=0.5, probe_bytes=1e5)
+    assert tick.met_chance(1e-5, 0.4, 0.4) == pytest.approx(0.7)  # at the probe's size: the probe's share
+    assert tick.met_chance(5e-5, 0.4, 0.4) == pytest.approx(0.5)  # from together_s on: apart
+    assert tick.met_chance(1e-3, 0.2, 0.4) == pytest.approx(0.25)  # half as often at this size
+    assert tick.met_chance(0.0, 0.9, 0.3) == 1.0  # never over 1
+    assert tick.met_chance(0.0, 0.2, 0.0) == pytest.approx(0.7)  # nothing stalled at the probe's size
+    assert TimerTick(4e-3).met_chance(0.0, 0.4, 0.4) is None  # not probed: the caller keeps its own

@@ -108,11 +108,23 @@ def test_rank_step_sigma_interpolates_the_measured_spread():
     from trainsim.sim.costs import rank_step_sigma
 
     wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05], [64, 0.04, 0.044, 0.15]])
-    assert rank_step_sigma(wl, 16) == pytest.approx(0.05)
-    assert rank_step_sigma(wl, 40) == pytest.approx(0.10)
-    assert rank_step_sigma(wl, 128) == pytest.approx(0.15)
+    assert rank_step_sigma(wl, 16) == pytest.approx((0.05, 0.0))  # not split: all the rank's own
+    assert rank_step_sigma(wl, 40) == pytest.approx((0.10, 0.0))
+    assert rank_step_sigma(wl, 128) == pytest.approx((0.15, 0.0))
     old = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011]])  # recorded before the spread was
-    assert rank_step_sigma(old, 16) == 0.0 and rank_step_sigma(load_workload("tiny-cnn"), 16) == 0.0
+    assert rank_step_sigma(old, 16) == (0.0, 0.0)
+    assert rank_step_sigma(load_workload("tiny-cnn"), 16) == (0.0, 0.0)
+
+
+def test_rank_step_sigma_splits_the_ranks_own_part_from_the_shared():
+    from trainsim.sim.costs import rank_step_sigma
+
+    point = [16, 0.01, 0.011, 0.05, 0.001, 0.001, 0.0008, 0.03]
+    own, shared = rank_step_sigma(_with_rank_step(load_workload("tiny-cnn"), [point]), 16)
+    assert own == pytest.approx(0.03) and shared == pytest.approx(0.04)  # 0.03^2 + 0.04^2 = 0.05^2
+    above = [*point[:7], 0.08]  # the own part measured above the whole (anti-correlated ranks): all its own
+    wl = _with_rank_step(load_workload("tiny-cnn"), [above])
+    assert rank_step_sigma(wl, 16) == pytest.approx((0.05, 0.0))
 
 
 def test_rank_data_slowdown_is_preparation_together_over_alone():

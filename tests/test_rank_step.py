@@ -11,7 +11,7 @@ def test_the_record_keeps_both_medians():
     assert point.slowdown == pytest.approx(1.2)
     record = rank_step_record([point], 2, 1)
     assert (record["ranks"], record["threads_per_rank"]) == (2, 1)
-    assert record["points"] == [[8, 0.010, 0.012, 0.0, None, None, None]]
+    assert record["points"] == [[8, 0.010, 0.012, 0.0, None, None, None, None]]
     assert RankStepPoint(8, 0.01, None, 5, 0).slowdown is None
 
 
@@ -27,7 +27,18 @@ def test_together_is_the_mean_over_the_ranks_of_their_medians():
     assert point.data_warm_s == pytest.approx(0.00085)
     assert (point.steps_alone, point.steps_together) == (3, 6)
     one = summarise_point(8, alone, [], [0.001])
-    assert one.together_s is None and one.data_together_s is None
+    assert one.together_s is None and one.data_together_s is None and one.sigma_rank_log is None
+
+
+def test_a_rank_s_own_spread_leaves_out_what_the_ranks_share_and_a_slower_core():
+    import numpy as np
+
+    from trainsim.calibrate.rank_step import rank_spread
+
+    host = np.exp(np.random.default_rng(1).normal(0, 0.05, 400))  # the host's speed, the same for both
+    assert rank_spread([0.01 * host, 0.013 * host]) == pytest.approx(0.0, abs=1e-12)  # 30 % slower core
+    own = np.exp(np.random.default_rng(2).normal(0, 0.01, (2, 400)))
+    assert rank_spread([0.01 * host * own[0], 0.01 * host * own[1]]) == pytest.approx(0.01, rel=0.15)
 
 
 def test_two_pinned_ranks_measure_alone_and_together_round_after_round():

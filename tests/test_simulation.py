@@ -355,8 +355,8 @@ def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_pat
                      calibration=bundle)
     charged, charge = [], sim.machine._charge
 
-    def recorded(latency, nbytes):
-        charged.append((sim.env.now, charge(latency, nbytes), latency.wire_s(nbytes)))
+    def recorded(latency, nbytes, skew_s=None, call_id=None):
+        charged.append((sim.env.now, charge(latency, nbytes, skew_s, call_id), latency.wire_s(nbytes)))
         return charged[-1][1]
 
     sim.machine._charge = recorded
@@ -374,6 +374,58 @@ def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_pat
     assert plain.machine.timer_tick is None
     costs = {plain.machine.call_cost("allreduce", 4096) for _ in range(20)}
     assert len(costs) == 1 and costs.pop() == pytest.approx(0.8 * fast + 0.2 * slow, rel=1e-4)
+
+
+def test_an_all_reduce_stalls_as_often_as_the_probe_s_calls_met_the_same_way(tmp_path):
+    calls = _gloo_calls(all_reduce=1000.0)
+    calls["results"][0]["fit"]["beta_bytes_per_s"] = 1e12
+    calls["results"][0]["points"] = [{"bytes": 4096, "samples_s": [2e-4] * 8 + [5e-3] * 2}]
+    tick = {"period_s": 4e-3, "offset_s": 2.5e-4, "dead_time_s": 1.5e-3, "stalled_calls": 40, "calls": 100,
+            "together_s": 5e-5, "probe_bytes": 4096}
+
+    def stalled_share(name: str, together: float, apart: float, options: dict) -> float:
+        calls["timer_tick"] = {**tick, "stall_together": together, "stall_apart": apart}
+        scenario = make_scenario(tiny_topology(gpus=2), "tiny-cnn", name, 8, iterations=40)
+        scenario["strategy"].update(options)
+        sim = Simulation(scenario, calibration=_cpu_bundle(tmp_path / f"{name}{together}{apart}", calls))
+        paid = []
+
+        def recorded(latency, nbytes, skew_s=None, call_id=None, charge=sim.machine._charge):
+            paid.append((skew_s, charge(latency, nbytes, skew_s, call_id)))
+            return paid[-1][1]
+
+        sim.machine._charge = recorded
+        sim.run()
+        assert paid and all(skew == 0.0 for skew, _ in paid)  # no jitter here: the ranks arrive at once
+        return sum(cost > 1e-3 for _, cost in paid) / len(paid)
+
+    easgd = {"easgd": {"variant": "sync", "tau": 1, "centre": "replicated"}}
+    for name, options in (("ddp", {}), ("easgd", easgd)):
+        assert stalled_share(name, 1.0, 0.0, options) == 1.0  # together: as the probe's together calls
+        assert stalled_share(name, 0.0, 1.0, options) == 0.0
+
+
+def test_every_rank_s_part_of_one_gloo_call_stalls_or_not_with_the_others(tmp_path):
+    calls = _gloo_calls(reduce=1000.0, broadcast=500.0)
+    for record in calls["results"]:
+        record["fit"]["beta_bytes_per_s"] = 1e12
+        record["points"] = [{"bytes": 4096, "samples_s": [2e-4] * 5 + [5e-3] * 5}]  # half of them stall
+    calls["timer_tick"] = {"period_s": 4e-3, "offset_s": 2.5e-4, "dead_time_s": 1.5e-3, "stalled_calls": 40,
+                           "calls": 100}
+    sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "parameter-server", 8, iterations=40),
+                     calibration=_cpu_bundle(tmp_path, calls))
+    parts: dict = {}
+
+    def recorded(latency, nbytes, skew_s=None, call_id=None, charge=sim.machine._charge):
+        paid = charge(latency, nbytes, skew_s, call_id)
+        parts.setdefault(call_id, []).append(paid > 1e-3)
+        return paid
+
+    sim.machine._charge = recorded
+    sim.run()
+    assert None not in parts and len(parts) == 2 * sim.ctx.total_iterations  # a push and a pull a step
+    assert all(len(stalled) == 2 and len(set(stalled)) == 1 for stalled in parts.values())  # both or neither
+    assert 0.25 < sum(stalled[0] for stalled in parts.values()) / len(parts) < 0.75
 
 
 def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
@@ -436,6 +488,17 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
     assert max(nominal.iteration_times_s) - min(nominal.iteration_times_s) < 1e-9
     # each synchronised step waits for the slower of two draws: the median step is above the nominal one
     assert statistics.median(jittered.iteration_times_s) > nominal.iteration_time_s
+    # the same spread, shared by the ranks (the host's speed): they move together and nobody waits
+    shared = bundle("shared", {"ranks": 2, "points": [[4, 0.01, 0.01, 0.2, None, None, None, 0.0]]})
+    sim, together = run("ddp", 2, shared)
+    assert (sim.ctx.jitter_spec.sigma, sim.ctx.jitter_spec.common_sigma) == pytest.approx((0.0, 0.2))
+    steps = together.iteration_times_s
+    assert max(steps) - min(steps) > 0.01 * together.iteration_time_s
+    ends = {}
+    for op in sim.machine.ops:
+        if op.op == "backward":
+            ends.setdefault((op.iteration, op.layer), []).append(op.end)
+    assert all(len(e) == 2 and max(e) - min(e) < 1e-12 for e in ends.values())  # both ranks' layers at once
     one, alone = run("single", 1, noisy)
     assert one.ctx.jitter_spec is None  # one rank has nobody to wait for
     # a batch of 4 takes 0.4 ms longer in the loop than back to back, and x1.5 beside the other rank

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from trainsim.calibrate.timer_tick import PROBE_CALLS, fit
+from trainsim.calibrate.timer_tick import PROBE_BYTES, PROBE_CALLS, TOGETHER_S, fit
 
 PERIOD, OFFSET, DEAD, FAST = 0.004, 0.00025, 0.0015, 0.0003
 
@@ -38,6 +38,25 @@ def test_the_period_offset_and_dead_time_of_calls_that_wake_on_a_tick():
     assert found["dead_time_s"] == pytest.approx(DEAD, abs=PERIOD / 80)
     assert found["stalled_calls"] == PROBE_CALLS // 2 and found["calls"] == PROBE_CALLS
     assert found["resultant"] > 0.99
+
+
+def test_the_shares_of_calls_that_stalled_with_the_ranks_together_and_apart():
+    t, ranks, together = 1000.0, ([], []), []
+    for i in range(PROBE_CALLS):
+        t += 0.003 + (i % 7) * 0.0013
+        apart = i % 3 == 0  # rank 1 arrives 0.5 ms late, and those calls never stall
+        last = t + (5e-4 if apart else 1e-5)
+        end = (OFFSET + math.ceil((last + DEAD - OFFSET) / PERIOD) * PERIOD if not apart and i % 2 == 0
+               else last + FAST)
+        ranks[0].append((t, end))
+        ranks[1].append((last, end))
+        together.append(not apart)
+        t = end
+    found = fit([list(ranks[0]), list(ranks[1])])
+    assert found["together_s"] == TOGETHER_S and found["probe_bytes"] == PROBE_BYTES
+    assert found["stall_apart"] == 0.0
+    stalled_together = sum(1 for i, met in enumerate(together) if met and i % 2 == 0)
+    assert found["stall_together"] == pytest.approx(stalled_together / sum(together), abs=1e-3)
 
 
 def test_no_tick_where_calls_do_not_stall_or_stall_at_random():
