@@ -91,10 +91,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{acc['worst_error_pct']:+.1f} % ({acc['worst_variant']}), worst speedup error "
                   f"{worst_pp:.1f} pp, wrong side of 1.0: "
                   f"{', '.join(acc['speedups_on_wrong_side']) or 'none'}")
+            if acc["measured_round_spread_pct"] is not None:
+                print(f"  the measurement against itself: a round's mean up to "
+                      f"{acc['measured_round_spread_pct']:.1f} % from the other rounds' (median over the "
+                      f"variants), a speedup {acc['measured_speedup_range_pp'] or 0.0:.1f} pp apart over the "
+                      f"rounds")
 
     if len(repeats) > 1:
         print("\n## spread over the repeats (min .. max)")
-        for key in ("median_abs_error_pct", "worst_error_pct", "max_abs_speedup_error_pp"):
+        for key in ("median_abs_error_pct", "worst_error_pct", "max_abs_speedup_error_pp",
+                    "measured_round_spread_pct", "measured_speedup_range_pp"):
             values = [acc[key] for _, acc in repeats if acc[key] is not None]
             if values:
                 mid = statistics.median(values)

@@ -30,7 +30,9 @@ barriers, the way collectives were measured before, their means came out nearest
 within 1-4 % of them on average over ten repeats), so collectives stay measured that way, except where the
 data flows one way. Over 800 calls after busy gaps that put the two ranks' arrivals 0-5 ms apart, a
 broadcast stalled when they arrived within 0.1 ms of each other (13-16 % of those) and otherwise 2 times in
-552; an all-reduce stalled 40-65 % of the time and a reduce 9-43 %, whatever the gap. The
+552; an all-reduce stalled 40-65 % of the time and a reduce 9-43 %, whatever the gap in bins of 0.1 ms
+(closer up, an all-reduce whose ranks arrive within 50 us of each other stalls more often: the timer tick
+probe measures both, `trainsim.calibrate.timer_tick`). The
 simulator's broadcasts and scatters (DataParallel's replicate and input scatter, the parameter server's
 pull) all have a root that works first while the others wait, so these are measured with the root late.
 

@@ -55,6 +55,12 @@ def headline_lines(result: ValidationResult) -> list[str]:
         side = f"on the wrong side of 1.0: {', '.join(wrong)}" if wrong else "all on the right side of 1.0"
         worst = acc["max_abs_speedup_error_pp"]
         lines.append(f"speedups over {result.baseline}: worst error {worst:.1f} pp; {side}")
+    if acc["measured_round_spread_pct"] is not None:
+        line = (f"the measurement against itself (median over the variants): a round's mean up to "
+                f"{acc['measured_round_spread_pct']:.1f} % from the other rounds'")
+        if acc["measured_speedup_range_pp"] is not None:
+            line += f", a speedup {acc['measured_speedup_range_pp']:.1f} pp apart over the rounds"
+        lines.append(line)
     return lines
 
 

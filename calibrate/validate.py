@@ -63,6 +63,11 @@ class ValidationRow:
     measured_iqr_s: float | None = None
     measured_iterations_s: list[float] = field(default_factory=list)  # every round's iterations, pooled
     measured_rounds: int = 0
+    measured_round_means_s: list[float] = field(default_factory=list)  # each round's mean on its own
+    # the measurement's own reproducibility, from two rounds on: the farthest a round's mean lies from the
+    # other rounds' (%), and how far apart the rounds put the speedup (pp, each round over the baseline's)
+    measured_round_spread_pct: float | None = None
+    measured_speedup_range_pp: float | None = None
     predicted_iterations_s: list[float] = field(default_factory=list)  # every round's prediction, pooled
     error_pct: float | None = None
     predicted_speedup: float | None = None  # baseline time / this time, as predicted
@@ -99,14 +104,30 @@ class ValidationRow:
         return {**asdict(self), "status": self.status}
 
 
+def round_spread_pct(means: list[float]) -> float | None:
+    """The farthest one round's mean lies from the mean of the other rounds, in % of it (None under two)."""
+    if len(means) < 2:
+        return None
+    return max(abs(100.0 * (m / ((sum(means) - m) / (len(means) - 1)) - 1.0)) for m in means)
+
+
 def compare(rows: list[ValidationRow], baseline: str | None) -> None:
-    """Fill each row's error and its speedups over ``baseline`` (both ways) in place."""
+    """Fill each row's error and its speedups over ``baseline`` (both ways) in place, and how far the rounds
+    of the measurement itself lie apart."""
     base = next((r for r in rows if r.variant == baseline), None)
     for row in rows:
         row.error_pct = percent_error(row.predicted_s, row.measured_s)
         row.predicted_speedup = row.measured_speedup = row.speedup_error_pp = None
+        row.measured_round_spread_pct = round_spread_pct(row.measured_round_means_s)
+        row.measured_speedup_range_pp = None
         if base is None:
             continue
+        # round k of the baseline against round k of this variant (a round runs every variant once); a
+        # variant that failed in a later round has fewer
+        paired = list(zip(base.measured_round_means_s, row.measured_round_means_s, strict=False))
+        if len(paired) > 1 and row is not base:
+            speedups = [100.0 * b / m for b, m in paired]
+            row.measured_speedup_range_pp = max(speedups) - min(speedups)
         if base.predicted_s and row.predicted_s:
             row.predicted_speedup = base.predicted_s / row.predicted_s
         if base.measured_s and row.measured_s:
@@ -126,6 +147,8 @@ def accuracy(rows: list[ValidationRow], baseline: str | None = None) -> dict:
         # the prediction says faster (>1) and it is slower, or the reverse; exactly 1.0 counts as either side
         return (r.predicted_speedup - 1.0) * (r.measured_speedup - 1.0) < 0
 
+    spreads = [r.measured_round_spread_pct for r in compared if r.measured_round_spread_pct is not None]
+    ranges = [r.measured_speedup_range_pp for r in speedups if r.measured_speedup_range_pp is not None]
     return {
         "compared": len(compared),
         "median_abs_error_pct": statistics.median(abs(r.error_pct) for r in compared) if compared else None,
@@ -134,6 +157,9 @@ def accuracy(rows: list[ValidationRow], baseline: str | None = None) -> dict:
         "speedup_error_pp": {r.variant: r.speedup_error_pp for r in speedups},
         "max_abs_speedup_error_pp": abs(worst_pp.speedup_error_pp) if worst_pp else None,
         "speedups_on_wrong_side": [r.variant for r in speedups if wrong_side(r)],
+        # the measurement against itself (two rounds or more): medians over the variants
+        "measured_round_spread_pct": statistics.median(spreads) if spreads else None,
+        "measured_speedup_range_pp": statistics.median(ranges) if ranges else None,
     }
 
 
@@ -527,6 +553,7 @@ def _measure(row: ValidationRow, cfg, execute_config) -> None:
         return
     k = row.measured_rounds
     row.measured_iterations_s += list(measured.iteration_s)
+    row.measured_round_means_s.append(float(np.mean(measured.iteration_s)))
     q1, q3 = np.percentile(row.measured_iterations_s, [25, 75])
     row.measured_s, row.measured_iqr_s = float(np.mean(row.measured_iterations_s)), float(q3 - q1)
     row.measured_breakdown_s = {phase: (row.measured_breakdown_s.get(phase, 0.0) * k + seconds) / (k + 1)

@@ -10,6 +10,14 @@ stalled: it ends on the first tick past both its dead time and its fast end. Wha
 depends on where in the tick the call falls, as on the box: a 2-rank DDP step there took 11.5-12.2 ms or
 15.9-16.1 ms, never between, and synchronous steps lock to the tick.
 
+How the ranks meet an all-reduce changes how often it stalls: the tick probe's all-reduces stalled more
+often with the ranks arriving within 50 us of each other (as they do after a tick released them from the
+previous call) than further apart. Where a strategy knows how far apart its ranks arrived (DDP's buckets,
+synchronous EASGD), an all-reduce stalls with the probe's share for that way of meeting, scaled by how
+often the calibration's calls of its size stalled against those of the probe's size (`TimerTick.met_chance`).
+One gloo call is one draw: every rank's part of it (each push of the parameter server's reduce) stalls or
+not together (`Machine._charge`).
+
 Without a tick (an older bundle, or none found) a call is charged the mean of the samples at the sizes
 around its own, its expected cost; a latency given as a plain number (a what-if, a bundle with only the
 fit's alpha) is charged as it is.

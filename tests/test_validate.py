@@ -75,6 +75,26 @@ def test_accuracy_reports_median_worst_and_wrong_side_speedups():
     assert acc["max_abs_speedup_error_pp"] == pytest.approx(100 * (0.1 / 0.08 - 0.1 / 0.12))
 
 
+def test_the_measurement_against_itself_round_by_round():
+    from trainsim.calibrate.validate import round_spread_pct
+
+    assert round_spread_pct([0.010]) is None and round_spread_pct([]) is None
+    assert round_spread_pct([0.010, 0.012]) == pytest.approx(20.0)  # 12 against 10, the farther way round
+    assert round_spread_pct([0.010, 0.010, 0.013]) == pytest.approx(30.0)
+    table = rows(("base", 0.100, 0.100), ("a", 0.050, 0.050))
+    table[0].measured_round_means_s, table[1].measured_round_means_s = [0.100, 0.100], [0.050, 0.0625]
+    compare(table, "base")
+    assert table[1].measured_round_spread_pct == pytest.approx(25.0)
+    assert table[1].measured_speedup_range_pp == pytest.approx(200.0 - 160.0)  # 2.0x and 1.6x over the rounds
+    assert table[0].measured_speedup_range_pp is None  # the baseline over itself
+    acc = accuracy(table, "base")
+    assert acc["measured_round_spread_pct"] == pytest.approx(12.5)  # median of 0 and 25
+    assert acc["measured_speedup_range_pp"] == pytest.approx(40.0)
+    one = rows(("base", 0.100, 0.100))
+    compare(one, "base")
+    assert accuracy(one, "base")["measured_round_spread_pct"] is None  # one round says nothing
+
+
 def test_machine_mismatch_compares_device_names_and_cores():
     def bundle(devices, cores, device="cpu"):
         meta = SimpleNamespace(provenance={"devices": devices}, config={"device": device})
