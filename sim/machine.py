@@ -166,14 +166,14 @@ class Machine:
         return self._host_of_dram[dram]
 
     def message_latencies(self, legs: list[list], nbytes: float,
-                          call: str | None = None) -> list[float | None]:
+                          call: str | None = None, call_id=None) -> list[float | None]:
         """Per leg of a point-to-point message: the latency it pays (None: its route's). A measured latency
         is paid once, on the first leg: that of the collective ``call`` the copy is part of (a gloo reduce,
-        scatter, ...) when measured, else that of one point-to-point message."""
+        scatter, ...) when measured, else that of one point-to-point message; ``call_id`` as for `_charge`."""
         latency = self.call_latency.get(call, self.p2p_latency) if call else self.p2p_latency
         if latency is None:
             return [None] * len(legs)
-        return [self._charge(latency, nbytes)] + [0.0] * (len(legs) - 1)
+        return [self._charge(latency, nbytes, call_id=call_id)] + [0.0] * (len(legs) - 1)
 
     def call_cost(self, call: str, nbytes: float, skew_s: float | None = None, call_id=None) -> float:
         """Seconds this call of collective ``call`` on ``nbytes``, starting now, pays before its bytes move

@@ -69,17 +69,21 @@ def grid_str(grid: Grid) -> str:
 
 
 def trunk_end(workload: Workload) -> int:
-    """Index of the first head layer: after the last conv and the elementwise layers that follow it."""
+    """Index of the first head layer: after the last conv and the elementwise layers and max-pools that
+    follow it. A max-pool works on its own window of rows, as the executor's row slabs run it (pools between
+    convolutions are split already); a global pool (``avgpool``) sums over every row and stays in the
+    head."""
     convs = [i for i, layer in enumerate(workload.layers) if layer.spatial is not None]
     if not convs:
         return 0
     end = convs[-1] + 1
     last = workload.layers[convs[-1]].output_bytes_per_sample
-    while (
-        end < len(workload.layers)
-        and workload.layers[end].kind in ELEMENTWISE
-        and workload.layers[end].output_bytes_per_sample == last
-    ):
+    while end < len(workload.layers):
+        layer = workload.layers[end]
+        if layer.kind == "maxpool":
+            last = layer.output_bytes_per_sample
+        elif layer.kind not in ELEMENTWISE or layer.output_bytes_per_sample != last:
+            break
         end += 1
     return end
 

@@ -35,14 +35,15 @@ class _Events:
 
 
 def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: int, op: str, layer: str,
-          call: str | None = None):
+          call: str | None = None, call_id=None):
     """A point-to-point copy of ``nbytes`` from rank ``src`` to ``dst`` (staged through host memory where the
-    topology has no P2P), part of collective ``call`` if named; ``event`` fires when it has arrived."""
+    topology has no P2P), part of collective ``call`` if named (``call_id``: which one, where every rank's
+    copy is a part of the same call); ``event`` fires when it has arrived."""
     machine, env = ctx.machine, ctx.env
     a, b = ctx.ranks[src], ctx.ranks[dst]
     start = env.now
     legs = machine.topology.gpu_copy_legs(a, b)
-    for leg, latency in zip(legs, machine.message_latencies(legs, nbytes, call), strict=True):
+    for leg, latency in zip(legs, machine.message_latencies(legs, nbytes, call, call_id), strict=True):
         yield from machine.rank_transfer([a, b], leg, nbytes, latency=latency,
                                          tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
     machine.record(
@@ -65,10 +66,17 @@ def _start_sends(
     ctx: Context, events: _Events, sends, kind: str, it: int, i: int, src: int, op: str, layer: str,
     call: str | None = None,
 ):
+    """Rank ``src``'s sends of one step. A gloo halo swap is one call of the two neighbours, a gather one of
+    every rank: each rank's part of it stalls or not with the others' (`Machine._charge`)."""
     for dst, nbytes in sends:
+        call_id = None
+        if call == "halo_exchange":
+            call_id = (kind, it, i, min(src, dst), max(src, dst))
+        elif call is not None:
+            call_id = (kind, it, i)
         ctx.env.process(
             _send(ctx, src, dst, nbytes, events(kind, it, i, src, dst), iteration=it, op=op, layer=layer,
-                  call=call)
+                  call=call, call_id=call_id)
         )
 
 

@@ -182,15 +182,16 @@ def test_spatial_split_halves_trunk_activations_and_gathers_the_head_input(tmp_p
     spatial = simulate(spatial_scenario(topo, "tiny-cnn", "spatial", 2, grid=[1, 2, 1]))
     single = simulate(make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 2, gpus=1))
     # tiny-cnn's saved bytes per sample: trunk conv1 3x32x32 + relu1 16x32x32 + pool1 indices 16x16x16 int64
-    # + conv2 16x16x16 + relu2 32x16x16; head pool2 indices 32x8x8 int64 + fc 32x8x8 (fp32 unless int64)
-    trunk = (3 * 32 * 32 + 16 * 32 * 32 + 16 * 16 * 16 * 2 + 16 * 16 * 16 + 32 * 16 * 16) * F32
-    head = (32 * 8 * 8 * 2 + 32 * 8 * 8) * F32
+    # + conv2 16x16x16 + relu2 32x16x16 + pool2 indices 32x8x8 int64; head fc 32x8x8 (fp32 unless int64)
+    trunk = (3 * 32 * 32 + 16 * 32 * 32 + 16 * 16 * 16 * 2 + 16 * 16 * 16 + 32 * 16 * 16
+             + 32 * 8 * 8 * 2) * F32
+    head = 32 * 8 * 8 * F32
     assert single.gpus[0].memory_at_peak["activations"] == 2 * (trunk + head)
     # each GPU holds half of each trunk activation of both samples; the head is replicated
     assert spatial.gpus[0].memory_at_peak["activations"] == 2 * (trunk / 2 + head)
-    # the head's input (relu2's output, 32x16x16 fp32 per sample, 2 samples) is gathered: each GPU receives
+    # the head's input (pool2's output, 32x8x8 fp32 per sample, 2 samples) is gathered: each GPU receives
     # the half it lacks, going forward; the gradient going back is already where it is needed
-    assert spatial.extra["spatial"]["redistribution_bytes_per_iteration"] == 2 * 32 * 16 * 16 * F32
+    assert spatial.extra["spatial"]["redistribution_bytes_per_iteration"] == 2 * 32 * 8 * 8 * F32
 
 
 def test_redistribution_by_hand():
@@ -212,7 +213,7 @@ def test_trunk_ends_before_the_classifier():
     wl = load_workload("resnet50")
     assert wl.layers[trunk_end(wl)].name == "avgpool"
     tiny = load_workload("tiny-cnn")
-    assert tiny.layers[trunk_end(tiny)].name == "pool2"
+    assert tiny.layers[trunk_end(tiny)].name == "fc"  # its last max-pool runs on the slabs too
 
 
 @pytest.mark.parametrize(
@@ -318,3 +319,27 @@ def test_a_halo_pays_the_measured_exchange_where_the_bundle_has_one(tmp_path):
     assert len(costs["p2p"]) == len(costs["exchange"])
     for one_way, swap in zip(costs["p2p"], costs["exchange"], strict=True):
         assert swap - one_way == pytest.approx(0.5, rel=1e-9)
+
+
+def test_both_neighbours_parts_of_one_halo_swap_stall_or_not_together(tmp_path):
+    from trainsim.sim.call_latency import MeasuredLatency, TimerTick
+
+    wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 8, 3)], tmp_path)
+    sim = Simulation(spatial_scenario(tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0), wl, "spatial", 2,
+                                      grid=[1, 2, 1], iterations=30))
+    # half of the measured swaps stalled; a stall waits for the 4 ms tick
+    sim.machine.call_latency = {"halo_exchange": MeasuredLatency((1e6,), ((1e-4,) * 5 + (5e-3,) * 5,))}
+    sim.machine.p2p_latency = 1e-4
+    sim.machine.timer_tick = TimerTick(4e-3, dead_time_s=1.5e-3)
+    parts: dict = {}
+
+    def recorded(latency, nbytes, skew_s=None, call_id=None, charge=sim.machine._charge):
+        paid = charge(latency, nbytes, skew_s, call_id)
+        parts.setdefault(call_id, []).append(paid > 1e-3)
+        return paid
+
+    sim.machine._charge = recorded
+    sim.run()
+    assert None not in parts and parts
+    assert all(len(stalled) == 2 and len(set(stalled)) == 1 for stalled in parts.values())  # one call
+    assert 0.2 < sum(stalled[0] for stalled in parts.values()) / len(parts) < 0.8
