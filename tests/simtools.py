@@ -105,3 +105,18 @@ def scenario(topology: dict | str, workload_path: str, strategy: str, batch: int
         else:
             base[key] = value
     return base
+
+
+def stalls_per_call(machine) -> dict:
+    """Wrap ``machine``'s gloo call charge: per call id (None: a call charged on its own), whether each part
+    charged stalled (over 1 ms); filled as the simulation runs."""
+    parts: dict = {}
+    charge = machine._charge
+
+    def recorded(latency, nbytes, skew_s=None, call_id=None):
+        paid = charge(latency, nbytes, skew_s, call_id)
+        parts.setdefault(call_id, []).append(paid > 1e-3)
+        return paid
+
+    machine._charge = recorded
+    return parts

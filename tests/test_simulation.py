@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import simpy
 from simtools import scenario as make_scenario
-from simtools import tiny_topology, tiny_workload
+from simtools import stalls_per_call, tiny_topology, tiny_workload
 
 from trainsim.errors import TrainsimError
 from trainsim.sim.collectives import run_collective
@@ -414,14 +414,7 @@ def test_every_rank_s_part_of_one_gloo_call_stalls_or_not_with_the_others(tmp_pa
                            "calls": 100}
     sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "parameter-server", 8, iterations=40),
                      calibration=_cpu_bundle(tmp_path, calls))
-    parts: dict = {}
-
-    def recorded(latency, nbytes, skew_s=None, call_id=None, charge=sim.machine._charge):
-        paid = charge(latency, nbytes, skew_s, call_id)
-        parts.setdefault(call_id, []).append(paid > 1e-3)
-        return paid
-
-    sim.machine._charge = recorded
+    parts = stalls_per_call(sim.machine)
     sim.run()
     assert None not in parts and len(parts) == 2 * sim.ctx.total_iterations  # a push and a pull a step
     assert all(len(stalled) == 2 and len(set(stalled)) == 1 for stalled in parts.values())  # both or neither

@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import pytest
 from simtools import scenario as make_scenario
-from simtools import tiny_topology
+from simtools import stalls_per_call, tiny_topology
 from typer.testing import CliRunner
 
 from trainsim.cli import app
@@ -331,14 +331,7 @@ def test_both_neighbours_parts_of_one_halo_swap_stall_or_not_together(tmp_path):
     sim.machine.call_latency = {"halo_exchange": MeasuredLatency((1e6,), ((1e-4,) * 5 + (5e-3,) * 5,))}
     sim.machine.p2p_latency = 1e-4
     sim.machine.timer_tick = TimerTick(4e-3, dead_time_s=1.5e-3)
-    parts: dict = {}
-
-    def recorded(latency, nbytes, skew_s=None, call_id=None, charge=sim.machine._charge):
-        paid = charge(latency, nbytes, skew_s, call_id)
-        parts.setdefault(call_id, []).append(paid > 1e-3)
-        return paid
-
-    sim.machine._charge = recorded
+    parts = stalls_per_call(sim.machine)
     sim.run()
     assert None not in parts and parts
     assert all(len(stalled) == 2 and len(set(stalled)) == 1 for stalled in parts.values())  # one call
