@@ -176,6 +176,9 @@ class ExecConfig:
     # spatial: the executor exchanges each halo before its layer (blocking send/recv); a scenario asking for
     # the interior computed while the halo is in flight (strategy.halo_overlap, its default) is not run
     halo_overlap: bool = False
+    # its backward sends the halo rows' gradient back to their owner (autograd), not the output gradient's
+    # halo rows (strategy.backward_halo's default, Distconv's)
+    backward_halo: str = "input-gradient"
     batch_size: int = 32  # global: samples per iteration over all ranks
     optimizer: str = "sgd"
     lr: float = 0.01
@@ -290,6 +293,10 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
         if cfg.halo_overlap:
             return ("the executor exchanges each halo before its layer, it does not compute the interior "
                     "meanwhile; set strategy.halo_overlap: false to run and predict that")
+        if cfg.backward_halo != "input-gradient":
+            return ("the executor's backward sends the halo rows' gradient back to their owner, it does not "
+                    "exchange the output gradient's halo; set strategy.backward_halo: input-gradient to run "
+                    "and predict that")
     if cfg.device == "cuda":
         try:
             import torch
@@ -457,6 +464,7 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
             easgd=easgd,
             pipeline=pipeline,
             halo_overlap=strategy.get("halo_overlap", True),
+            backward_halo=strategy.get("backward_halo", "output-gradient"),
             batch_size=s.get("batch_size", 32),
             optimizer=_get(s.get("optimizer"), "name", "optimizer") or "sgd",
             lr=_get(s.get("optimizer"), "lr", "optimizer") or 0.01,

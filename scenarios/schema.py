@@ -71,6 +71,12 @@ class StrategySpec(_Strict):
         description="spatial/hybrid: compute a layer's interior while its halo is in flight (Distconv); "
         "false: exchange the halo first, then run the whole layer (blocking send/recv, as the executor)",
     )
+    backward_halo: Literal["output-gradient", "input-gradient"] = Field(
+        default="output-gradient",
+        description="spatial/hybrid: what backward exchanges: the output gradient's halo rows, from which "
+        "each GPU computes its own input gradient (Distconv); input-gradient: the gradient of the halo rows "
+        "received in forward, sent back to their owner after the layer (autograd, as the executor)",
+    )
     symmetric_ranks: bool = Field(
         default=False,
         description="spatial/hybrid: simulate the first block of sample groups only and mirror it onto the "

@@ -17,8 +17,11 @@ What each GPU does and moves (everything per iteration, per rank):
   ``N·C_in·(k//2)·edge·bytes`` of its input ``x`` (``edge`` = the slab's extent along the other axis, at
   the input's resolution) and receives as much, i.e. ``2·N·C·(k//2)·edge·bytes`` cross each boundary;
   backward exchanges the output gradient ``dL/dy`` (``C_out``, output resolution) that the data-gradient
-  convolution needs at the slab's edge (that tensor is the next layer's ``dL/dx``). The first layer's input
-  needs no gradient, so it has no backward halo. Corner halos of 2-D splits are left out (order ``k²``).
+  convolution needs at the slab's edge (that tensor is the next layer's ``dL/dx``). With
+  ``strategy.backward_halo: input-gradient`` (autograd's way, the executor's) each GPU instead computes the
+  gradient of the halo rows it received and sends it back to their owner after the layer (``C_in``, input
+  resolution: the forward halo's bytes), who adds it to its own. The first layer's input needs no gradient,
+  so it has no backward halo. Corner halos of 2-D splits are left out (order ``k²``).
   Where the bundle measured gloo's halo swap (collectives.json ``exchange``: both neighbours send and
   receive at once), each halo pays that call's cost; a one-way message to a waiting receiver costs a
   fraction of it.
@@ -174,13 +177,17 @@ def halo_width(kernel: int, dilation: int = 1) -> int:
     return dilation * (kernel - 1) // 2
 
 
-def halo_bytes(layer, grid: Grid, batch: int, element_bytes: int, axis: str, direction: str) -> float:
+def halo_bytes(
+    layer, grid: Grid, batch: int, element_bytes: int, axis: str, direction: str,
+    backward_halo: str = "output-gradient",
+) -> float:
     """Bytes one GPU sends one neighbour along ``axis`` for a conv in ``direction`` (forward: ``x``;
-    backward: ``dL/dy``): ``N·C·(k//2)·edge·bytes`` with ``N = batch/S`` local samples."""
+    backward: ``dL/dy``, or the halo rows' ``dL/dx`` with ``backward_halo="input-gradient"``):
+    ``N·C·(k//2)·edge·bytes`` with ``N = batch/S`` local samples."""
     sp = layer.spatial
     samples, height, width = grid
     local = batch // samples
-    if direction == "forward":
+    if direction == "forward" or backward_halo == "input-gradient":
         channels, size_h, size_w = sp.in_c, sp.in_h, sp.in_w
     else:
         channels, size_h, size_w = sp.out_c, sp.out_h, sp.out_w
@@ -390,6 +397,7 @@ class SpatialLayout:
     backward_s: list[float]
     saved_bytes: list[float]
     base: RankCosts  # params, gradients, optimizer state, step time (the same on every rank)
+    backward_halo: str = "output-gradient"  # or "input-gradient": the halo rows' gradient, sent back after
     _moves: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -412,7 +420,9 @@ class SpatialLayout:
             return []
         out = []
         for peer, axis in neighbours(self.grids[i], self.n, rank):
-            nbytes = halo_bytes(layer, self.grids[i], self.batch, self.element_bytes, axis, direction)
+            nbytes = halo_bytes(
+                layer, self.grids[i], self.batch, self.element_bytes, axis, direction, self.backward_halo
+            )
             if nbytes > 0:
                 out.append((peer, nbytes))
         return out
@@ -546,7 +556,7 @@ def prepare_layout(
     device = machine.gpus[ranks[0]].device
     sharing = max(machine.host_sharing(ranks).values())
     return build_layout(workload, device, n, batch, grids, precision, optimizer, measured_on=measured_on,
-                        sharing=sharing)
+                        sharing=sharing, backward_halo=spec.backward_halo)
 
 
 def build_layout(
@@ -560,6 +570,7 @@ def build_layout(
     *,
     measured_on=None,
     sharing: int = 1,
+    backward_halo: str = "output-gradient",
 ) -> SpatialLayout:
     cache: dict[tuple[int, Fraction], RankCosts] = {}
     forward, backward, saved = [], [], []
@@ -575,4 +586,6 @@ def build_layout(
         backward.append(costs.backward_s[i])
         saved.append(costs.saved_bytes_per_layer[i])
     base = next(iter(cache.values()))
-    return SpatialLayout(workload, n, batch, list(grids), precision, forward, backward, saved, base)
+    return SpatialLayout(
+        workload, n, batch, list(grids), precision, forward, backward, saved, base, backward_halo
+    )

@@ -5,7 +5,8 @@ convolution split along an axis sends its halo to each neighbour as a point-to-p
 Distconv-style halo exchange runs beside the NCCL stream), computes the interior of its output meanwhile and
 the boundary once the neighbours' halos have arrived; where two consecutive layers have different grids,
 the activation that changes owner moves as flows and the next layer waits for what it needs. Backward
-mirrors it (the output-gradient halo, the gradient's redistribution back), and every layer's weight
+mirrors it (the output-gradient halo, or the halo rows' input gradient sent back after the layer; the
+gradient's redistribution back), and every layer's weight
 gradient joins DDP-style buckets all-reduced over all ranks while backward goes on; the optimizer step runs
 when the last bucket is reduced.
 """
@@ -92,7 +93,8 @@ def _pass(
     seconds: float,
 ):
     """Layer ``i``'s pass on ``rank``: halo out, interior, wait for the neighbours' halos, boundary; without
-    ``halo_overlap`` the whole pass waits for the halos (a blocking exchange before the layer)."""
+    ``halo_overlap`` the whole pass waits for the halos (a blocking exchange before the layer). A backward
+    that sends the halo rows' input gradient back runs the other way round (`_pass_then_return`)."""
     machine = ctx.machine
     name = layout.workload.layers[i].name
     halos = layout.halos(i, rank, direction)
@@ -100,6 +102,9 @@ def _pass(
         yield from machine.run(gpu, "compute", seconds, op=direction, layer=name, iteration=it)
         return
     kind = "halo_" + direction
+    if direction == "backward" and layout.backward_halo == "input-gradient":
+        yield from _pass_then_return(ctx, layout, events, gpu, rank, it, i, seconds, halos)
+        return
     # a halo goes out while the neighbour's comes in: where the swap was measured (gloo), each pays it
     _start_sends(ctx, events, halos, kind, it, i, rank, kind, name, call="halo_exchange")
     overlap = ctx.spec.halo_overlap
@@ -118,6 +123,31 @@ def _pass(
         )
     else:
         yield from machine.run(gpu, "compute", seconds, op=direction, layer=name, iteration=it)
+
+
+def _pass_then_return(ctx: Context, layout: SpatialLayout, events: _Events, gpu: str, rank: int, it: int,
+                      i: int, seconds: float, halos):
+    """Backward of layer ``i`` where the gradient of the halo rows received in forward goes back to their
+    owners: the rows at the slab's edge first (all of them without ``halo_overlap``), send, the rest, then
+    wait for the neighbours' part of this slab's gradient before the layer below can start."""
+    machine = ctx.machine
+    name = layout.workload.layers[i].name
+    kind = "halo_backward"
+    if ctx.spec.halo_overlap:
+        edge = layout.boundary(i, rank, "backward")
+        yield from machine.run(
+            gpu, "compute", seconds * edge, op="backward", layer=name, iteration=it, part="boundary"
+        )
+        _start_sends(ctx, events, halos, kind, it, i, rank, kind, name, call="halo_exchange")
+        yield from machine.run(
+            gpu, "compute", seconds * (1 - edge), op="backward", layer=name, iteration=it, part="interior"
+        )
+    else:
+        yield from machine.run(gpu, "compute", seconds, op="backward", layer=name, iteration=it)
+        _start_sends(ctx, events, halos, kind, it, i, rank, kind, name, call="halo_exchange")
+    yield ctx.env.all_of([events(kind, it, i, peer, rank) for peer, _ in halos])
+    for peer, _ in halos:
+        events.pop(kind, it, i, peer, rank)
 
 
 def _receive(ctx: Context, events: _Events, kind: str, it: int, i: int, rank: int, moves):

@@ -68,4 +68,6 @@ def test_a_scenario_asking_for_overlapped_halos_is_skipped_with_the_field_to_set
     reason = infeasible_reason(exec_config_from_scenario(scenario))
     assert "strategy.halo_overlap: false" in reason
     scenario["strategy"]["halo_overlap"] = False
+    assert "strategy.backward_halo: input-gradient" in infeasible_reason(exec_config_from_scenario(scenario))
+    scenario["strategy"]["backward_halo"] = "input-gradient"
     assert infeasible_reason(exec_config_from_scenario(scenario)) is None

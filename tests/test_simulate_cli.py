@@ -89,7 +89,8 @@ def _bad_workload(tmp_path):
         (["--set", "strategy.name=zero"], "strategy.name: Input should be 'single', 'dp-gpu0', 'ddp'"),
         (["--set", "batch_size=100", "--set", "gpus=3"], "batch_size 100 does not divide over 3 GPUs"),
         (["--set", "gpus=9"], "asks for 9 GPUs but topology 'pcie-4gpu-gen3' has 4"),
-        (["--set", "strategy.bucket=1"], "unknown key at strategy 'bucket'; valid choices: bucket_cap_mb"),
+        (["--set", "strategy.bucket=1"],
+         "unknown key at strategy 'bucket'; valid choices: backward_halo, bucket_cap_mb"),
         (["--variant", "nope"], "unknown variant 'nope'"),
     ],
 )

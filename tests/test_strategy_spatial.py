@@ -87,6 +87,34 @@ def test_halo_bytes_on_the_link_match_the_formula(tmp_path):
     assert result.extra["spatial"]["halo_bytes_per_iteration_rank0"] == per_iteration
 
 
+def test_a_backward_sending_the_halo_rows_gradient_back_moves_the_forward_halos_bytes(tmp_path):
+    # c2 widens 8 -> 16 channels: the output gradient's halo is twice the input's. Sent back the autograd way,
+    # the backward halo is the received rows' gradient: N * C_in * (k//2) * edge * 4 = 2*8*2*8*4 = 1024
+    wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 16, 5)], tmp_path)
+    sc = spatial_scenario(tiny_topology(gpus=2), wl, "spatial", 2, grid=[1, 2, 1], iterations=3)
+    output_gradient = 2 * 16 * 2 * 8 * F32
+    assert simulate(sc).extra["spatial"]["halo_bytes_per_iteration_rank0"] == 256 + 1024 + output_gradient
+    sc["strategy"]["backward_halo"] = "input-gradient"
+    result = simulate(sc)
+    assert result.extra["spatial"]["halo_bytes_per_iteration_rank0"] == 256 + 1024 + 1024
+    assert link_bytes(result, "gpu0->gpu1") == pytest.approx(3 * (256 + 1024 + 1024), rel=1e-12)
+
+
+def test_the_halo_rows_gradient_goes_back_after_the_layer_and_the_layer_below_waits_for_it(tmp_path):
+    # a slow switch: the returned gradient takes longer than anything else. c2's backward runs as soon as its
+    # output gradient is there (nothing to wait for), then c1's backward waits for the neighbour's part
+    wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 16, 5)], tmp_path)
+    topo = tiny_topology(gpus=2, nvlink=False, pcie_gbps=0.001)
+    sc = spatial_scenario(topo, wl, "spatial", 2, grid=[1, 2, 1])
+    sc["strategy"].update(halo_overlap=False, backward_halo="input-gradient")
+    gpu0 = [op for op in simulate(sc).machine.ops if op.resource == "gpu0" and op.iteration == 1]
+    backward = {op.layer: op for op in gpu0 if op.op == "backward"}
+    returned = 2 * 8 * 2 * 8 * F32 / (0.001 * 1e9)  # c2's input-gradient halo at the switch's rate
+    assert backward["c1"].start - backward["c2"].end >= returned * (1 - 1e-9)
+    forward_end = max(op.end for op in gpu0 if op.op == "forward")
+    assert backward["c2"].start - forward_end < returned  # not held for a halo before it
+
+
 def test_halo_along_width_and_on_a_2d_grid(tmp_path):
     data = json.loads(open(workload([conv("c1", 8, 4, 8, 3)], tmp_path)).read())
     layer = Workload.model_validate(data).layers[0]
