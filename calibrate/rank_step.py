@@ -16,29 +16,23 @@ What is measured at each batch size:
   has streamed its activations through the caches, the pipeline finds nothing of its own there and each
   batch starts by fetching its stored samples again (here 0.3-0.4 ms per batch of 32). Both are sampled in
   every round: back to back, one batch of 32 reads anywhere from 1.4 to 2.8 ms within a minute here;
-- ``together``: every rank computing at once, meeting after each step in an all-reduce of a small model's
-  gradients as synchronous training meets in its collective at the end of the step. (Meeting before each step
-  instead, so that every phase starts at the same instant, once read the step 1.55x alone where the same
-  launch's DDP-like loop read 1.2x, and the runs went at the lower figure.) A rank that has just waited in a
-  collective also starts cold: on a virtual machine its idle vCPU is halted, and what runs first after the
-  wake-up (the next batch's preparation, here +5-30 %) runs slower. The cores share the socket's last-level
-  cache and DRAM bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound
-  work does (a large copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream),
-  and most when the ranks run the same layers at the same moment. ``together`` is the mean over the ranks of
-  each one's median. The cores of a virtual machine also differ from one minute to the next: over one launch
-  one rank's median step was 2-25 % (once 50 %) above the other's, and not the same rank each time. Taking the
-  slower rank's median instead predicted the 2-rank runs a few minutes later 20-80 % too slow: the difference
-  does not persist, so it is left out rather than carried from the calibration into every run.
+- ``together``: every rank computing at once, meeting at a barrier after each step as synchronous training
+  meets in its collective at the end of the step. (Meeting before each step instead, so that every phase
+  starts at the same instant, once read the step 1.55x alone where the same launch's DDP-like loop read
+  1.2x, and the runs went at the lower figure.) A rank that has just waited in a collective also starts cold:
+  on a virtual machine its idle vCPU is halted, and what runs first after the wake-up (the next batch's
+  preparation, here +5-30 %) runs slower. The cores share the socket's last-level cache and DRAM
+  bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound work does (a large
+  copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream), and most when
+  the ranks run the same layers at the same moment. ``together`` is the mean over the ranks of each one's
+  median. The cores of a virtual machine also differ from one minute to the next: over one launch one
+  rank's median step was 2-25 % (once 50 %) above the other's, and not the same rank each time. Taking the
+  slower rank's median instead predicted the 2-rank runs a few minutes later 20-80 % too slow: the
+  difference does not persist, so it is left out rather than carried from the calibration into every run.
 
 On a shared (virtual) machine the speed of a core drifts by 10-15 % from one half-second to the next, so the
 windows alternate — alone, together, over every batch size, round after round — and each figure is the
 median of steps spread over the whole measurement rather than of one burst.
-
-How often that meeting all-reduce stalls until the guest's timer tick (`timer_tick`) is kept too
-(``meeting``): met after real training steps, DDP's and sync EASGD's all-reduces stalled in 57-93 % of the
-steps of 18 validation rows, where the tick probe's calls (after a busy wait of random length, one rank late
-every other call) had stalled 47-80 % in the calibrations those rows were predicted from. The simulator
-charges a training loop's all-reduce with this share.
 
 The record goes into the workload file (``provenance.rank_step``); the simulator scales a CPU rank's
 measured layers so that the step takes ``alone`` (one rank) or ``together`` (every rank of the host
@@ -65,8 +59,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainsim.calibrate.launch import RankContext, launch
-from trainsim.calibrate.timer_tick import PROBE_BYTES
-from trainsim.sim.call_latency import STALL_OVER_S
 
 
 @dataclass(frozen=True)
@@ -94,35 +86,6 @@ class RankStepPoint:
                 self.data_together_s, self.data_warm_s, self.sigma_rank_log]
 
 
-@dataclass(frozen=True)
-class Meeting:
-    """The all-reduce of ``nbytes`` the ranks meet in after each step of the ``together`` windows: how many
-    of its ``calls`` stalled (took over `STALL_OVER_S` more than the fastest)."""
-
-    nbytes: int
-    calls: int
-    stalled: int
-
-    @property
-    def share(self) -> float:
-        return self.stalled / self.calls
-
-    def to_json(self) -> dict:
-        return {"bytes": self.nbytes, "calls": self.calls, "stalled": self.stalled}
-
-
-def meeting(stamps: Sequence[Sequence[tuple[float, float]]]) -> Meeting | None:
-    """Every rank's (arrived, returned) stamps of the meeting calls, in order -> how many stalled: a call
-    lasts from the last rank's arrival to the last rank's return. None without calls."""
-    calls = min((len(s) for s in stamps), default=0)
-    if calls == 0:
-        return None
-    arrived = np.max([[a for a, _ in s[:calls]] for s in stamps], axis=0)
-    returned = np.max([[r for _, r in s[:calls]] for s in stamps], axis=0)
-    cost = returned - arrived
-    return Meeting(PROBE_BYTES, calls, int(np.sum(cost - cost.min() > STALL_OVER_S)))
-
-
 def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int], rounds: int,
                    window_s: float, options: dict) -> list[dict]:
     """What every rank runs (via ``launch``): per batch size, its steps alone (rank 0) and together, each
@@ -139,12 +102,6 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)  # the profile's optimizer
     source = SyntheticSource(model_name, options, DataConfig(), seed=ctx.rank)  # the executor's pipeline
     turn = itertools.count()
-    gradients = torch.ones(PROBE_BYTES // 4)
-
-    def meet() -> tuple[float, float]:
-        arrived = time.perf_counter()
-        dist.all_reduce(gradients)
-        return arrived, time.perf_counter()
 
     def step(batch: int) -> tuple[float, float]:
         start = time.perf_counter()
@@ -175,7 +132,6 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
         counts[batch] = max(2, int(window_s / max(float(slowest.item()), 1e-6)))
     alone: dict[int, list] = {b: [] for b in batch_sizes}
     together: dict[int, list] = {b: [] for b in batch_sizes}
-    meetings: list[tuple[float, float]] = []
     for _ in range(rounds):
         for batch in batch_sizes:
             dist.barrier()
@@ -189,10 +145,8 @@ def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int]
                 dist.barrier()
                 for _ in range(counts[batch]):
                     together[batch].append(step(batch))
-                    meetings.append(meet())
-    return {"points": [{"batch": b, "alone": alone[b], "together": together[b], "warm": warm[b]}
-                       for b in batch_sizes],
-            "meetings": meetings}
+                    dist.barrier()
+    return [{"batch": b, "alone": alone[b], "together": together[b], "warm": warm[b]} for b in batch_sizes]
 
 
 def loader_overlap_rank(ctx: RankContext, model_name: str, batch: int, rounds: int, window_s: float,
@@ -287,18 +241,16 @@ def measure_loader_overlap(model_name: str, batch: int, data, *, options: dict |
 
 def measure_rank_step(model_name: str, batch_sizes: Sequence[int], ranks: int, *, rounds: int = 6,
                       window_s: float = 0.25, threads_per_rank: int = 1, options: dict | None = None,
-                      timeout_s: float = 600.0) -> tuple[list[RankStepPoint], Meeting | None]:
-    """Launch ``ranks`` pinned CPU ranks and measure the step alone and together, and how often the
-    all-reduce they meet in after each step stalled (None for one rank); see the module doc."""
+                      timeout_s: float = 600.0) -> list[RankStepPoint]:
+    """Launch ``ranks`` pinned CPU ranks and measure the step alone and together (see the module doc)."""
     reports = launch(rank_step_rank, ranks, args=(model_name, list(batch_sizes), rounds, window_s,
                                                   dict(options or {})),
                      device="cpu", cores_per_rank=threads_per_rank, threads_per_rank=threads_per_rank,
                      timeout_s=timeout_s)
-    points = [summarise_point(batch, reports[0]["points"][i]["alone"],
-                              [r["points"][i]["together"] for r in reports if r["points"][i]["together"]],
-                              reports[0]["points"][i]["warm"])
-              for i, batch in enumerate(batch_sizes)]
-    return points, meeting([r["meetings"] for r in reports])
+    return [summarise_point(batch, reports[0][i]["alone"],
+                            [report[i]["together"] for report in reports if report[i]["together"]],
+                            reports[0][i]["warm"])
+            for i, batch in enumerate(batch_sizes)]
 
 
 def summarise_point(batch: int, alone: list, per_rank: list[list], warm: list[float]) -> RankStepPoint:
@@ -345,15 +297,12 @@ def rank_spread(per_rank: Sequence[Sequence[float]]) -> float:
     return float((q3 - q1) / 1.349 * np.sqrt(len(per_rank) / (len(per_rank) - 1)))
 
 
-def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_rank: int,
-                     met: Meeting | None = None) -> dict:
-    """The workload file's ``provenance.rank_step`` (``meeting``: how often the meeting all-reduce
-    stalled)."""
+def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_rank: int) -> dict:
+    """The workload file's ``provenance.rank_step``."""
     return {
         "ranks": ranks,
         "threads_per_rank": threads_per_rank,
         "points": [p.to_json() for p in points],
-        **({"meeting": met.to_json()} if met is not None else {}),
         "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s, "
                 "sigma of log(step) from step to step, median batch preparation alone s, together s, "
                 "back to back s, the rank's own part of that sigma]",

@@ -592,18 +592,16 @@ def _step_rank_step(run: _Run):
     what = "alone and with every rank at once" if run.ranks > 1 else "alone"
     run.progress("rank_step", f"{run.ranks} pinned rank(s), {what}, batch sizes {batches}")
     quick = run.config.quick
-    points, met = rank_step.measure_rank_step(run.config.model, batches, run.ranks, rounds=6 if quick else 12,
-                                              window_s=0.25 if quick else 0.5, threads_per_rank=threads,
-                                              options=run.config.model_options)
-    record = rank_step.rank_step_record(points, run.ranks, threads, met)
+    points = rank_step.measure_rank_step(run.config.model, batches, run.ranks, rounds=6 if quick else 12,
+                                         window_s=0.25 if quick else 0.5, threads_per_rank=threads,
+                                         options=run.config.model_options)
+    record = rank_step.rank_step_record(points, run.ranks, threads)
     facts = {**(workload.provenance.model_extra or {}), "rank_step": record}
     provenance = workload.provenance.model_copy(update=facts)
     save_workload(workload.model_copy(update={"provenance": provenance}), path)
     results = {"ranks": run.ranks, "alone_s": {p.batch: p.alone_s for p in points}}
     if run.ranks > 1:
         results["slowdown"] = {p.batch: round(p.slowdown, 3) for p in points if p.slowdown is not None}
-    if met is not None:
-        results["meeting_stalled"] = round(met.share, 3)
     return [name], results, []
 
 

@@ -504,11 +504,11 @@ def refresh_bundle(calibration: str, into: Path) -> str | None:
         return None
     batches = [int(p[0]) for p in record["points"]]
     ranks, threads = int(record["ranks"]), int(record.get("threads_per_rank") or 1)
-    points, met = measure_rank_step(workload.name, batches, ranks, threads_per_rank=threads,
-                                    options=dict(extra.get("config") or {}))
+    points = measure_rank_step(workload.name, batches, ranks, threads_per_rank=threads,
+                               options=dict(extra.get("config") or {}))
     shutil.copytree(calibration, into)
-    record = rank_step_record(points, ranks, threads, met)
-    provenance = workload.provenance.model_copy(update={**extra, "rank_step": record})
+    provenance = workload.provenance.model_copy(update={**extra, "rank_step": rank_step_record(points, ranks,
+                                                                                                 threads)})
     save_workload(workload.model_copy(update={"provenance": provenance}), into / files[0].name)
     _refresh_gloo_calls(into)
     return str(into)

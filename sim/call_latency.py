@@ -12,12 +12,9 @@ depends on where in the tick the call falls, as on the box: a 2-rank DDP step th
 
 How the ranks meet an all-reduce changes how often it stalls: the tick probe's all-reduces stalled more
 often with the ranks arriving within 50 us of each other (as they do after a tick released them from the
-previous call) than further apart. A training loop's all-reduce, met after real steps, stalled more often
-still: DDP's and sync EASGD's in 57-93 % of the steps of 18 validation rows, the probe's 47-80 % in the same
-calibrations. Where the rank step measured its meeting all-reduce (`trainsim.calibrate.rank_step`), the
-all-reduces a strategy meets at the end of its step (DDP's buckets, synchronous EASGD) stall with that
-share; else with the probe's share for the way their ranks met. Either is scaled by how often the
-calibration's calls of their size stalled against those of the reference size (`TimerTick.met_chance`).
+previous call) than further apart. Where a strategy knows how far apart its ranks arrived (DDP's buckets,
+synchronous EASGD), an all-reduce stalls with the probe's share for that way of meeting, scaled by how
+often the calibration's calls of its size stalled against those of the probe's size (`TimerTick.met_chance`).
 One gloo call is one draw: every rank's part of it (each push of the parameter server's reduce) stalls or
 not together (`Machine._charge`).
 
@@ -106,8 +103,7 @@ class TimerTick:
     host's clock (the simulated clock starts on one), the first at least ``dead_time_s`` after the call
     began. Where the probe measured them, ``stall_together`` and ``stall_apart``: the shares of its
     all-reduces (of ``probe_bytes``) that stalled with the ranks arriving within ``together_s`` of each other
-    and further apart; where the rank step measured it, ``stall_loop``: the share of the all-reduces (of
-    ``loop_bytes``) its ranks met in after each training step that stalled."""
+    and further apart."""
 
     period_s: float
     offset_s: float = 0.0
@@ -116,14 +112,11 @@ class TimerTick:
     stall_together: float | None = None
     stall_apart: float | None = None
     probe_bytes: float = 0.0
-    stall_loop: float | None = None
-    loop_bytes: float = 0.0
 
     def __post_init__(self):
         if not self.period_s > 0 or not 0 <= self.offset_s < self.period_s or not 0 <= self.dead_time_s:
             raise ValueError("a timer tick needs a period > 0, an offset within it and a dead time >= 0")
-        if not all(0 <= x <= 1 for x in (self.stall_together, self.stall_apart, self.stall_loop)
-                   if x is not None):
+        if not all(0 <= x <= 1 for x in (self.stall_together, self.stall_apart) if x is not None):
             raise ValueError("a share of stalled calls must be within 0-1")
 
     def first_after(self, t: float) -> float:
@@ -134,21 +127,12 @@ class TimerTick:
         """When a call that began at ``start`` and would have ended at ``fast_end`` ends, stalled."""
         return self.first_after(max(start + self.dead_time_s, fast_end))
 
-    @property
-    def reference_bytes(self) -> float:
-        """The size of the calls whose share `met_chance` starts from."""
-        return self.loop_bytes if self.stall_loop is not None else self.probe_bytes
-
     def met_chance(self, skew_s: float, at_size: float, at_probe: float) -> float | None:
-        """The chance that an all-reduce at the end of a training step, whose ranks arrived ``skew_s`` apart,
-        stalls: the rank step's share for such calls where it has one, else the probe's for ranks meeting
-        that way; scaled by how much more (or less) often the calibration's calls of this size stalled than
-        those of `reference_bytes` (``at_size`` / ``at_probe``, equal at that size). None where neither
-        measured it."""
-        if self.stall_loop is not None:
-            share = self.stall_loop
-        else:
-            share = self.stall_together if skew_s < self.together_s else self.stall_apart
+        """The chance that an all-reduce whose ranks arrived ``skew_s`` apart stalls: the probe's share for
+        ranks meeting that way, scaled by how much more (or less) often the calibration's calls of this size
+        stalled than those of the probe's size (``at_size`` / ``at_probe``, equal at the probe's size). None
+        where the probe did not measure it."""
+        share = self.stall_together if skew_s < self.together_s else self.stall_apart
         if share is None:
             return None
         return share if at_probe <= 0 else min(1.0, share * at_size / at_probe)

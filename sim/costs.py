@@ -264,17 +264,6 @@ def rank_step_sigma(workload: Workload, batch: int) -> tuple[float, float]:
     return own, math.sqrt(whole**2 - own**2)
 
 
-def rank_step_meeting(workload: Workload) -> tuple[float, float] | None:
-    """(share stalled, bytes) of the all-reduce the rank step's ranks met in after each step
-    (``provenance.rank_step.meeting``); None without one (one rank, an older bundle)."""
-    record = (workload.provenance.model_extra or {}).get("rank_step") or {}
-    met = record.get("meeting") or {}
-    calls, stalled, nbytes = met.get("calls"), met.get("stalled"), met.get("bytes")
-    if not all(isinstance(x, int | float) for x in (calls, stalled, nbytes)) or calls <= 0:
-        return None
-    return min(1.0, max(0.0, stalled / calls)), float(nbytes)
-
-
 def _measured_here(workload: Workload, device: DeviceSpec) -> bool:
     spec = workload.provenance.device_spec
     return spec is not None and spec.lower() in {device.name.lower(), *(a.lower() for a in device.aliases)}

@@ -193,7 +193,7 @@ class Machine:
             return cost(latency, nbytes)
         fast, chance = latency.fast_and_stall_chance(nbytes)
         if skew_s is not None:
-            met = tick.met_chance(skew_s, chance, latency.fast_and_stall_chance(tick.reference_bytes)[1])
+            met = tick.met_chance(skew_s, chance, latency.fast_and_stall_chance(tick.probe_bytes)[1])
             chance = chance if met is None else met
         stalled = self._drawn.get(call_id) if call_id is not None else None
         if stalled is None:

@@ -16,7 +16,6 @@ until the timer tick the bundle found (`bundle_timer_tick`), else their mean.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -27,14 +26,7 @@ from trainsim.errors import TrainsimError
 
 from . import call_latency
 from .call_latency import Latency
-from .costs import (
-    measured_cpu,
-    rank_costs,
-    rank_data_cold_s,
-    rank_data_in_loop_s,
-    rank_data_slowdown,
-    rank_step_meeting,
-)
+from .costs import measured_cpu, rank_costs, rank_data_cold_s, rank_data_in_loop_s, rank_data_slowdown
 from .devices import DeviceSpec, device_from_json
 from .machine import Machine, build_machine
 from .result import GpuResult, LinkResult, Result, breakdown, busy_time
@@ -156,14 +148,6 @@ def bundle_timer_tick(path: str) -> call_latency.TimerTick | None:
         raise TrainsimError(str(exc), file=str(Path(path) / "collectives.json"), field="timer_tick") from None
 
 
-def _with_meeting(tick: call_latency.TimerTick | None, workload: Workload):
-    """The tick, with the share of the rank step's meeting all-reduces that stalled where it has one."""
-    met = rank_step_meeting(workload) if tick is not None else None
-    if met is None:
-        return tick
-    return dataclasses.replace(tick, stall_loop=met[0], loop_bytes=met[1])
-
-
 def bundle_call_latencies(path: str) -> dict[str, Latency]:
     """What one gloo call costs before its bytes move, per op (``p2p``: one send/recv message), from a
     calibration bundle's collectives.json: the measured calls less their bytes' time (`call_latency`), or
@@ -271,7 +255,7 @@ class Simulation:
         if machine is None and calibration is not None:
             self.machine.call_latency = bundle_call_latencies(calibration)
             self.machine.p2p_latency = self.machine.call_latency.get("p2p")
-            self.machine.timer_tick = _with_meeting(bundle_timer_tick(calibration), self.workload)
+            self.machine.timer_tick = bundle_timer_tick(calibration)
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
         if batch_hook is not None:
             per_gpu = batch_hook(sc, self.ranks, self.workload)

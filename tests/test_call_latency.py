@@ -68,15 +68,3 @@ def test_how_the_ranks_met_an_all_reduce_sets_its_chance_of_a_stall():
     assert tick.met_chance(0.0, 0.9, 0.3) == 1.0  # never over 1
     assert tick.met_chance(0.0, 0.2, 0.0) == pytest.approx(0.7)  # nothing stalled at the probe's size
     assert TimerTick(4e-3).met_chance(0.0, 0.4, 0.4) is None  # not probed: the caller keeps its own
-    assert tick.reference_bytes == 1e5
-
-
-def test_a_training_loop_s_measured_share_takes_over_from_the_probe_s():
-    tick = TimerTick(4e-3, together_s=5e-5, stall_together=0.7, stall_apart=0.5, probe_bytes=1e5,
-                     stall_loop=0.8, loop_bytes=2e5)
-    assert tick.reference_bytes == 2e5  # the sizes' shares are compared with the loop call's
-    assert tick.met_chance(1e-5, 0.4, 0.4) == pytest.approx(0.8)  # however the ranks met
-    assert tick.met_chance(1e-3, 0.4, 0.4) == pytest.approx(0.8)
-    assert tick.met_chance(1e-3, 0.2, 0.4) == pytest.approx(0.4)
-    with pytest.raises(ValueError):
-        TimerTick(4e-3, stall_loop=1.2)

@@ -243,9 +243,8 @@ def test_no_data_workers_puts_preparation_in_the_loop(tmp_path):
     assert worker.breakdown_s["data_preparation"] == 0
 
 
-def _cpu_bundle(tmp_path, collectives: dict | None, rank_step: dict | None = None) -> str:
-    """A calibration bundle of a 2-rank CPU box: ranks of spec ``cpu`` (machine.json's measured device), with
-    the workload's ``provenance.rank_step`` where given."""
+def _cpu_bundle(tmp_path, collectives: dict | None) -> str:
+    """A calibration bundle of a 2-rank CPU box: ranks of spec ``cpu`` (machine.json's measured device)."""
     root = tmp_path / "bundle"
     root.mkdir(parents=True)
     topo = tiny_topology(gpus=2, nvlink=False)
@@ -254,8 +253,6 @@ def _cpu_bundle(tmp_path, collectives: dict | None, rank_step: dict | None = Non
             node["spec"] = "cpu"
     (root / "topology.yaml").write_text(json.dumps(topo))  # JSON is YAML
     workload = tiny_workload(LAYERS, batch=4, input_bytes=1_000_000, step_s=0.002, device_spec="cpu")
-    if rank_step is not None:
-        workload["provenance"]["rank_step"] = rank_step
     (root / "workload-tiny-measured.json").write_text(json.dumps(workload))
     spec = {"schema": "trainsim.device/1", "name": "cpu", "kind": "cpu", "peak_tflops": {"fp32": 0.1},
             "memory_bandwidth_gbps": 10.0, "memory_bytes": 2**34}
@@ -406,32 +403,6 @@ def test_an_all_reduce_stalls_as_often_as_the_probe_s_calls_met_the_same_way(tmp
     for name, options in (("ddp", {}), ("easgd", easgd)):
         assert stalled_share(name, 1.0, 0.0, options) == 1.0  # together: as the probe's together calls
         assert stalled_share(name, 0.0, 1.0, options) == 0.0
-
-
-def test_a_training_loop_s_all_reduce_stalls_as_often_as_the_rank_step_s_meeting_call(tmp_path):
-    # the probe says never, however the ranks meet; the rank step's all-reduce, met after each training step
-    # (of the probe's size), stalled 9 times in 10: that share is the one a DDP step's all-reduce meets
-    calls = _gloo_calls(all_reduce=1000.0)
-    calls["results"][0]["fit"]["beta_bytes_per_s"] = 1e12
-    calls["results"][0]["points"] = [{"bytes": 4096, "samples_s": [2e-4] * 8 + [5e-3] * 2}]
-    calls["timer_tick"] = {"period_s": 4e-3, "offset_s": 2.5e-4, "dead_time_s": 1.5e-3, "stalled_calls": 40,
-                           "calls": 100, "together_s": 5e-5, "probe_bytes": 4096, "stall_together": 0.0,
-                           "stall_apart": 0.0}
-    meeting = {"ranks": 2, "threads_per_rank": 1, "points": [], "meeting": {"bytes": 4096, "calls": 10,
-                                                                             "stalled": 9}}
-    sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=100),
-                     calibration=_cpu_bundle(tmp_path, calls, meeting))
-    tick = sim.machine.timer_tick
-    assert tick.stall_loop == pytest.approx(0.9) and tick.loop_bytes == 4096
-    paid = []
-
-    def recorded(latency, nbytes, skew_s=None, call_id=None, charge=sim.machine._charge):
-        paid.append(charge(latency, nbytes, skew_s, call_id))
-        return paid[-1]
-
-    sim.machine._charge = recorded
-    sim.run()
-    assert len(paid) >= 100 and 0.8 < sum(cost > 1e-3 for cost in paid) / len(paid) <= 1.0
 
 
 def test_every_rank_s_part_of_one_gloo_call_stalls_or_not_with_the_others(tmp_path):
