@@ -6,9 +6,8 @@ Distconv-style halo exchange runs beside the NCCL stream), computes the interior
 the boundary once the neighbours' halos have arrived; where two consecutive layers have different grids,
 the activation that changes owner moves as flows and the next layer waits for what it needs. Backward
 mirrors it (the output-gradient halo, or the halo rows' input gradient sent back after the layer; the
-gradient's redistribution back), and every layer's weight
-gradient joins DDP-style buckets all-reduced over all ranks while backward goes on; the optimizer step runs
-when the last bucket is reduced.
+gradient's redistribution back), and every layer's weight gradient joins DDP-style buckets all-reduced over
+all ranks while backward goes on; the optimizer step runs when the last bucket is reduced.
 """
 
 from __future__ import annotations
