@@ -23,16 +23,22 @@ from pathlib import Path
 import simpy
 
 from trainsim.errors import TrainsimError
+from trainsim.sim.compute.costs import (
+    measured_cpu,
+    rank_costs,
+    rank_data_cold_s,
+    rank_data_in_loop_s,
+    rank_data_slowdown,
+)
+from trainsim.sim.compute.workload import Workload, load_workload
+from trainsim.sim.hosts import call_latency
+from trainsim.sim.hosts.call_latency import Latency
+from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
+from trainsim.sim.strategies.pipeline import options as pipeline_options
 
-from . import call_latency
-from .call_latency import Latency
-from .costs import measured_cpu, rank_costs, rank_data_cold_s, rank_data_in_loop_s, rank_data_slowdown
-from .devices import DeviceSpec, device_from_json
-from .machine import Machine, build_machine
-from .result import GpuResult, LinkResult, Result, breakdown, busy_time
-from .strategies import Context, get_strategy, rank_batch_hook
-from .strategy_pipeline import options as pipeline_options
-from .workload import Workload, load_workload
+from trainsim.sim.core.devices import DeviceSpec, device_from_json
+from trainsim.sim.core.machine import Machine, build_machine
+from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
 
 __all__ = ["Simulation", "build_machine", "simulate", "load_inputs"]
 
@@ -77,7 +83,7 @@ def load_workload_ref(ref, base_dir: str | None = None) -> Workload:
     overrides = ref.overrides
     if not overrides:
         return load_workload(_resolve_path(ref.name, base_dir))
-    from .analytic_models import MODELS, build_analytic
+    from trainsim.sim.compute.analytic_models import MODELS, build_analytic
 
     if ref.name not in MODELS:
         from trainsim.errors import unknown_name
@@ -135,7 +141,7 @@ def _gloo_collectives(path: str) -> dict:
 
 
 def bundle_timer_tick(path: str) -> call_latency.TimerTick | None:
-    """The timer tick the bundle's stalled gloo calls returned on (`trainsim.calibrate.timer_tick`)."""
+    """The timer tick the bundle's stalled gloo calls returned on (`trainsim.calibrate.measure.timer_tick`)."""
     tick = _gloo_collectives(path).get("timer_tick")
     if not isinstance(tick, dict) or not isinstance(tick.get("period_s"), int | float):
         return None
@@ -309,9 +315,10 @@ class Simulation:
             measured_on=measured_on,
             jitter_spec=st.jitter if st.jitter is not None else self._measured_jitter(per_gpu),
         )
-        from .data_movement import prepare
+        from trainsim.sim.optimizations.data_movement import prepare
 
-        prepare(self.ctx, sc, calibration)  # ScaleDNN / vDNN switches: codec, preload, offload plan
+        # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates variants)
+        prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, calibration=calibration, record=False).run())
         if codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on the box
             self.ctx.codec.fit_to(codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
         if loader_overlap and self.ctx.preload_depth and self.ctx.data_workers:
@@ -359,8 +366,9 @@ class Simulation:
         (median-centred, since the calibrated times are medians), by a part of their own, so a step that
         synchronises the ranks waits for the slowest as it does for real, and a part the ranks share (the
         host's speed), which moves them together. One rank has nobody to wait for: no jitter."""
-        from .costs import rank_step_sigma
-        from .jitter import JitterSpec
+        from trainsim.sim.compute.costs import rank_step_sigma
+
+        from trainsim.sim.core.jitter import JitterSpec
 
         devices = [self.machine.gpus[g].device for g in self.ranks]
         if len(self.ranks) < 2 or any(d.kind != "cpu" for d in devices):

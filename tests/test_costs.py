@@ -2,10 +2,10 @@
 
 import pytest
 
-from trainsim.sim.costs import optimizer_traffic, rank_costs, state_bytes
-from trainsim.sim.devices import get_device
-from trainsim.sim.roofline import layer_times
-from trainsim.sim.workload import load_workload
+from trainsim.sim.compute.costs import optimizer_traffic, rank_costs, state_bytes
+from trainsim.sim.compute.roofline import layer_times
+from trainsim.sim.compute.workload import load_workload
+from trainsim.sim.core.devices import get_device
 
 
 def test_mixed_precision_adam_is_16_bytes_per_parameter():
@@ -51,7 +51,7 @@ def test_unmeasured_optimizer_step_is_memory_bound():
 def test_unattributed_time_of_a_calibrated_workload():
     from types import SimpleNamespace
 
-    from trainsim.sim.costs import unattributed_s
+    from trainsim.sim.compute.costs import unattributed_s
 
     def wl(points):
         extra = {"iteration": {"unattributed": points}} if points is not None else {}
@@ -74,7 +74,7 @@ def _with_rank_step(wl, points, ranks=2, plain=None, device_spec="cpu"):
 
 
 def test_rank_step_scale_is_the_pinned_step_over_the_profiles_and_the_slowdown_together():
-    from trainsim.sim.costs import rank_step_scale
+    from trainsim.sim.compute.costs import rank_step_scale
 
     wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.011, 0.0132], [64, 0.044, 0.0484]],
                          plain=[[16, 0.010], [64, 0.040]])
@@ -91,7 +91,7 @@ def test_rank_step_scale_is_the_pinned_step_over_the_profiles_and_the_slowdown_t
 
 
 def test_a_calibrated_cpu_ranks_layers_scale_by_the_rank_step_and_gpus_do_not():
-    from trainsim.sim.devices import cpu_device
+    from trainsim.sim.core.devices import cpu_device
 
     cpu = cpu_device(1, 50e9, 20e9)
     wl = _with_rank_step(load_workload("tiny-cnn"), [[8, 0.010, 0.0125]])
@@ -105,7 +105,7 @@ def test_a_calibrated_cpu_ranks_layers_scale_by_the_rank_step_and_gpus_do_not():
 
 
 def test_rank_step_sigma_interpolates_the_measured_spread():
-    from trainsim.sim.costs import rank_step_sigma
+    from trainsim.sim.compute.costs import rank_step_sigma
 
     wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05], [64, 0.04, 0.044, 0.15]])
     assert rank_step_sigma(wl, 16) == pytest.approx((0.05, 0.0))  # not split: all the rank's own
@@ -117,7 +117,7 @@ def test_rank_step_sigma_interpolates_the_measured_spread():
 
 
 def test_rank_step_sigma_splits_the_ranks_own_part_from_the_shared():
-    from trainsim.sim.costs import rank_step_sigma
+    from trainsim.sim.compute.costs import rank_step_sigma
 
     point = [16, 0.01, 0.011, 0.05, 0.001, 0.001, 0.0008, 0.03]
     own, shared = rank_step_sigma(_with_rank_step(load_workload("tiny-cnn"), [point]), 16)
@@ -128,7 +128,7 @@ def test_rank_step_sigma_splits_the_ranks_own_part_from_the_shared():
 
 
 def test_rank_data_slowdown_is_preparation_together_over_alone():
-    from trainsim.sim.costs import rank_data_slowdown
+    from trainsim.sim.compute.costs import rank_data_slowdown
 
     wl = _with_rank_step(load_workload("tiny-cnn"), [[16, 0.01, 0.011, 0.05, 0.002, 0.0025],
                                                      [64, 0.04, 0.044, 0.05, 0.008, 0.0088]])
@@ -146,7 +146,7 @@ DATA_POINTS = [[16, 0.01, 0.011, 0.05, 0.002, 0.0025, 0.0015], [64, 0.04, 0.044,
 
 
 def test_rank_data_cold_s_is_the_in_loop_preparation_over_back_to_back_per_batch():
-    from trainsim.sim.costs import rank_data_cold_s
+    from trainsim.sim.compute.costs import rank_data_cold_s
 
     wl = _with_rank_step(load_workload("tiny-cnn"), DATA_POINTS)
     assert rank_data_cold_s(wl, 16) == pytest.approx(0.0005)
@@ -158,7 +158,7 @@ def test_rank_data_cold_s_is_the_in_loop_preparation_over_back_to_back_per_batch
 
 
 def test_rank_data_in_loop_s_is_the_measured_in_loop_preparation_per_batch():
-    from trainsim.sim.costs import rank_data_in_loop_s
+    from trainsim.sim.compute.costs import rank_data_in_loop_s
 
     wl = _with_rank_step(load_workload("tiny-cnn"), DATA_POINTS)
     assert rank_data_in_loop_s(wl, 16) == pytest.approx(0.002)

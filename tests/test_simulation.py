@@ -10,9 +10,9 @@ from simtools import scenario as make_scenario
 from simtools import stalls_per_call, tiny_topology, tiny_workload
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.collectives import run_collective
-from trainsim.sim.flows import FlowNetwork
-from trainsim.sim.machine import PAGEABLE_COPY_RATE
+from trainsim.sim.collectives.ops import run_collective
+from trainsim.sim.core.flows import FlowNetwork
+from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
 from trainsim.sim.simulation import (
     Simulation,
     build_machine,
@@ -321,7 +321,7 @@ def _ops_of(sim, name):
 
 
 def test_a_measured_gloo_call_costs_the_mean_of_its_samples(tmp_path):
-    from trainsim.sim.call_latency import MeasuredLatency
+    from trainsim.sim.hosts.call_latency import MeasuredLatency
 
     fast, slow = 2e-4, 5e-3  # fast 8 times in 10, a 5 ms stall otherwise
     measured = _gloo_calls(all_reduce=1000.0)
@@ -341,7 +341,7 @@ def test_a_measured_gloo_call_costs_the_mean_of_its_samples(tmp_path):
     assert run(measured, "a") == pytest.approx(run(mean, "b"), rel=1e-6)
 
 def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_path):
-    from trainsim.sim.call_latency import TimerTick
+    from trainsim.sim.hosts.call_latency import TimerTick
 
     fast, slow = 2e-4, 5e-3  # fast 8 times in 10
     calls = _gloo_calls(all_reduce=1000.0)
@@ -452,7 +452,7 @@ def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
 
 
 def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_path):
-    from trainsim.sim.workload import load_workload
+    from trainsim.sim.compute.workload import load_workload
 
     def bundle(name, rank_step):
         root = Path(_cpu_bundle(tmp_path / name, _gloo_calls(all_reduce=100.0)))

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
+from trainsim.sim.compute.workload import Workload
 from trainsim.sim.simulation import Simulation, simulate
-from trainsim.sim.spatial import boundary_fraction, halo_bytes, redistribution, trunk_end
-from trainsim.sim.workload import Workload
+from trainsim.sim.spatial.decomposition import boundary_fraction, halo_bytes, redistribution, trunk_end
 
 F32 = 4
 
@@ -236,7 +236,7 @@ def test_redistribution_by_hand():
 
 
 def test_trunk_ends_before_the_classifier():
-    from trainsim.sim.workload import load_workload
+    from trainsim.sim.compute.workload import load_workload
 
     wl = load_workload("resnet50")
     assert wl.layers[trunk_end(wl)].name == "avgpool"
@@ -350,7 +350,7 @@ def test_a_halo_pays_the_measured_exchange_where_the_bundle_has_one(tmp_path):
 
 
 def test_both_neighbours_parts_of_one_halo_swap_stall_or_not_together(tmp_path):
-    from trainsim.sim.call_latency import MeasuredLatency, TimerTick
+    from trainsim.sim.hosts.call_latency import MeasuredLatency, TimerTick
 
     wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 8, 3)], tmp_path)
     sim = Simulation(spatial_scenario(tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0), wl, "spatial", 2,

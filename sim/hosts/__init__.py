@@ -1,0 +1,1 @@
+"""Plug-ins for what one kind of host adds beyond the GPU model (measured, chosen by the bundle)."""

@@ -1,0 +1,166 @@
+"""What one gloo call costs before its bytes move, as a calibrated CPU box measured it.
+
+On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a stall. The calibration
+(`trainsim.calibrate.measure.collbench`) keeps every call it timed, and its timer tick probe
+(`trainsim.calibrate.measure.timer_tick`) found that a stalled call returns just after a tick of the guest's timer
+(every 4 ms at 250 Hz), the first that comes at least a dead time (about 1.7 ms) after the ranks arrived:
+the waiting rank's wake-up is lost and that tick wakes it. Where the bundle has the tick, each call is fast
+(the mean of the fast samples around its size) or, with the share of stalled samples there as its chance,
+stalled: it ends on the first tick past both its dead time and its fast end. What a stall costs then
+depends on where in the tick the call falls, as on the box: a 2-rank DDP step there took 11.5-12.2 ms or
+15.9-16.1 ms, never between, and synchronous steps lock to the tick.
+
+How the ranks meet an all-reduce changes how often it stalls: the tick probe's all-reduces stalled more
+often with the ranks arriving within 50 us of each other (as they do after a tick released them from the
+previous call) than further apart. Where a strategy knows how far apart its ranks arrived (DDP's buckets,
+synchronous EASGD), an all-reduce stalls with the probe's share for that way of meeting, scaled by how
+often the calibration's calls of its size stalled against those of the probe's size (`TimerTick.met_chance`).
+One gloo call is one draw: every rank's part of it (each push of the parameter server's reduce) stalls or
+not together (`Machine._charge`).
+
+Without a tick (an older bundle, or none found) a call is charged the mean of the samples at the sizes
+around its own, its expected cost; a latency given as a plain number (a what-if, a bundle with only the
+fit's alpha) is charged as it is.
+
+Why not the mean where the tick is known: the calibration's stalls (between barriers, just after the tick
+that ended the barrier) cost nearly a whole period, a run's stall whatever is left until its tick.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+STALL_OVER_S = 0.001  # a call this much slower than the fastest at its size has stalled
+
+
+@dataclass(frozen=True)
+class MeasuredLatency:
+    """Seconds before a call's bytes move, one per measured call (its bandwidth term taken out), per measured
+    size: the stalls grow commoner with the size (a 16 KB all-reduce here stalled one time in fifteen, a 256
+    KB one every other time), so a call is charged from the sizes around its own."""
+
+    sizes: tuple[float, ...]  # bytes of each measured point, ascending
+    samples: tuple[tuple[float, ...], ...]  # per point
+    beta_bytes_per_s: float = math.inf  # the fitted bandwidth the samples' bytes were taken out at
+
+    def __post_init__(self):
+        if not self.sizes or len(self.sizes) != len(self.samples) or not all(self.samples):
+            raise ValueError("a measured latency needs samples at every size it names")
+
+    def _around(self, nbytes: float) -> tuple[int, ...]:
+        """The measured sizes around ``nbytes``: both neighbours between two measured sizes (each has a few
+        samples only), that size at a measured one, the end beyond the measured range."""
+        i = bisect.bisect_left(self.sizes, nbytes)
+        if i == len(self.sizes):
+            return (i - 1,)
+        if i == 0 or self.sizes[i] == nbytes:
+            return (i,)
+        return (i - 1, i)
+
+    def at(self, nbytes: float) -> tuple[float, ...]:
+        """The samples of the measured sizes around ``nbytes``."""
+        return tuple(t for i in self._around(nbytes) for t in self.samples[i])
+
+    @cached_property
+    def _totals(self) -> tuple[tuple[float, int], ...]:
+        return tuple((float(np.sum(s)), len(s)) for s in self.samples)
+
+    def mean(self, nbytes: float) -> float:
+        """The mean of the samples around ``nbytes`` (asked once per simulated call: sums kept per size)."""
+        picked = [self._totals[i] for i in self._around(nbytes)]
+        return sum(total for total, _ in picked) / sum(count for _, count in picked)
+
+    @cached_property
+    def _splits(self) -> tuple[tuple[float, int, int], ...]:
+        """Per size: (sum of the fast samples, how many, how many stalled)."""
+        out = []
+        for s in self.samples:
+            floor = min(s)
+            fast = [t for t in s if t - floor <= STALL_OVER_S]
+            out.append((float(np.sum(fast)), len(fast), len(s) - len(fast)))
+        return tuple(out)
+
+    def fast_and_stall_chance(self, nbytes: float) -> tuple[float, float]:
+        """The mean of the fast samples around ``nbytes`` and the share of them that stalled."""
+        picked = [self._splits[i] for i in self._around(nbytes)]
+        fast_total, fast, stalled = (sum(x) for x in zip(*picked, strict=True))
+        return fast_total / fast, stalled / (fast + stalled)
+
+    def wire_s(self, nbytes: float) -> float:
+        """What the samples' bytes were taken out at: the call's bytes at the fitted bandwidth."""
+        return nbytes / self.beta_bytes_per_s
+
+
+@dataclass(frozen=True)
+class TimerTick:
+    """The timer tick stalled calls return on: ``offset_s`` after every multiple of ``period_s`` on the
+    host's clock (the simulated clock starts on one), the first at least ``dead_time_s`` after the call
+    began. Where the probe measured them, ``stall_together`` and ``stall_apart``: the shares of its
+    all-reduces (of ``probe_bytes``) that stalled with the ranks arriving within ``together_s`` of each other
+    and further apart."""
+
+    period_s: float
+    offset_s: float = 0.0
+    dead_time_s: float = 0.0
+    together_s: float = 0.0
+    stall_together: float | None = None
+    stall_apart: float | None = None
+    probe_bytes: float = 0.0
+
+    def __post_init__(self):
+        if not self.period_s > 0 or not 0 <= self.offset_s < self.period_s or not 0 <= self.dead_time_s:
+            raise ValueError("a timer tick needs a period > 0, an offset within it and a dead time >= 0")
+        if not all(0 <= x <= 1 for x in (self.stall_together, self.stall_apart) if x is not None):
+            raise ValueError("a share of stalled calls must be within 0-1")
+
+    def first_after(self, t: float) -> float:
+        """The first tick return at or after ``t``."""
+        return self.offset_s + math.ceil((t - self.offset_s) / self.period_s - 1e-9) * self.period_s
+
+    def stalled_end(self, start: float, fast_end: float) -> float:
+        """When a call that began at ``start`` and would have ended at ``fast_end`` ends, stalled."""
+        return self.first_after(max(start + self.dead_time_s, fast_end))
+
+    def met_chance(self, skew_s: float, at_size: float, at_probe: float) -> float | None:
+        """The chance that an all-reduce whose ranks arrived ``skew_s`` apart stalls: the probe's share for
+        ranks meeting that way, scaled by how much more (or less) often the calibration's calls of this size
+        stalled than those of the probe's size (``at_size`` / ``at_probe``, equal at the probe's size). None
+        where the probe did not measure it."""
+        share = self.stall_together if skew_s < self.together_s else self.stall_apart
+        if share is None:
+            return None
+        return share if at_probe <= 0 else min(1.0, share * at_size / at_probe)
+
+
+Latency = float | MeasuredLatency
+
+
+def cost(latency: Latency, nbytes: float) -> float:
+    """Seconds one call on ``nbytes`` pays before its bytes move: the measured mean, or the number itself."""
+    return latency.mean(nbytes) if isinstance(latency, MeasuredLatency) else float(latency)
+
+
+def from_points(points: Sequence[dict], beta_bytes_per_s: float) -> MeasuredLatency | None:
+    """The latencies of a gloo call from its benchmark points (``bytes``, ``samples_s``): each sample less
+    the time its bytes take at the fitted bandwidth (never below zero). None without samples."""
+    kept = {}
+    for p in points:
+        samples = p.get("samples_s") if isinstance(p, dict) else None
+        nbytes = p.get("bytes") if isinstance(p, dict) else None
+        if not isinstance(samples, list) or not isinstance(nbytes, int | float) or nbytes < 0:
+            continue
+        wire = nbytes / beta_bytes_per_s if beta_bytes_per_s > 0 else 0.0
+        values = tuple(max(0.0, float(t) - wire) for t in samples if isinstance(t, int | float))
+        if values:
+            kept[float(nbytes)] = values
+    if not kept:
+        return None
+    sizes = tuple(sorted(kept))
+    return MeasuredLatency(sizes, tuple(kept[b] for b in sizes),
+                           beta_bytes_per_s if beta_bytes_per_s > 0 else math.inf)
