@@ -223,7 +223,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
 
     from trainsim.calibrate import zoo
     from trainsim.calibrate.execute.datapipe import SyntheticSource
-    from trainsim.calibrate.execute.strategies import Clock, make_strategy
+    from trainsim.calibrate.execute.strategies import Clock
 
     device = torch.device(ctx.device)
     torch.manual_seed(cfg.seed)
@@ -486,3 +486,20 @@ def outcome_lines(outcomes: list[VariantOutcome]) -> list[str]:
         elif o.failed:
             lines.append(f"failed {o.variant or 'scenario'}: {o.failed}")
     return lines
+
+
+def make_strategy(ctx, cfg: ExecConfig, model, device):
+    """The strategy object of this rank. ``model`` is on ``device``, except for pipeline (on the CPU: each
+    stage moves its own part)."""
+    from trainsim.calibrate.execute.pipeline import Pipeline
+    from trainsim.calibrate.execute.spatial import Spatial
+    from trainsim.calibrate.execute.strategies import STRATEGIES
+
+    if cfg.strategy == "pipeline":
+        return Pipeline(ctx, cfg, model, device)
+    if cfg.strategy == "spatial":
+        return Spatial(ctx, cfg, model, device)  # every rank built the same model from the same seed
+    strategy = STRATEGIES[cfg.strategy](ctx, cfg, model, device)
+    if cfg.strategy != "ddp":  # DDP broadcasts rank 0's parameters itself
+        strategy.broadcast_initial()
+    return strategy

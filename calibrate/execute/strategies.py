@@ -451,20 +451,3 @@ class Easgd(Single):
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single, "ddp": DDP, "dp-gpu0": DPGpu0, "parameter-server": ParameterServer, "easgd": Easgd}
-
-
-def make_strategy(ctx: RankContext, cfg: ExecConfig, model: nn.Module, device: torch.device) -> Strategy:
-    """The strategy object of this rank. ``model`` is on ``device``, except for pipeline (on the CPU: each
-    stage moves its own part)."""
-    if cfg.strategy == "pipeline":
-        from trainsim.calibrate.execute.pipeline import Pipeline
-
-        return Pipeline(ctx, cfg, model, device)
-    if cfg.strategy == "spatial":
-        from trainsim.calibrate.execute.spatial import Spatial
-
-        return Spatial(ctx, cfg, model, device)  # every rank built the same model from the same seed
-    strategy = STRATEGIES[cfg.strategy](ctx, cfg, model, device)
-    if cfg.strategy != "ddp":  # DDP broadcasts rank 0's parameters itself
-        strategy.broadcast_initial()
-    return strategy

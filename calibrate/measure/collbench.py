@@ -13,28 +13,9 @@ simulator takes from those at the sizes around a call's own how long it takes wh
 stalls, a stall lasting until the host's timer tick (`trainsim.calibrate.measure.timer_tick`,
 `trainsim.sim.hosts.call_latency`).
 
-Why: on a 2-vCPU virtual machine a gloo call is bimodal, a few hundred microseconds or a 4-5 ms stall (about
-one tick of the 250 Hz guest). Half a ping-pong, as messages were measured before, came to 1.2 ms a
-message; a message to a receiver that is already waiting takes 0.1-0.25 ms almost every time, and the 1.2 ms
-charged to every EASGD push and pull and every pipeline message made those rows 9-13 % too slow on average.
-
-How a collective is met decides how often it stalls, and no way of meeting it matched the runs call for
-call. Timed inside the runs themselves (every call's arrival and return on both ranks), a 100 KB all-reduce
-stalled 57-94 % of the time, the DataParallel flow's reduce 45-68 %, the parameter server's 46-66 %,
-broadcasts and scatters (one rank reaches them milliseconds first) never. Met after a training step with one
-rank 2 ms late, the all-reduce stalled 33-67 % of the time, the reduce 20-80 %, broadcasts never; drawn call
-by call, the 2-rank collective rows came out 11-27 % short in the runs where the stalls were commonest.
-Inside an unbroken loop of steps and calls, charged the mean, they were mostly 10-13 % short; with each step
-preparing its batch too, broadcasts stalled 40-50 % of the time, which the runs' never did. Between
-barriers, the way collectives were measured before, their means came out nearest the runs (those rows
-within 1-4 % of them on average over ten repeats), so collectives stay measured that way, except where the
-data flows one way. Over 800 calls after busy gaps that put the two ranks' arrivals 0-5 ms apart, a
-broadcast stalled when they arrived within 0.1 ms of each other (13-16 % of those) and otherwise 2 times in
-552; an all-reduce stalled 40-65 % of the time and a reduce 9-43 %, whatever the gap in bins of 0.1 ms
-(closer up, an all-reduce whose ranks arrive within 50 us of each other stalls more often: the timer tick
-probe measures both, `trainsim.calibrate.measure.timer_tick`). The
-simulator's broadcasts and scatters (DataParallel's replicate and input scatter, the parameter server's
-pull) all have a root that works first while the others wait, so these are measured with the root late.
+On gloo the two ways of meeting a call differ in how often it stalls (docs/gloo-on-a-small-vm.md):
+all-reduce, reduce, gather and the halo exchange are timed between barriers; broadcast, scatter and send/recv
+with the root arriving late to waiting receivers, as training meets them.
 
 Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = S / t; busbw = algbw x F, where F = 2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, reduce-scatter, gather and scatter (S = the whole gathered / reduced
@@ -52,13 +33,8 @@ calibrated CPU boxes.
 
 ``exchange`` is the spatial halo exchange: every rank swaps S bytes with its partner (rank r with r xor 1)
 at once, ``isend`` and ``irecv`` both ways then wait, as the executor's halo exchange does
-(`trainsim.calibrate.execute.spatial`). On gloo it is timed between barriers like the collectives. Both
-neighbours arrive together and each waits for the other's rows, so it stalls as the collectives do, not as
-a message to a waiting receiver: inside spatial-2's runs the 24 KB and 64 KB exchanges cost 1.3 and 2.6 ms
-on average (31 % and 52 % of them stalled), between barriers 1.5 ms at 4 KB and 2.6 ms at 64 KB, where
-the one-way message the simulator charged each halo before cost 0.2-0.3 ms; spatial-2 came out 20-25 %
-short in most runs.
-"""
+(`trainsim.calibrate.execute.spatial`). On gloo it is timed between barriers like the collectives. Both neighbours arrive together and each waits for
+the other's rows, so on gloo it stalls as the collectives do, not as a message to a waiting receiver."""
 
 from __future__ import annotations
 

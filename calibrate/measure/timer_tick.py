@@ -1,24 +1,9 @@
 """The timer tick that stalled gloo calls wait for: its period, where in it they return, and how soon after
 the ranks arrive a tick can wake them.
 
-On this kind of virtual machine (a 2-vCPU Firecracker guest, 250 Hz kernel, no guest halt-polling) a gloo
-call either returns in a few hundred microseconds or stalls, and a stalled call does not return at a random
-moment: it returns 0.2-0.3 ms after a multiple of 4 ms on the monotonic clock, a tick of the guest's timer.
-The waiting rank's wake-up is lost and a tick wakes it, but only a tick at least about 1.5 ms after the last
-rank arrived: over 800 all-reduces after busy gaps of 3-12 ms, 230 of the 242 stalled calls that arrived
-1.75-4 ms before a tick returned on that tick, 153 of the 203 that arrived less than 1.5 ms before it on the
-next one. So a stall
-does not cost a fixed 4-5 ms: it costs the wait until that tick, which depends on where in the tick the call
-falls. Timed between barriers (a barrier that stalled also returned just after a tick) stalled calls cost
-almost a whole period; a 2-rank DDP step took 11.5-12.2 ms or 15.9-16.1 ms (four ticks), never between.
-
-How often an all-reduce stalls depends on how the ranks meet it. Over 1200 all-reduces (three launches of
-400) after a common busy gap of 8-12 ms, one rank made late by 0-1 ms at random, those whose ranks arrived
-within 50 us of each other stalled 68-71 % of the time (in each of four bins of 0-50 us), those 0.1 ms or
-more apart 49-51 % (in each of three bins of 0.1-2 ms). A
-tick releases the ranks of a stalled call at once; ranks doing the same work then meet the next call within
-a few microseconds of each other (in a loop of training steps and all-reduces, 0-10 us apart), and so stall
-again more often than ranks that meet a call between barriers.
+On a host whose idle vCPUs lose wake-ups (docs/gloo-on-a-small-vm.md), a gloo call either returns within
+its fast time or stalls until a tick of the guest's timer that comes at least a dead time after the last
+rank arrived; how often it stalls depends on how far apart the ranks met it.
 
 `probe_rank` times such calls on every rank (an all-reduce after a busy gap of random length, so that calls
 fall everywhere in the tick; on every other call, one rank arrives `PROBE_LATE_S` late); `fit` finds the
