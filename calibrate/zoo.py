@@ -13,6 +13,9 @@ Deliberate differences from torchvision (parameter counts are unaffected):
   of a workload do not depend on where it was described;
 - GPT attention is one leaf module (``attn.core``): nanoGPT's math ("slow") path, so that c_attn, core and
   c_proj are three layers.
+
+It stays one module: a catalogue of short model classes that share their building blocks; a file per
+model would add imports and nothing else.
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ concat) are not layers; their (small) traffic is not counted.
 Memory traffic per sample is the bytes each op must read and write once (compulsory traffic, no cache reuse
 modelled), excluding parameters: the roofline adds ``param_bytes`` once per batch (read in forward, read and
 grad-written in backward). Batchnorm reads its input twice (statistics, then normalise).
+
+It stays one module: the saved-activation and FLOP rules above and the layer builder that applies them
+are one table, checked together against torch; split, a rule would sit apart from the code that obeys it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ the ops it waits for (event waits) have finished.
 Durations are the measured ones unless an ``op_time`` hook says otherwise: it gets ``(env, rank, op)``
 and returns seconds, a SimPy event that fires when the op is done (e.g. a transfer on the flow network),
 or None for the measured duration. That hook is where what-if models plug in.
+
+It stays one module: the CPU-thread and GPU-stream processes and the bookkeeping that compares their
+times with the measurement are one loop.
 """
 
 from __future__ import annotations

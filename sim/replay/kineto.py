@@ -6,6 +6,8 @@ record at once: the raw JSON text and a parsed copy of the whole document are ne
 
 Times in the records are seconds since the earliest complete event of the file (``origin_us`` keeps the
 Kineto microsecond origin, ``base_time_ns`` the offset that turns Kineto times into Unix time).
+
+It stays one module: the streaming decoder and the slotted record types it fills change together.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ without ``enable_cuda_sync_events``), it is inferred: an event wait links the op
 thread's latest ``cudaEventRecord`` (on another stream) to the next op the thread launches; a stream or
 event synchronisation waits for the op whose completion released it. Inferred waits that contradict
 the measured times are dropped and counted.
+
+It stays one module: its passes (points, launches, waits, inferred waits dropped when the measurement
+contradicts them) build one graph and share its private indexes.
 """
 
 from __future__ import annotations

@@ -44,6 +44,10 @@ What each GPU does and moves (everything per iteration, per rank):
   Batch-norm statistics stay local to each slab (LBANN's "local" batchnorm; aggregating them would add one
   latency-bound all-reduce of ``2·C`` values per batchnorm per pass). Pools inside the trunk have no halo
   (their geometry is not in the workload; a 3x3/s2 max pool would need one row).
+
+It stays one module: the grid's geometry, the halo and redistribution bytes and the slab costs are one
+model whose parts share the grid arithmetic; the strategy (strategies/spatial.py) and the planner
+(planning/spatial_plan.py) both read it whole.
 """
 
 from __future__ import annotations
