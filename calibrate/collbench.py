@@ -11,7 +11,7 @@ the sender (the root) arrives late, and the sample runs from its arrival to the 
 return. The point is the samples' mean and the samples are kept: the
 simulator takes from those at the sizes around a call's own how long it takes when fast and how often it
 stalls, a stall lasting until the host's timer tick (`trainsim.calibrate.timer_tick`,
-`trainsim.sim.call_latency`).
+`trainsim.sim.hosts.call_latency`).
 
 Why: on a 2-vCPU virtual machine a gloo call is bimodal, a few hundred microseconds or a 4-5 ms stall (about
 one tick of the 250 Hz guest). Half a ping-pong, as messages were measured before, came to 1.2 ms a

@@ -26,7 +26,7 @@ period among the common kernel tick rates, the offset of the stalled returns, an
 wait after the last arrival that a tick wakes; and the share of the calls that stalled with the ranks
 arriving together (within `TOGETHER_S`) and apart. The simulator ends a stalled call on the first tick after
 that, and draws whether an all-reduce stalls from how far apart its ranks arrive
-(`trainsim.sim.call_latency`).
+(`trainsim.sim.hosts.call_latency`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import numpy as np
 
 from trainsim.calibrate.launch import RankContext, launch
 from trainsim.errors import TrainsimError
-from trainsim.sim.call_latency import STALL_OVER_S
+from trainsim.sim.hosts.call_latency import STALL_OVER_S
 
 # CONFIG_HZ choices of Linux: 100, 250, 300, 1000 Hz; the longest period that fits wins (a call that lands on
 # 4 ms multiples also lands on 1 ms ones)
