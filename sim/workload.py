@@ -358,10 +358,12 @@ def parse_workload(data: Any, *, file: str | None = None) -> Workload:
     """Validate a decoded JSON document; errors name the file and the field (with the layer's name)."""
     if not isinstance(data, dict):
         raise TrainsimError("a workload must be a JSON object", file=file)
-    if "schema" in data and data["schema"] not in SCHEMAS:
-        raise TrainsimError(f"unsupported schema {data['schema']!r}; expected one of {', '.join(SCHEMAS)}",
+    version = data.get("schema", data.get("schema_", SCHEMA))  # schema_: a model_dump by field name
+    if version not in SCHEMAS:
+        raise TrainsimError(f"unsupported schema {version!r}; expected one of {', '.join(SCHEMAS)}",
                             file=file, field="schema")
-    data = {**data, "schema": SCHEMA}  # read as the current version: older forms convert on validation
+    # read as the current version: older forms convert on validation
+    data = {**{k: v for k, v in data.items() if k != "schema_"}, "schema": SCHEMA}
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:

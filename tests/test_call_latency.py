@@ -3,7 +3,7 @@ stalled until the timer tick."""
 
 import pytest
 
-from trainsim.sim.call_latency import MeasuredLatency, TimerTick, cost, from_points
+from trainsim.sim.hosts.call_latency import MeasuredLatency, TimerTick, cost, from_points
 
 
 def test_samples_lose_their_bytes_time_and_never_go_negative():
