@@ -1,20 +1,111 @@
 """The gloo-VM host plug-in on its own: when it is chosen, its latency model, and the measured rank step it
 reads from a workload (`trainsim.sim.hosts`)."""
 
+import json
+from pathlib import Path
 
 import pytest
+from simtools import scenario as make_scenario
+from simtools import tiny_topology
 
 from trainsim.sim.costs import rank_costs
 from trainsim.sim.devices import get_device
-from trainsim.sim.hosts import GlooVmHost
-from trainsim.sim.workload import load_workload
+from trainsim.sim.hosts import GlooVmHost, RunMeasurements, host_model_for
+from trainsim.sim.hosts.call_latency import GlooCallLatency, MeasuredLatency, TimerTick
+from trainsim.sim.latency import CallSite, RouteLatency
+from trainsim.sim.provenance import RankStepRecord
+from trainsim.sim.simulation import Simulation
+from trainsim.sim.workload import load_workload, parse_workload
+
+BUNDLE = Path(__file__).parent / "data" / "bundle-cpu-2rank"  # a 2-rank gloo calibration, workload/1
+
+
+def _bundle_scenario(strategy: str = "ddp") -> dict:
+    return {"schema": "trainsim.scenario/1", "name": "t", "topology": "calibrated",
+            "workload": {"name": "tiny-cnn"}, "strategy": {"name": strategy}, "batch_size": 32, "gpus": 2,
+            "iterations": 2, "warmup_iterations": 1}
+
+
+def test_chosen_where_the_bundle_measured_gloo_calls():
+    sim = Simulation(_bundle_scenario(), calibration=str(BUNDLE))
+    assert isinstance(sim.host, GlooVmHost) and sim.ctx.host is sim.host
+    assert sim.machine.latency is sim.host.latency and isinstance(sim.machine.latency, GlooCallLatency)
+    assert {"allreduce", "p2p"} <= set(sim.machine.latency.calls) and sim.machine.latency.tick is not None
+    assert sim.machine.latency.blocking_calls
+    assert sim.ctx.jitter_spec is not None  # the measured spread of the rank step
+    assert sim.run().iteration_time_s > 0
+
+
+def test_not_chosen_for_a_gpu_scenario_whose_machine_has_the_route_latency():
+    sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8))
+    assert sim.host is None and sim.ctx.host is None
+    assert isinstance(sim.machine.latency, RouteLatency) and not sim.machine.latency.blocking_calls
+    assert host_model_for({}, load_workload("tiny-cnn"), {"a100": get_device("a100")}) is None
+    legs = sim.machine.topology.gpu_copy_legs(*sim.ranks)
+    assert sim.machine.message_latencies(legs, 1e6, CallSite("allgather")) == [None] * len(legs)
+
+
+def test_the_route_latency_charges_nothing_of_its_own():
+    route = RouteLatency()
+    assert route.cost(CallSite("allreduce", skew_s=0.0), 1e6, now=0.0) is None
+    assert route.message_cost(None, 1e6, now=0.0) is None
+
+
+def test_a_gloo_call_pays_its_measured_latency_a_message_the_send_recv_s():
+    model = GlooCallLatency({"reduce": 2e-3, "p2p": 5e-4})
+    assert model.cost(CallSite("reduce"), 4096, now=0.0) == pytest.approx(2e-3)
+    assert model.cost(CallSite("allgather"), 4096, now=0.0) is None  # not measured: the route's
+    assert model.message_cost(CallSite("allgather"), 4096, now=0.0) == pytest.approx(5e-4)  # a message
+    assert model.message_cost(CallSite("reduce"), 4096, now=0.0) == pytest.approx(2e-3)
+    assert model.message_cost(None, 4096, now=0.0) == pytest.approx(5e-4)
+
+
+def test_every_part_of_one_call_stalls_with_the_others_and_ends_on_a_tick():
+    half = MeasuredLatency((4096.0,), ((1e-4,) * 5 + (5e-3,) * 5,))
+    model = GlooCallLatency({"reduce": half}, TimerTick(4e-3, dead_time_s=1.5e-3))
+    for it in range(50):
+        first = model.cost(CallSite("reduce", ("push", it)), 4096, now=0.0)
+        second = model.cost(CallSite("reduce", ("push", it)), 4096, now=1e-3)
+        assert (first > 1e-3) == (second > 1e-3)  # one call: both parts or neither
+        if first > 1e-3:
+            assert first == pytest.approx(4e-3) and second == pytest.approx(3e-3)  # on the tick at 4 ms
+    # an all-reduce whose ranks met within the probe's "together" stalls with the probe's share for that
+    tick = TimerTick(4e-3, dead_time_s=1.5e-3, together_s=5e-5, stall_together=1.0, stall_apart=0.0,
+                     probe_bytes=4096)
+    met = GlooCallLatency({"allreduce": half}, tick)
+    assert all(met.cost(CallSite("allreduce", skew_s=0.0), 4096, now=0.0) > 1e-3 for _ in range(10))
+    assert all(met.cost(CallSite("allreduce", skew_s=1e-3), 4096, now=0.0) < 1e-3 for _ in range(10))
+
+
+def test_a_version_1_rank_step_reads_as_named_fields():
+    data = json.loads((BUNDLE / "workload-tiny-cnn.json").read_text())
+    assert data["schema"] == "trainsim.workload/1"
+    raw = data["provenance"]["rank_step"]["points"][0]
+    workload = parse_workload(data)
+    assert workload.schema_ == "trainsim.workload/2"
+    point = workload.provenance.rank_step.points[0]
+    assert (point.batch, point.alone_s, point.together_s, point.sigma_log, point.data_alone_s,
+            point.data_together_s, point.data_warm_s, point.sigma_rank_log) == tuple(raw)
+    written = json.loads(workload.model_dump_json(by_alias=True))
+    assert written["provenance"]["rank_step"]["points"][0]["alone_s"] == raw[1]
+    assert parse_workload(written).provenance.rank_step == workload.provenance.rank_step
+    short = RankStepRecord.model_validate({"ranks": 2, "points": [[16, 0.01, None, 0.05]]})
+    assert short.points[0].together_s is None and short.points[0].data_alone_s is None
+
+
+def test_run_measurements_are_the_keyword_arguments_as_one_object():
+    scenario = _bundle_scenario()
+    by_keywords = Simulation(scenario, calibration=str(BUNDLE), prep_s_per_sample=2.5e-4)
+    by_object = Simulation(scenario, calibration=str(BUNDLE), measurements=RunMeasurements(2.5e-4))
+    assert by_keywords.ctx.prep_s_per_sample == pytest.approx(by_object.ctx.prep_s_per_sample)
+    assert by_keywords.ctx.prep_s_per_sample > 2.5e-4  # the loop's cold start and sharing on top
 
 
 def _with_rank_step(wl, points, ranks=2, plain=None, device_spec="cpu"):
     """``points``: [batch, alone_s, together_s]; ``plain``: the profile's plain step per batch."""
     plain = plain or [[b, 0.010] for b, *_ in points]
     extra = {**(wl.provenance.model_extra or {}), "iteration": {"plain": plain},
-             "rank_step": {"ranks": ranks, "points": points}}
+             "rank_step": RankStepRecord.model_validate({"ranks": ranks, "points": points})}
     provenance = wl.provenance.model_copy(update={**extra, "device_spec": device_spec})
     return wl.model_copy(update={"provenance": provenance})
 
