@@ -142,7 +142,7 @@ class Machine:
 
     def host_sharing(self, ranks: list[str]) -> dict[str, int]:
         """Per rank: how many CPU ranks of ``ranks`` compute on the cores of its host (1 for a GPU, which has
-        its own SMs). They share the socket's cache and DRAM (costs.rank_step_scale)."""
+        its own SMs). They share the socket's cache and DRAM (a host plug-in's `step_scale`)."""
         per_host: dict[str, int] = {}
         for gpu in ranks:
             if self.gpus[gpu].device.kind == "cpu":
