@@ -15,8 +15,8 @@ import argparse
 import time
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.analytic_models import BUILTINS, build_analytic
-from trainsim.sim.roofline import compute_time
+from trainsim.sim.compute.analytic_models import BUILTINS, build_analytic
+from trainsim.sim.compute.roofline import compute_time
 
 # (params, forward GMACs per sample) as published; None where no published figure exists
 PUBLISHED = {

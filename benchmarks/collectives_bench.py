@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 
-from trainsim.sim.collectives import (
+from trainsim.sim.collectives.ops import (
     bus_factor,
     collective_time,
     feasible_algorithms,

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import simpy
 
-from trainsim.sim.flows import FlowNetwork
+from trainsim.sim.core.flows import FlowNetwork
 
 
 def ring_allreduce(n: int = 64, size: float = 1 << 30, bandwidth: float = 25e9) -> dict:

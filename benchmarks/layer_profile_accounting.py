@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from trainsim.calibrate.describe import describe, parse_overrides
-from trainsim.calibrate.layer_profile import profile_layers
+from trainsim.calibrate.measure.describe import describe, parse_overrides
+from trainsim.calibrate.measure.layer_profile import profile_layers
 
 
 def main() -> None:

@@ -23,10 +23,10 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from trainsim.sim.kineto import load_trace
-from trainsim.sim.replay import replay
-from trainsim.sim.trace_graph import build_graph
-from trainsim.sim.whatif import WhatIf, WhatIfModel, collective_check, memcpy_check
+from trainsim.sim.replay.engine import replay
+from trainsim.sim.replay.kineto import load_trace
+from trainsim.sim.replay.trace_graph import build_graph
+from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, collective_check, memcpy_check
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 

@@ -33,10 +33,10 @@ def _load() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainsim.calibrate import runner
-    from trainsim.calibrate.quickstart import LAYER_REPEATS, calibration_batch_sizes
-    from trainsim.calibrate.report import write_report
-    from trainsim.calibrate.validate import validate
+    from trainsim.calibrate.measure import runner
+    from trainsim.calibrate.validate.quickstart import LAYER_REPEATS, calibration_batch_sizes
+    from trainsim.calibrate.validate.report import write_report
+    from trainsim.calibrate.validate.run import validate
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="validate-cpu")

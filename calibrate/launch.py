@@ -7,11 +7,9 @@ give it — MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK, LOCAL_RANK, WORLD_S
 pinned to their own cores (``os.sched_setaffinity``) with ``torch.set_num_threads`` of their share, so N
 ranks on an N-core box are N independent devices rather than N thread pools fighting for the same cores.
 
-glibc's allocator is told to keep freed memory (`ALLOCATOR_ENV`, unless the caller's environment sets it):
-by default it maps each large tensor afresh and adapts its threshold to the history of allocation sizes, so
-the same training step at batch 64 took 750 to 2800 page faults (10-15 % of the step here) depending on what
-ran before it. With the memory kept a warmed-up step takes none, whatever came first: the calibration's
-rank step, which alternates batch sizes, and the runs it predicts see the same step.
+glibc's allocator is told to keep freed memory (`ALLOCATOR_ENV`, unless the caller's environment sets it),
+so a warmed-up training step takes no page faults whatever ran before it, and the calibration's rank step
+and the runs it predicts see the same step (docs/gloo-on-a-small-vm.md).
 
 ``fn(ctx, *args)`` must be importable at module level (it is pickled by name) and returns something
 picklable. A rank that raises, dies or overruns the timeout fails the whole run with one line naming the

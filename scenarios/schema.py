@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from trainsim.sim.compression import CompressionSpec
-from trainsim.sim.jitter import JitterSpec
-from trainsim.sim.strategy_easgd import EasgdOptions
-from trainsim.sim.strategy_pipeline import PipelineOptions
+from trainsim.sim.core.jitter import JitterSpec
+from trainsim.sim.optimizations.compression import CompressionSpec
+from trainsim.sim.strategies.easgd import EasgdOptions
+from trainsim.sim.strategies.pipeline import PipelineOptions
 
 SCHEMA = "trainsim.scenario/1"
 STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd")
@@ -134,7 +134,7 @@ class Optimizations(_Strict):
     offload_chunk_mb: float = Field(
         default=64.0, gt=0, description="offload_optimizer_state: chunk size (MiB)"
     )
-    # ScaleDNN (sim/strategy_dp_gpu0.py, sim/preload.py, sim/compression.py)
+    # ScaleDNN (sim/strategies/dp_gpu0.py, sim/optimizations/preload.py, sim/optimizations/compression.py)
     cpu_batch_split: bool = Field(
         default=False, description="the host splits the batch and copies each GPU its shard (vs GPU0 scatter)"
     )
@@ -144,7 +144,7 @@ class Optimizations(_Strict):
     param_compression: CompressionSpec | None = Field(
         default=None, description="fp16 | bf16 | int8 | {method: topk, ratio} | {method: powersgd, rank}"
     )
-    # hybrid GPU/CPU memory, vDNN / Kim et al. (sim/offload.py)
+    # hybrid GPU/CPU memory, vDNN / Kim et al. (sim/optimizations/offload.py)
     offload_activations: Literal["none", "all", "conv"] | list[str] = Field(
         default="none", description="saved activations offloaded to pinned host memory: all, conv or layers"
     )
@@ -158,7 +158,7 @@ class Optimizations(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _executor_spellings(cls, data):
-        from trainsim.sim.data_movement import normalise
+        from trainsim.sim.optimizations.data_movement import normalise
 
         return normalise(data)
 
@@ -182,7 +182,7 @@ class Scenario(_Strict):
     host: HostSpec = Field(default_factory=HostSpec)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # settings only the real-hardware executor reads (calibrate/exec_config.py); the simulator ignores them
+    # settings only the real-hardware executor reads (calibrate/execute/config.py); the simulator ignores them
     executor: dict[str, Any] | None = None
     # where the file came from (relative topology/workload paths resolve against its folder)
     _source: str | None = PrivateAttr(default=None)
@@ -229,7 +229,7 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _data_movement(self):
-        from trainsim.sim.data_movement import check_combinations
+        from trainsim.sim.optimizations.data_movement import check_combinations
 
         check_combinations(self)
         return self

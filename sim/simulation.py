@@ -24,16 +24,15 @@ from pathlib import Path
 import simpy
 
 from trainsim.errors import TrainsimError
-
-from .costs import rank_costs
-from .devices import DeviceSpec, device_from_json
-from .hosts import RunMeasurements, call_latency, host_model_for
-from .hosts.call_latency import Latency
-from .machine import Machine, build_machine
-from .result import GpuResult, LinkResult, Result, breakdown, busy_time
-from .strategies import Context, get_strategy, rank_batch_hook
-from .strategy_pipeline import options as pipeline_options
-from .workload import Workload, load_workload
+from trainsim.sim.compute.costs import rank_costs
+from trainsim.sim.compute.workload import Workload, load_workload
+from trainsim.sim.core.devices import DeviceSpec, device_from_json
+from trainsim.sim.core.machine import Machine, build_machine
+from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
+from trainsim.sim.hosts import RunMeasurements, call_latency, host_model_for
+from trainsim.sim.hosts.call_latency import Latency
+from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
+from trainsim.sim.strategies.pipeline import options as pipeline_options
 
 __all__ = ["Simulation", "build_machine", "simulate", "load_inputs"]
 
@@ -78,7 +77,7 @@ def load_workload_ref(ref, base_dir: str | None = None) -> Workload:
     overrides = ref.overrides
     if not overrides:
         return load_workload(_resolve_path(ref.name, base_dir))
-    from .analytic_models import MODELS, build_analytic
+    from trainsim.sim.compute.analytic_models import MODELS, build_analytic
 
     if ref.name not in MODELS:
         from trainsim.errors import unknown_name
@@ -136,7 +135,7 @@ def _gloo_collectives(path: str) -> dict:
 
 
 def bundle_timer_tick(path: str) -> call_latency.TimerTick | None:
-    """The timer tick the bundle's stalled gloo calls returned on (`trainsim.calibrate.timer_tick`)."""
+    """The timer tick the bundle's stalled gloo calls returned on (`trainsim.calibrate.measure.timer_tick`)."""
     tick = _gloo_collectives(path).get("timer_tick")
     if not isinstance(tick, dict) or not isinstance(tick.get("period_s"), int | float):
         return None
@@ -318,9 +317,10 @@ class Simulation:
             jitter_spec=st.jitter if st.jitter is not None else self._measured_jitter(per_gpu),
             host=self.host,
         )
-        from .data_movement import prepare
+        from trainsim.sim.optimizations.data_movement import prepare
 
-        prepare(self.ctx, sc, calibration)  # ScaleDNN / vDNN switches: codec, preload, offload plan
+        # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates variants)
+        prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, calibration=calibration, record=False).run())
         if measured.codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on box
             self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
         overlap = measured.loader_overlap

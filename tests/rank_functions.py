@@ -44,7 +44,7 @@ def swap_rank_ids(ctx):
     """collbench's halo exchange of a buffer holding this rank's id: what came back from the partner."""
     import torch
 
-    from trainsim.calibrate.collbench import _swap
+    from trainsim.calibrate.measure.collbench import _swap
 
     inbox = torch.full((4,), -1.0)
     _swap(torch.full((4,), float(ctx.rank)), inbox, ctx.rank, ctx.world_size)()

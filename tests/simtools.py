@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainsim.sim.workload import Workload
+from trainsim.sim.compute.workload import Workload
 
 GB = 1e9
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainsim.calibrate.alphabeta import AlphaBeta, fit_alpha_beta, log_sizes
+from trainsim.calibrate.measure.alphabeta import AlphaBeta, fit_alpha_beta, log_sizes
 from trainsim.errors import TrainsimError
 
 SIZES = log_sizes(1024, 1024**3, 4)

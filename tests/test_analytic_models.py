@@ -5,15 +5,15 @@ import math
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim import analytic_models as am
-from trainsim.sim.analytic_models import (
+from trainsim.sim.compute import analytic_models as am
+from trainsim.sim.compute.analytic_models import (
     BUILTINS,
     build_analytic,
     builtin_text,
     generate_builtins,
     parse_options,
 )
-from trainsim.sim.workload import builtin_dir
+from trainsim.sim.compute.workload import builtin_dir
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def test_shipped_files_equal_a_fresh_generation():
     for name in BUILTINS:
         shipped = (builtin_dir() / f"{name}.json").read_text()
         assert shipped == builtin_text(name), f"scenarios/workloads/{name}.json is stale: regenerate it " \
-                                              "with `python -m trainsim.sim.analytic_models`"
+                                              "with `python -m trainsim.sim.compute.analytic_models`"
 
 
 def test_regeneration_script_writes_every_builtin(tmp_path):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from trainsim.calibrate import bundle as bf
+from trainsim.calibrate.measure import bundle as bf
 from trainsim.errors import TrainsimError
 
 

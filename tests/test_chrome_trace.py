@@ -3,8 +3,8 @@
 import gzip
 import json
 
-from trainsim.sim.chrome_trace import chrome_trace, write_chrome_trace
 from trainsim.sim.simulation import simulate
+from trainsim.sim.output.chrome_trace import chrome_trace, write_chrome_trace
 
 SCENARIO = {
     "schema": "trainsim.scenario/1",

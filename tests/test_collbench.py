@@ -6,7 +6,7 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
-from trainsim.calibrate.collbench import (  # noqa: E402
+from trainsim.calibrate.measure.collbench import (
     COLLECTIVES,
     CPU_P2P_SHOTS,
     CPU_SINGLE_SHOTS,

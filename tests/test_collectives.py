@@ -6,9 +6,8 @@ import pytest
 import simpy
 
 from trainsim.errors import TrainsimError
-from trainsim.sim import collectives as coll
-from trainsim.sim.collective_plans import BASE_LATENCY, HOP_LATENCY, dtree_parents
-from trainsim.sim.collectives import (
+from trainsim.sim.collectives import ops as coll
+from trainsim.sim.collectives.ops import (
     COLLECTIVES,
     bench,
     bus_factor,
@@ -18,8 +17,9 @@ from trainsim.sim.collectives import (
     run_collective,
     simulate_collective,
 )
-from trainsim.sim.flows import FlowNetwork
-from trainsim.sim.rings import Channel, build_channels, ring_cost
+from trainsim.sim.collectives.plans import BASE_LATENCY, HOP_LATENCY, dtree_parents
+from trainsim.sim.collectives.rings import Channel, build_channels, ring_cost
+from trainsim.sim.core.flows import FlowNetwork
 from trainsim.topologies import list_presets, load_topology
 
 MIB, GIB = 2**20, 2**30

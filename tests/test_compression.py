@@ -1,4 +1,4 @@
-"""sim/compression.py by hand: PowerSGD's per-bucket phases (uncompressed, P and Q bytes, matmuls, error
+"""sim/optimizations/compression.py by hand: PowerSGD's per-bucket phases (uncompressed, P and Q bytes, matmuls, error
 feedback) and the weight matrices read from a workload."""
 
 from types import SimpleNamespace
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 from simtools import tiny_workload
 
-from trainsim.sim.compression import Codec, CompressionSpec, WeightMatrix, layer_matrices
-from trainsim.sim.workload import Workload
+from trainsim.sim.compute.workload import Workload
+from trainsim.sim.optimizations.compression import Codec, CompressionSpec, WeightMatrix, layer_matrices
 
 FP32 = 4
 DEVICE = SimpleNamespace(peak_flops={"fp32": 10e12}, memory_bandwidth=1e12)

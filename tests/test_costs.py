@@ -2,10 +2,10 @@
 
 import pytest
 
-from trainsim.sim.costs import optimizer_traffic, rank_costs, state_bytes
-from trainsim.sim.devices import get_device
-from trainsim.sim.roofline import layer_times
-from trainsim.sim.workload import load_workload
+from trainsim.sim.compute.costs import optimizer_traffic, rank_costs, state_bytes
+from trainsim.sim.compute.roofline import layer_times
+from trainsim.sim.compute.workload import load_workload
+from trainsim.sim.core.devices import get_device
 
 
 def test_mixed_precision_adam_is_16_bytes_per_parameter():
@@ -51,7 +51,7 @@ def test_unmeasured_optimizer_step_is_memory_bound():
 def test_unattributed_time_of_a_calibrated_workload():
     from types import SimpleNamespace
 
-    from trainsim.sim.costs import unattributed_s
+    from trainsim.sim.compute.costs import unattributed_s
 
     def wl(points):
         extra = {"iteration": {"unattributed": points}} if points is not None else {}

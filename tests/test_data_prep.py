@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from trainsim.calibrate.data_prep import (  # noqa: E402
+from trainsim.calibrate.execute.data_prep import (
     cores_available,
     measure_prep,
     prepare_image,

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainsim.calibrate.datapipe import Prefetcher, SyntheticSource  # noqa: E402
-from trainsim.calibrate.exec_config import DataConfig  # noqa: E402
+from trainsim.calibrate.execute.config import DataConfig  # noqa: E402
+from trainsim.calibrate.execute.datapipe import Prefetcher, SyntheticSource  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
 
 

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.sim.devices import (
+from trainsim.sim.core.devices import (
     DEVICES,
     DeviceSpec,
     cpu_device,

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from trainsim.calibrate.exec_config import (  # noqa: E402
+from trainsim.calibrate.execute.config import (
     DataConfig,
     EasgdConfig,
     ExecConfig,

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainsim.calibrate import zoo  # noqa: E402
-from trainsim.calibrate.exec_config import ExecConfig, PipelineConfig  # noqa: E402
-from trainsim.calibrate.exec_pipeline import (  # noqa: E402
+from trainsim.calibrate.execute.config import ExecConfig, PipelineConfig  # noqa: E402
+from trainsim.calibrate.execute.pipeline import (
     balanced_cuts,
     cuts_from_stage_layers,
     leaf_count,
@@ -63,7 +63,7 @@ def test_pipeline_config_is_validated():
 
 def sgd_reference(cfg: ExecConfig) -> np.ndarray:
     """The same training steps in this process, on one device, written out: the ground truth."""
-    from trainsim.calibrate.datapipe import SyntheticSource
+    from trainsim.calibrate.execute.datapipe import SyntheticSource
 
     torch.manual_seed(cfg.seed)
     model = zoo.build_model(cfg.model, **cfg.model_cfg)
@@ -81,7 +81,7 @@ def sgd_reference(cfg: ExecConfig) -> np.ndarray:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_pipeline_times_data_parallel_matches_one_device():
     """2 stages x 2 data-parallel replicas (4 ranks, oversubscribed: a correctness check, not a timing)."""
-    from trainsim.calibrate.executor import run
+    from trainsim.calibrate.execute.executor import run
 
     cfg = ExecConfig(strategy="pipeline", ranks=4, oversubscribe=True, model="tiny-cnn", batch_size=16,
                      iterations=1, warmup=0, lr=0.1, capture_params=True,  # one step: see test_executor

@@ -4,8 +4,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from trainsim.calibrate.exec_config import ExecConfig, infeasible_reason  # noqa: E402
-from trainsim.calibrate.exec_spatial import HaloPlan, rows, spatial_front  # noqa: E402
+from trainsim.calibrate.execute.config import ExecConfig, infeasible_reason  # noqa: E402
+from trainsim.calibrate.execute.spatial import HaloPlan, rows, spatial_front  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def test_front_is_the_leading_convolutions_relus_and_pools():
     import torch
 
     from trainsim.calibrate import zoo
-    from trainsim.calibrate.exec_pipeline import sequential_parts
+    from trainsim.calibrate.execute.pipeline import sequential_parts
 
     torch.manual_seed(0)
     assert spatial_front(sequential_parts(zoo.build_model("tiny-cnn"))) == 6
@@ -61,7 +61,7 @@ def test_models_with_batchnorm_are_skipped_with_the_reason():
 
 
 def test_a_scenario_asking_for_overlapped_halos_is_skipped_with_the_field_to_set():
-    from trainsim.calibrate.exec_config import exec_config_from_scenario
+    from trainsim.calibrate.execute.config import exec_config_from_scenario
 
     scenario = {"workload": {"name": "tiny-cnn", "image_size": 32}, "strategy": {"name": "spatial"},
                 "gpus": 2, "batch_size": 8}

@@ -10,13 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainsim.calibrate.exec_config import (  # noqa: E402
-    EasgdConfig,
-    ExecConfig,
-    OptimizationsConfig,
-    PipelineConfig,
-)
-from trainsim.calibrate.executor import run_many, run_variant  # noqa: E402
+from trainsim.calibrate.execute.config import EasgdConfig, ExecConfig, OptimizationsConfig, PipelineConfig
+from trainsim.calibrate.execute.executor import run_many, run_variant  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
 
 # Two ranks need two cores; a one-core box skips the distributed checks (their variants would be "skipped").
@@ -213,7 +208,7 @@ def test_variant_the_box_cannot_run_is_skipped_with_the_reason():
 
 
 def test_run_refuses_what_the_box_cannot_run():
-    from trainsim.calibrate.executor import run
+    from trainsim.calibrate.execute.executor import run
 
     too_many = len(os.sched_getaffinity(0)) + 1
     with pytest.raises(TrainsimError, match="cannot run here"):

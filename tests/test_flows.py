@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from trainsim.sim.flows import FlowNetwork, max_min_rates, run_transfers
+from trainsim.sim.core.flows import FlowNetwork, max_min_rates, run_transfers
 
 
 def finish_times(capacities, transfers, latencies=None):

@@ -8,14 +8,14 @@ import pytest
 from simtools import scenario as make_scenario
 from simtools import tiny_topology
 
-from trainsim.sim.costs import rank_costs
-from trainsim.sim.devices import get_device
+from trainsim.sim.compute.costs import rank_costs
+from trainsim.sim.compute.provenance import RankStepRecord
+from trainsim.sim.compute.workload import load_workload, parse_workload
+from trainsim.sim.core.devices import get_device
+from trainsim.sim.core.latency import CallSite, RouteLatency
 from trainsim.sim.hosts import GlooVmHost, RunMeasurements, host_model_for
 from trainsim.sim.hosts.call_latency import GlooCallLatency, MeasuredLatency, TimerTick
-from trainsim.sim.latency import CallSite, RouteLatency
-from trainsim.sim.provenance import RankStepRecord
 from trainsim.sim.simulation import Simulation
-from trainsim.sim.workload import load_workload, parse_workload
 
 BUNDLE = Path(__file__).parent / "data" / "bundle-cpu-2rank"  # a 2-rank gloo calibration, workload/1
 
@@ -128,7 +128,7 @@ def test_rank_step_scale_is_the_pinned_step_over_the_profiles_and_the_slowdown_t
 
 
 def test_a_calibrated_cpu_ranks_layers_scale_by_the_rank_step_and_gpus_do_not():
-    from trainsim.sim.devices import cpu_device
+    from trainsim.sim.core.devices import cpu_device
 
     cpu = cpu_device(1, 50e9, 20e9)
     wl = _with_rank_step(load_workload("tiny-cnn"), [[8, 0.010, 0.0125]])

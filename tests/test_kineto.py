@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim import kineto
-from trainsim.sim.kineto import Collective, load_trace, load_traces
-from trainsim.sim.kineto_builder import TraceBuilder
+from trainsim.sim.replay import kineto
+from trainsim.sim.replay.kineto import Collective, load_trace, load_traces
+from trainsim.sim.replay.kineto_builder import TraceBuilder
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 

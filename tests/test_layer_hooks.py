@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainsim.calibrate import zoo  # noqa: E402
-from trainsim.calibrate.layer_hooks import LayerHooks, leaf_modules, tensors_in  # noqa: E402
+from trainsim.calibrate.measure.layer_hooks import LayerHooks, leaf_modules, tensors_in  # noqa: E402
 
 
 class _Log:

@@ -8,11 +8,11 @@ torch = pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from trainsim.calibrate import layer_profile  # noqa: E402
-from trainsim.calibrate.layer_profile import profile_layers, resolve_device, training_bytes  # noqa: E402
+from trainsim.calibrate.measure import layer_profile  # noqa: E402
+from trainsim.calibrate.measure.layer_profile import profile_layers, resolve_device, training_bytes  # noqa: E402
 from trainsim.cli import app  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
-from trainsim.sim.workload import load_workload, save_workload  # noqa: E402
+from trainsim.sim.compute.workload import load_workload, save_workload  # noqa: E402
 
 FAST = dict(repeats=3, warmup=1, threads=1, prep_samples=8)
 
@@ -57,7 +57,7 @@ def test_provenance_and_input(tiny):
 
 
 def test_static_fields_are_describes(tiny):
-    from trainsim.calibrate.describe import describe
+    from trainsim.calibrate.measure.describe import describe
 
     analytic = describe("tiny-cnn")
     for measured, static in zip(tiny.layers, analytic.layers, strict=True):

@@ -6,8 +6,8 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
-from trainsim.calibrate.alphabeta import AlphaBeta  # noqa: E402
-from trainsim.calibrate.linkbench import (  # noqa: E402
+from trainsim.calibrate.measure.alphabeta import AlphaBeta  # noqa: E402
+from trainsim.calibrate.measure.linkbench import (
     KIB,
     MIB,
     LinkClass,

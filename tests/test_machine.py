@@ -3,7 +3,7 @@
 import pytest
 from simtools import tiny_topology
 
-from trainsim.sim.machine import PAGEABLE_COPY_RATE, build_machine
+from trainsim.sim.core.machine import PAGEABLE_COPY_RATE, build_machine
 from trainsim.topologies import load_topology
 
 

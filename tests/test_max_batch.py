@@ -8,7 +8,7 @@ from simtools import tiny_topology, tiny_workload
 from typer.testing import CliRunner
 
 from trainsim.cli import app
-from trainsim.sim.max_batch import max_batch
+from trainsim.sim.planning.max_batch import max_batch
 
 LAYERS = [
     {"name": "a", "fwd": 0.010, "bwd": 0.020, "params": 4_000, "saved": 100_000},

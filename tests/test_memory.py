@@ -1,6 +1,6 @@
 """The GPU memory timeline: peak, what is held at the peak, running out as a result."""
 
-from trainsim.sim.memory import GIB, MemoryTracker
+from trainsim.sim.core.memory import GIB, MemoryTracker
 
 
 def test_peak_and_categories_at_peak():

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from trainsim.calibrate.nvsmi import count_cpus, parse_topo_matrix, spec_from_name, to_topology
+from trainsim.calibrate.measure.nvsmi import count_cpus, parse_topo_matrix, spec_from_name, to_topology
 from trainsim.errors import TrainsimError
 from trainsim.topologies import load_topology
 

@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainsim.calibrate import zoo  # noqa: E402
-from trainsim.calibrate.offload import PrefetchOffload, offload_context  # noqa: E402
+from trainsim.calibrate.execute.offload import PrefetchOffload, offload_context  # noqa: E402
 
 
 def _grads(mode: str, device: str = "cpu", distance: int = 1, resnet: bool = False):

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.sim.offload import offload_stall_s
 from trainsim.sim.simulation import simulate
+from trainsim.sim.optimizations.offload import offload_stall_s
 from trainsim.topologies import load_topology
 
 BATCH = 8
@@ -120,8 +120,8 @@ def test_contention_aware_leaves_a_gpu_alone_on_its_link_unchanged(tmp_path):
 
 
 def test_conv_policy_offloads_convolutions_and_their_inputs():
-    from trainsim.sim.offload import offloaded_layers
-    from trainsim.sim.workload import load_workload
+    from trainsim.sim.compute.workload import load_workload
+    from trainsim.sim.optimizations.offload import offloaded_layers
 
     wl = load_workload("vgg16")
     chosen = offloaded_layers(wl, "conv")

@@ -191,7 +191,7 @@ def test_powersgd_is_chained_allreduces_per_bucket(tmp_path, layers, parts):
 
 
 def test_powersgd_pays_two_more_collective_latencies_per_bucket(tmp_path):
-    from trainsim.sim.collectives import collective_time
+    from trainsim.sim.collectives.ops import collective_time
 
     topo = tiny_topology(gpus=2)
     for link in topo["links"]:

@@ -3,8 +3,8 @@
 import math
 
 from trainsim.scenarios.loader import load_scenario
-from trainsim.sim.paper_axonn import STAGES, scenario_path
-from trainsim.sim.reproduce import list_papers, reproduce
+from trainsim.sim.papers.axonn import STAGES, scenario_path
+from trainsim.sim.papers.reproduce import list_papers, reproduce
 
 
 def test_scenario_states_its_assumptions():

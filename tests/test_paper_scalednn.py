@@ -6,8 +6,8 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.scenarios.loader import load_scenario
-from trainsim.sim.paper_scalednn import MODELS, SYSTEMS, scenario_path
-from trainsim.sim.reproduce import list_papers, reproduce
+from trainsim.sim.papers.reproduce import list_papers, reproduce
+from trainsim.sim.papers.scalednn import MODELS, SYSTEMS, scenario_path
 
 
 def test_scenarios_state_assumptions_and_variants_switch_the_three_techniques():

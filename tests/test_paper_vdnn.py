@@ -3,8 +3,8 @@
 import math
 
 from trainsim.scenarios.loader import load_scenario
-from trainsim.sim.paper_vdnn import MODELS, MULTI, SINGLE, scenario_path
-from trainsim.sim.reproduce import list_papers, reproduce
+from trainsim.sim.papers.reproduce import list_papers, reproduce
+from trainsim.sim.papers.vdnn import MODELS, MULTI, SINGLE, scenario_path
 
 
 def test_scenarios_state_their_assumptions():

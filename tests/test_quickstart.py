@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from trainsim.calibrate.quickstart import calibration_batch_sizes  # noqa: E402
+from trainsim.calibrate.validate.quickstart import calibration_batch_sizes  # noqa: E402
 from trainsim.cli import app  # noqa: E402
 
 runner = CliRunner()

@@ -3,7 +3,7 @@ calibration step that records it and how the simulator uses it."""
 
 import pytest
 
-from trainsim.calibrate.rank_step import RankStepPoint, rank_step_record
+from trainsim.calibrate.execute.rank_step import RankStepPoint, rank_step_record
 
 
 def test_the_record_keeps_both_medians():
@@ -18,7 +18,7 @@ def test_the_record_keeps_both_medians():
 
 
 def test_together_is_the_mean_over_the_ranks_of_their_medians():
-    from trainsim.calibrate.rank_step import summarise_point
+    from trainsim.calibrate.execute.rank_step import summarise_point
 
     alone = [(0.001, 0.010), (0.001, 0.012), (0.002, 0.011)]
     fast = [(0.001, 0.010)] * 3
@@ -35,7 +35,7 @@ def test_together_is_the_mean_over_the_ranks_of_their_medians():
 def test_a_rank_s_own_spread_leaves_out_what_the_ranks_share_and_a_slower_core():
     import numpy as np
 
-    from trainsim.calibrate.rank_step import rank_spread
+    from trainsim.calibrate.execute.rank_step import rank_spread
 
     host = np.exp(np.random.default_rng(1).normal(0, 0.05, 400))  # the host's speed, the same for both
     assert rank_spread([0.01 * host, 0.013 * host]) == pytest.approx(0.0, abs=1e-12)  # 30 % slower core
@@ -45,7 +45,7 @@ def test_a_rank_s_own_spread_leaves_out_what_the_ranks_share_and_a_slower_core()
 
 def test_two_pinned_ranks_measure_alone_and_together_round_after_round():
     pytest.importorskip("torch")
-    from trainsim.calibrate.rank_step import measure_rank_step
+    from trainsim.calibrate.execute.rank_step import measure_rank_step
 
     points = measure_rank_step("tiny-cnn", [2, 4], 2, rounds=2, window_s=0.02, options={"image_size": 16})
     assert [p.batch for p in points] == [2, 4]
@@ -60,7 +60,7 @@ def test_two_pinned_ranks_measure_alone_and_together_round_after_round():
 def _calibrate(out, batch: int, rank_step: bool = True, collectives: bool = False):
     """A quick 2-rank bundle of the tiny CNN at one batch size, with its rank step or without (and its gloo
     calls)."""
-    from trainsim.calibrate import runner
+    from trainsim.calibrate.measure import runner
 
     steps = ("probe", "layers", "rank_step") if rank_step else ("probe", "layers")
     steps += ("collectives",) if collectives else ()
@@ -72,12 +72,12 @@ def _calibrate(out, batch: int, rank_step: bool = True, collectives: bool = Fals
 
 def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_it(tmp_path):
     pytest.importorskip("torch")
-    from trainsim.calibrate import runner
+    from trainsim.calibrate.measure import runner
     from trainsim.scenarios.loader import load_scenario
-    from trainsim.sim.costs import rank_costs
+    from trainsim.sim.compute.costs import rank_costs
+    from trainsim.sim.compute.workload import load_workload
     from trainsim.sim.hosts.rank_step import rank_step_scale
     from trainsim.sim.simulation import Simulation
-    from trainsim.sim.workload import load_workload
 
     out = _calibrate(tmp_path / "bundle", batch=4)
     workload = load_workload(out / "workload-tiny-cnn.json")
@@ -103,7 +103,7 @@ def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_i
 def test_log_spread_is_the_iqr_of_each_ranks_log_deviations():
     import math
 
-    from trainsim.calibrate.rank_step import log_spread
+    from trainsim.calibrate.execute.rank_step import log_spread
 
     rank0 = [math.exp(x) for x in (0.0, 0.1, -0.1, 0.2, -0.2)]
     rank1 = [2 * t for t in rank0]  # another median, the same scatter
@@ -113,9 +113,9 @@ def test_log_spread_is_the_iqr_of_each_ranks_log_deviations():
 
 def test_a_round_of_validation_can_measure_the_rank_step_and_gloo_calls_again_in_a_copy(tmp_path):
     pytest.importorskip("torch")
-    from trainsim.calibrate import bundle as bf
-    from trainsim.calibrate.validate import refresh_bundle
-    from trainsim.sim.workload import load_workload
+    from trainsim.calibrate.measure import bundle as bf
+    from trainsim.calibrate.validate.run import refresh_bundle
+    from trainsim.sim.compute.workload import load_workload
 
     out = _calibrate(tmp_path / "bundle", batch=2, collectives=True)
     before = {name: (out / name).read_text() for name in ("workload-tiny-cnn.json", "collectives.json")}
@@ -139,8 +139,8 @@ def test_a_loader_thread_beside_the_step_is_measured_both_ways():
     pytest.importorskip("torch")
     import os
 
-    from trainsim.calibrate.exec_config import DataConfig
-    from trainsim.calibrate.rank_step import measure_loader_overlap
+    from trainsim.calibrate.execute.config import DataConfig
+    from trainsim.calibrate.execute.rank_step import measure_loader_overlap
 
     overlap = measure_loader_overlap("tiny-cnn", 4, DataConfig(), options={"image_size": 16}, rounds=2,
                                      window_s=0.1)

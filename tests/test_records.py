@@ -5,8 +5,8 @@ import io
 
 import pytest
 
-from trainsim.sim.records import COLUMNS, records, to_csv, write_records
 from trainsim.sim.simulation import simulate
+from trainsim.sim.output.records import COLUMNS, records, to_csv, write_records
 
 SCENARIO = {
     "schema": "trainsim.scenario/1",

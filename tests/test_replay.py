@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from trainsim.cli import app
-from trainsim.sim.kineto import load_trace
-from trainsim.sim.kineto_builder import TraceBuilder
-from trainsim.sim.replay import breakdown, replay, write_chrome_trace
-from trainsim.sim.trace_graph import build_graph
+from trainsim.sim.replay.engine import breakdown, replay, write_chrome_trace
+from trainsim.sim.replay.kineto import load_trace
+from trainsim.sim.replay.kineto_builder import TraceBuilder
+from trainsim.sim.replay.trace_graph import build_graph
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 MAIN, WORKER = 1, 2
@@ -122,8 +122,8 @@ def test_op_time_may_return_a_simpy_event(tmp_path):
 
 
 def test_breakdown_of_overlap():
-    from trainsim.sim.kineto import GpuEvent
-    from trainsim.sim.trace_graph import GpuOp
+    from trainsim.sim.replay.kineto import GpuEvent
+    from trainsim.sim.replay.trace_graph import GpuOp
 
     ops = [GpuOp(0, GpuEvent("kernel", "c", 0, 7, 0, 0)), GpuOp(1, GpuEvent("collective", "n", 0, 9, 0, 0)),
            GpuOp(2, GpuEvent("memcpy", "m", 0, 7, 0, 0))]

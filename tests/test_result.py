@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainsim.sim.machine import Op
-from trainsim.sim.result import breakdown, busy_time, classify
+from trainsim.sim.core.machine import Op
+from trainsim.sim.core.result import breakdown, busy_time, classify
 
 
 def test_classify_precedence_and_idle():

@@ -3,9 +3,8 @@
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.analytic_models import build_analytic
-from trainsim.sim.devices import cpu_device, get_device
-from trainsim.sim.roofline import (
+from trainsim.sim.compute.analytic_models import build_analytic
+from trainsim.sim.compute.roofline import (
     Efficiency,
     compute_time,
     fit_efficiency,
@@ -14,7 +13,8 @@ from trainsim.sim.roofline import (
     retarget,
     times_report,
 )
-from trainsim.sim.workload import Layer, TimeModel, Workload
+from trainsim.sim.compute.workload import Layer, TimeModel, Workload
+from trainsim.sim.core.devices import cpu_device, get_device
 
 NO_LAUNCH = Efficiency(compute=1.0, memory=1.0, launch_overhead_s=0.0)
 

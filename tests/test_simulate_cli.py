@@ -124,7 +124,7 @@ def test_calibration_bundle_replaces_topology_and_workload(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "topology.yaml").write_text(yaml.safe_dump(tiny_topology(gpus=2)))
-    from trainsim.sim.workload import dumps_workload, load_workload
+    from trainsim.sim.compute.workload import dumps_workload, load_workload
 
     (bundle / "workload-tiny-cnn.json").write_text(dumps_workload(load_workload("tiny-cnn")))
     result = runner.invoke(

@@ -10,10 +10,10 @@ from simtools import scenario as make_scenario
 from simtools import stalls_per_call, tiny_topology, tiny_workload
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.collectives import run_collective
-from trainsim.sim.flows import FlowNetwork
-from trainsim.sim.latency import CallSite
-from trainsim.sim.machine import PAGEABLE_COPY_RATE
+from trainsim.sim.collectives.ops import run_collective
+from trainsim.sim.core.flows import FlowNetwork
+from trainsim.sim.core.latency import CallSite
+from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
 from trainsim.sim.simulation import (
     Simulation,
     build_machine,
@@ -453,8 +453,8 @@ def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
 
 
 def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_path):
-    from trainsim.sim.provenance import RankStepRecord
-    from trainsim.sim.workload import load_workload
+    from trainsim.sim.compute.provenance import RankStepRecord
+    from trainsim.sim.compute.workload import load_workload
 
     def bundle(name, rank_step):
         root = Path(_cpu_bundle(tmp_path / name, _gloo_calls(all_reduce=100.0)))

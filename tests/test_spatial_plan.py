@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from trainsim.cli import app
-from trainsim.sim.spatial import trunk_end
-from trainsim.sim.spatial_plan import candidate_grids, choose, make_model, plan
-from trainsim.sim.workload import load_workload
+from trainsim.sim.compute.workload import load_workload
+from trainsim.sim.spatial.decomposition import trunk_end
+from trainsim.sim.planning.spatial_plan import candidate_grids, choose, make_model, plan
 from trainsim.topologies import load_topology
 
 runner = CliRunner()

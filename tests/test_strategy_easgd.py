@@ -4,9 +4,9 @@ import pytest
 
 from trainsim.errors import TrainsimError
 from trainsim.scenarios.loader import load_scenario
+from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.simulation import Simulation
-from trainsim.sim.strategy_easgd import sync_bytes_per_round, tree_order
-from trainsim.sim.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
+from trainsim.sim.strategies.easgd import sync_bytes_per_round, tree_order
 
 LAYER_BYTES = 2_000_000  # fp32 weights per layer
 LAYERS = 3

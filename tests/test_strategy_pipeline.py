@@ -6,11 +6,11 @@ from typer.testing import CliRunner
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.scenarios.loader import load_scenario
-from trainsim.sim.costs import STATE_BYTES
+from trainsim.sim.compute.costs import STATE_BYTES
+from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
 from trainsim.sim.simulation import Simulation
-from trainsim.sim.strategy_pipeline import balance, schedule_order
-from trainsim.sim.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
+from trainsim.sim.strategies.pipeline import balance, schedule_order
 
 F, B = 1e-3, 2e-3  # seconds per sample, per layer
 SAVED = 1000  # saved-activation bytes per sample, per layer

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
+from trainsim.sim.compute.workload import Workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
 from trainsim.sim.simulation import Simulation, simulate
-from trainsim.sim.spatial import boundary_fraction, halo_bytes, redistribution, trunk_end
-from trainsim.sim.workload import Workload
+from trainsim.sim.spatial.decomposition import boundary_fraction, halo_bytes, redistribution, trunk_end
 
 F32 = 4
 
@@ -236,7 +236,7 @@ def test_redistribution_by_hand():
 
 
 def test_trunk_ends_before_the_classifier():
-    from trainsim.sim.workload import load_workload
+    from trainsim.sim.compute.workload import load_workload
 
     wl = load_workload("resnet50")
     assert wl.layers[trunk_end(wl)].name == "avgpool"

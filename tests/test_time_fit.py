@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from trainsim.calibrate.time_fit import choose_fit, rel_rms, time_model  # noqa: E402
+from trainsim.calibrate.measure.time_fit import choose_fit, rel_rms, time_model  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
 
 

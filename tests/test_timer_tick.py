@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from trainsim.calibrate.timer_tick import PROBE_BYTES, PROBE_CALLS, TOGETHER_S, fit
+from trainsim.calibrate.measure.timer_tick import PROBE_BYTES, PROBE_CALLS, TOGETHER_S, fit
 
 PERIOD, OFFSET, DEAD, FAST = 0.004, 0.00025, 0.0015, 0.0003
 

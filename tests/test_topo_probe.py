@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from trainsim.calibrate.alphabeta import AlphaBeta
-from trainsim.calibrate.linkbench import LinkClass
-from trainsim.calibrate.nvsmi import parse_topo_matrix, to_topology
-from trainsim.calibrate.topo_probe import apply_link_fits, cpu_topology, cuda_topology, host_probe
+from trainsim.calibrate.measure.alphabeta import AlphaBeta
+from trainsim.calibrate.measure.linkbench import LinkClass
+from trainsim.calibrate.measure.nvsmi import parse_topo_matrix, to_topology
+from trainsim.calibrate.measure.topo_probe import apply_link_fits, cpu_topology, cuda_topology, host_probe
 from trainsim.topologies import load_topology
 
 DATA = Path(__file__).parent / "data" / "nvsmi"
@@ -86,7 +86,7 @@ def test_apply_link_fits_through_an_nvswitch():
 
 
 def test_cuda_skeleton_from_nvidia_smi_or_fallback(monkeypatch):
-    from trainsim.calibrate import nvsmi
+    from trainsim.calibrate.measure import nvsmi
 
     host = {
         "cores": 80,
@@ -112,7 +112,7 @@ def test_cuda_skeleton_from_nvidia_smi_or_fallback(monkeypatch):
 
 
 def test_gloo_transport_on_cpu_rank_links():
-    from trainsim.calibrate.topo_probe import apply_gloo_transport
+    from trainsim.calibrate.measure.topo_probe import apply_gloo_transport
 
     host = {"cores": 2, "sockets": [{"id": 0, "cpus": [0, 1]}], "memory_bytes": 2**30, "cpu_model": "X"}
     copy = fitted("rank_copy", "rank_copy", 11.0, 1.2)

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from trainsim.sim.kineto import load_trace
-from trainsim.sim.kineto_builder import PID, TraceBuilder
-from trainsim.sim.trace_graph import build_graph
+from trainsim.sim.replay.kineto import load_trace
+from trainsim.sim.replay.kineto_builder import PID, TraceBuilder
+from trainsim.sim.replay.trace_graph import build_graph
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 MAIN, WORKER = 1, 2

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from trainsim.calibrate.validate import (
+from trainsim.calibrate.validate.run import (
     ValidationInterrupted,
     ValidationResult,
     ValidationRow,
@@ -76,7 +76,7 @@ def test_accuracy_reports_median_worst_and_wrong_side_speedups():
 
 
 def test_the_measurement_against_itself_round_by_round():
-    from trainsim.calibrate.validate import round_spread_pct
+    from trainsim.calibrate.validate.run import round_spread_pct
 
     assert round_spread_pct([0.010]) is None and round_spread_pct([]) is None
     assert round_spread_pct([0.010, 0.012]) == pytest.approx(20.0)  # 12 against 10, the farther way round
@@ -113,7 +113,7 @@ def test_machine_mismatch_compares_device_names_and_cores():
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
     pytest.importorskip("torch")
-    from trainsim.calibrate import runner as cal
+    from trainsim.calibrate.measure import runner as cal
 
     out = tmp_path_factory.mktemp("bundle")
     cal.run_calibration(cal.CalibrationConfig(model="tiny-cnn", out=out, device="cpu", ranks=2, quick=True,
@@ -143,7 +143,7 @@ def scenario(tmp_path):
 
 
 def _validate(scenario, bundle_dir, **kw):
-    from trainsim.calibrate.validate import validate
+    from trainsim.calibrate.validate.run import validate
 
     return validate(str(scenario), bundle_dir, execute=False, **kw)
 
@@ -169,8 +169,8 @@ def test_bundle_from_another_machine_is_refused_unless_forced(scenario, bundle_d
 def test_rounds_run_every_variant_round_robin_and_pool_the_iterations(scenario, bundle_dir, monkeypatch):
     from types import SimpleNamespace
 
-    from trainsim.calibrate import executor
-    from trainsim.calibrate.validate import validate
+    from trainsim.calibrate.execute import executor
+    from trainsim.calibrate.validate.run import validate
 
     order, times = [], {"single": iter([[0.010, 0.012], [0.020, 0.030]]), "ddp-2": iter([[0.5], [0.7]])}
 
@@ -243,7 +243,7 @@ def synthetic_result():
 
 
 def test_report_writes_markdown_and_png(tmp_path):
-    from trainsim.calibrate.report import report_markdown, write_report
+    from trainsim.calibrate.validate.report import report_markdown, write_report
 
     files = write_report(synthetic_result(), tmp_path)
     assert files["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -265,8 +265,8 @@ def test_cli_help_names_the_options():
 
 
 def test_rows_on_the_default_pipeline_leave_its_in_loop_cost_to_the_bundle():
-    from trainsim.calibrate.exec_config import DataConfig, ExecConfig
-    from trainsim.calibrate.validate import _measured_costs
+    from trainsim.calibrate.execute.config import DataConfig, ExecConfig
+    from trainsim.calibrate.validate.run import _measured_costs
 
     configs = {"plain": ExecConfig(model="tiny-cnn", model_cfg={"image_size": 16}, batch_size=4),
                "heavy": ExecConfig(model="tiny-cnn", model_cfg={"image_size": 16}, batch_size=4,

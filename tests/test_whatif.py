@@ -11,14 +11,14 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.sim.collectives import simulate_collective
-from trainsim.sim.devices import get_device
-from trainsim.sim.kineto import load_trace
-from trainsim.sim.kineto_builder import TraceBuilder
-from trainsim.sim.machine import PAGEABLE_COPY_RATE
-from trainsim.sim.replay import replay, replay_traces
-from trainsim.sim.trace_graph import build_graph
-from trainsim.sim.whatif import WhatIf, WhatIfModel, collective_check, compute_ratio, memcpy_check
+from trainsim.sim.collectives.ops import simulate_collective
+from trainsim.sim.core.devices import get_device
+from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
+from trainsim.sim.replay.engine import replay, replay_traces
+from trainsim.sim.replay.kineto import load_trace
+from trainsim.sim.replay.kineto_builder import TraceBuilder
+from trainsim.sim.replay.trace_graph import build_graph
+from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, collective_check, compute_ratio, memcpy_check
 from trainsim.topologies import load_topology
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
@@ -134,8 +134,8 @@ def test_another_gpu_rescales_by_kernel_kind(tmp_path):
 
 
 def test_compute_ratio_precision_from_the_name():
-    from trainsim.sim.kineto import GpuEvent
-    from trainsim.sim.trace_graph import GpuOp
+    from trainsim.sim.replay.kineto import GpuEvent
+    from trainsim.sim.replay.trace_graph import GpuOp
 
     a100, v100 = get_device("a100-40gb"), get_device("v100-16gb")
     fp16 = GpuOp(0, GpuEvent("kernel", "volta_h884gemm_128x64", 0, 7, 0, 1))

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.analytic_models import build_analytic
-from trainsim.sim.workload import (
+from trainsim.sim.compute.analytic_models import build_analytic
+from trainsim.sim.compute.workload import (
     SCHEMA,
     SpatialShape,
     TimeModel,

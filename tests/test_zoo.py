@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainsim.calibrate import zoo  # noqa: E402
-from trainsim.calibrate.layer_hooks import leaf_modules  # noqa: E402
+from trainsim.calibrate.measure.layer_hooks import leaf_modules  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
 
 # Published parameter counts: torchvision's model docs (alexnet, vgg16, resnet18, resnet50, googlenet without

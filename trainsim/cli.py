@@ -54,7 +54,7 @@ def version(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         typer.echo(f"trainsim {trainsim.__version__}")
 
 
-# ---- replay: PyTorch profiler (Kineto) traces (logic in trainsim.sim.replay) ----
+# ---- replay: PyTorch profiler (Kineto) traces (logic in trainsim.sim.replay.engine) ----
 
 @app.command("replay")
 def replay_cmd(
@@ -79,8 +79,8 @@ def replay_cmd(
     from rich.console import Console
 
     from trainsim.provenance import provenance
-    from trainsim.sim import replay as rp
-    from trainsim.sim.whatif import WhatIf
+    from trainsim.sim.replay import engine as rp
+    from trainsim.sim.replay.whatif import WhatIf
 
     whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
@@ -180,7 +180,7 @@ def topo_bench(
     from rich.console import Console
     from rich.progress import Progress
 
-    from trainsim.sim import collectives as coll
+    from trainsim.sim.collectives import ops as coll
     from trainsim.topologies import load_topology
 
     methods = coll.METHODS if method == "both" else (method,)
@@ -202,7 +202,7 @@ def topo_bench(
     typer.echo("\n".join(coll.bench_lines(rows, title=title)))
 
 
-# ---------------------------------------------------------------- calibrate (calibrate/runner.py)
+# ---------------------------------------------------------------- calibrate (calibrate/measure/runner.py)
 calibrate_app = _app(help="Measure this box (topology, links, collectives, a model's layers) into a bundle: "
                           "`trainsim calibrate --model NAME [OPTIONS]`. Ctrl-C leaves a usable partial "
                           "bundle; --resume continues it.", invoke_without_command=True)
@@ -231,7 +231,7 @@ def calibrate_run(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainsim.calibrate import runner
+    from trainsim.calibrate.measure import runner
 
     config = runner.CalibrationConfig(model=model, out=out, device=device, ranks=ranks, quick=quick,
                                       resume=resume, batch_sizes=runner.parse_batch_sizes(batch_sizes))
@@ -262,12 +262,12 @@ def calibrate_run(
         typer.echo(f"  note: {note}")
 
 
-# ---- trainsim calibrate describe / layers: the model zoo, read by torch (calibrate/describe.py, ...) ----
+# ---- trainsim calibrate describe / layers: the model zoo, read by torch (calibrate/measure/describe.py, ...) ----
 _MODEL_SET_HELP = "Model option KEY=VALUE (repeatable): image_size, num_classes; GPT: n_layer, n_head, ..."
 
 
 def _print_workload(workload, path, as_json: bool, extra: dict | None = None) -> None:
-    from trainsim.calibrate.describe import layer_rows
+    from trainsim.calibrate.measure.describe import layer_rows
 
     summary = {**workload.summary(), **(extra or {}), "file": str(path) if path else None}
     if as_json:
@@ -299,8 +299,8 @@ def calibrate_describe(
 
     Parameter, saved-activation and output bytes and FLOPs per layer, as a trainsim.workload/2 file; runs
     on torch's meta device, so it takes seconds even for GPT-2."""
-    from trainsim.calibrate.describe import describe, parse_overrides
-    from trainsim.sim.workload import save_workload
+    from trainsim.calibrate.measure.describe import describe, parse_overrides
+    from trainsim.sim.compute.workload import save_workload
 
     workload = describe(model, **parse_overrides(settings))
     path = save_workload(workload, out) if out else None
@@ -326,10 +326,10 @@ def calibrate_layers(
     preparation: the `layers` step of `trainsim calibrate`, alone."""
     from rich.console import Console
 
-    from trainsim.calibrate.describe import parse_overrides
-    from trainsim.calibrate.layer_profile import profile_layers
-    from trainsim.calibrate.runner import parse_batch_sizes
-    from trainsim.sim.workload import save_workload
+    from trainsim.calibrate.measure.describe import parse_overrides
+    from trainsim.calibrate.measure.layer_profile import profile_layers
+    from trainsim.calibrate.measure.runner import parse_batch_sizes
+    from trainsim.sim.compute.workload import save_workload
 
     console = Console(stderr=True)
     with console.status("profiling") as status:
@@ -345,7 +345,7 @@ def calibrate_layers(
     _print_workload(workload, path, as_json, extra)
 
 
-# ---- trainsim workload / device: per-layer workloads, device specs, roofline (sim/workload.py, ...) ----
+# ---- trainsim workload / device: per-layer workloads, device specs, roofline (sim/compute/workload.py, ...) ----
 workload_app = _app(help="Per-layer workloads: list the built-ins, show or generate one, time one.")
 app.add_typer(workload_app, name="workload")
 
@@ -353,7 +353,7 @@ app.add_typer(workload_app, name="workload")
 @workload_app.command("list")
 def workload_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """List the built-in workloads with their parameters and forward GFLOPs per sample."""
-    from trainsim.sim.workload import list_workloads, load_workload
+    from trainsim.sim.compute.workload import list_workloads, load_workload
 
     rows = [load_workload(name).summary() for name in list_workloads()]
     if as_json:
@@ -371,7 +371,7 @@ def workload_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (the summary; with --layers the file)."),
 ):
     """Headline figures of a workload: parameters, FLOPs, saved activations, where its times come from."""
-    from trainsim.sim.workload import load_workload
+    from trainsim.sim.compute.workload import load_workload
 
     wl = load_workload(workload)
     if as_json:
@@ -395,8 +395,8 @@ def workload_generate(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Generate an analytic workload (shapes, bytes, FLOPs; no torch) from a model's layer arithmetic."""
-    from trainsim.sim.analytic_models import build_analytic, parse_options
-    from trainsim.sim.workload import save_workload
+    from trainsim.sim.compute.analytic_models import build_analytic, parse_options
+    from trainsim.sim.compute.workload import save_workload
 
     wl = build_analytic(model, **parse_options(options))
     if out:
@@ -417,8 +417,8 @@ def workload_times(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Per-layer forward/backward time on a device: measured, retargeted from another device, or roofline."""
-    from trainsim.sim.roofline import times_report
-    from trainsim.sim.workload import load_workload
+    from trainsim.sim.compute.roofline import times_report
+    from trainsim.sim.compute.workload import load_workload
 
     report = times_report(load_workload(workload), device, batch, precision)
     if as_json:
@@ -438,7 +438,7 @@ app.add_typer(device_app, name="device")
 @device_app.command("list")
 def device_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """List the built-in device specs."""
-    from trainsim.sim.devices import DEVICES
+    from trainsim.sim.core.devices import DEVICES
 
     if as_json:
         print_json([spec.to_json_dict() for spec in DEVICES.values()])
@@ -455,7 +455,7 @@ def device_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """One device spec, with its source."""
-    from trainsim.sim.devices import get_device
+    from trainsim.sim.core.devices import get_device
 
     record = get_device(name).to_json_dict()
     if as_json:
@@ -489,8 +489,8 @@ def simulate_cmd(
 
     from trainsim.provenance import provenance
     from trainsim.scenarios.loader import load_scenario
-    from trainsim.sim import report
     from trainsim.sim.simulation import Simulation
+    from trainsim.sim.output import report
 
     sc = load_scenario(scenario, overrides, variant=variant)
     err = Console(stderr=True)
@@ -499,11 +499,11 @@ def simulate_cmd(
     prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
                       calibration=calibration)
     if trace_out:
-        from trainsim.sim.chrome_trace import write_chrome_trace
+        from trainsim.sim.output.chrome_trace import write_chrome_trace
 
         write_chrome_trace(result, trace_out, provenance=prov)
     if records_out:
-        from trainsim.sim.records import write_records
+        from trainsim.sim.output.records import write_records
 
         write_records(result, records_out)
     if as_json:
@@ -539,7 +539,7 @@ def max_batch_cmd(
 
     from trainsim.provenance import provenance
     from trainsim.scenarios.loader import load_scenario
-    from trainsim.sim.max_batch import max_batch
+    from trainsim.sim.planning.max_batch import max_batch
 
     sc = load_scenario(scenario, overrides, variant=variant)
     chosen: str | list[str] = policy if policy in ("all", "conv") else [p for p in policy.split(",") if p]
@@ -578,7 +578,7 @@ def scenarios_list(as_json: bool = typer.Option(False, "--json", help="Print JSO
         typer.echo(f"{name:<{width}}  {description}")
 
 
-# ---- trainsim execute: the real PyTorch executor (calibrate/executor.py) ----------------------------------
+# ---- trainsim execute: the real PyTorch executor (calibrate/execute/executor.py) ----------------------------------
 
 @app.command("execute")
 def execute_cmd(
@@ -598,8 +598,8 @@ def execute_cmd(
     """
     from rich.console import Console
 
-    from trainsim.calibrate.exec_config import load_scenario_dict
-    from trainsim.calibrate.executor import (
+    from trainsim.calibrate.execute.config import load_scenario_dict
+    from trainsim.calibrate.execute.executor import (
         execution_report,
         outcome_lines,
         outcomes_table,
@@ -630,12 +630,12 @@ def execute_cmd(
         raise typer.Exit(1)
 
 
-# ---- trainsim validate / quickstart: predicted vs measured (calibrate/validate.py, report.py, quickstart.py)
+# ---- trainsim validate / quickstart: predicted vs measured (calibrate/validate/run.py, report.py, quickstart.py)
 
 def _print_validation(result, files: dict | None, as_json: bool, extra: dict | None = None) -> None:
     from rich.console import Console
 
-    from trainsim.calibrate import report
+    from trainsim.calibrate.validate import report
     from trainsim.provenance import provenance
 
     if as_json:
@@ -656,8 +656,8 @@ def _run_validation(call, total: int):
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainsim.calibrate.runner import CalibrationInterrupted
-    from trainsim.calibrate.validate import ValidationInterrupted
+    from trainsim.calibrate.measure.runner import CalibrationInterrupted
+    from trainsim.calibrate.validate.run import ValidationInterrupted
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
@@ -711,9 +711,9 @@ def validate_cmd(
 
     Variants this box cannot run are listed as skipped, with why; a bundle from another machine is refused
     unless --force."""
-    from trainsim.calibrate import report
-    from trainsim.calibrate.exec_config import load_scenario_dict, scenario_variants
-    from trainsim.calibrate.validate import validate
+    from trainsim.calibrate.execute.config import load_scenario_dict, scenario_variants
+    from trainsim.calibrate.validate import report
+    from trainsim.calibrate.validate.run import validate
 
     names = _split_variants(variants)
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
@@ -743,9 +743,9 @@ def quickstart_cmd(
     bundle, execute it for real, print predicted vs measured and write the report (OUT/report/report.md).
 
     Picks CUDA when present (validate-gpu), else the CPU (validate-cpu: a few minutes on 2 cores)."""
-    from trainsim.calibrate import quickstart as qs
-    from trainsim.calibrate.exec_config import load_scenario_dict, scenario_variants
-    from trainsim.calibrate.runner import resolve_device
+    from trainsim.calibrate.execute.config import load_scenario_dict, scenario_variants
+    from trainsim.calibrate.measure.runner import resolve_device
+    from trainsim.calibrate.validate import quickstart as qs
 
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     names = _split_variants(variants)
@@ -762,7 +762,7 @@ def quickstart_cmd(
                       {"scenario_run": done.scenario})
 
 
-# ---- plan: per-layer spatial/hybrid decomposition (logic in trainsim.sim.spatial_plan) -------------------
+# ---- plan: per-layer spatial/hybrid decomposition (logic in trainsim.sim.planning.spatial_plan) -------------------
 
 @app.command("plan")
 def plan_cmd(
@@ -787,7 +787,7 @@ def plan_cmd(
     from rich.console import Console
 
     from trainsim.provenance import provenance
-    from trainsim.sim import spatial_plan
+    from trainsim.sim.planning import spatial_plan
 
     err = Console(stderr=True)
     if scenario is not None:
@@ -802,7 +802,7 @@ def plan_cmd(
         missing = [name for name, value in given if value is None]
         if missing:
             raise TrainsimError(f"without SCENARIO, give {', '.join(missing)}", field=missing[0])
-        from trainsim.sim.workload import load_workload
+        from trainsim.sim.compute.workload import load_workload
         from trainsim.topologies import load_topology
 
         wl, topo = load_workload(workload), load_topology(topology)
@@ -836,7 +836,7 @@ def reproduce_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from trainsim.sim.reproduce import list_papers, reproduce
+    from trainsim.sim.papers.reproduce import list_papers, reproduce
 
     if paper is None:
         papers = list_papers()

@@ -1,13 +1,15 @@
-"""Host plug-ins: what a calibrated host measured beyond the hardware graph (per-call latencies, cores
+"""Plug-ins for what one kind of host adds beyond the GPU model (measured, chosen by the bundle): what a
+calibrated host measured beyond the hardware graph (per-call latencies, cores
 shared between ranks, ...). `host_model_for` picks the one a bundle's contents call for; None: the plain
 GPU model (routes' alpha-beta latencies, times as the workload gives them).
 """
 
 from __future__ import annotations
 
-from ..devices import DeviceSpec
-from ..provenance import rank_step_of
-from ..workload import Workload
+from trainsim.sim.compute.provenance import rank_step_of
+from trainsim.sim.compute.workload import Workload
+from trainsim.sim.core.devices import DeviceSpec
+
 from .call_latency import Latency, TimerTick
 from .gloo_vm import GlooVmHost, RunMeasurements
 

@@ -1,8 +1,8 @@
 """What one gloo call costs before its bytes move, as a calibrated CPU box measured it.
 
 On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a stall. The calibration
-(`trainsim.calibrate.collbench`) keeps every call it timed, and its timer tick probe
-(`trainsim.calibrate.timer_tick`) found that a stalled call returns just after a tick of the guest's timer
+(`trainsim.calibrate.measure.collbench`) keeps every call it timed, and its timer tick probe
+(`trainsim.calibrate.measure.timer_tick`) found that a stalled call returns just after a tick of the guest's timer
 (every 4 ms at 250 Hz), the first that comes at least a dead time (about 1.7 ms) after the ranks arrived:
 the waiting rank's wake-up is lost and that tick wakes it. Where the bundle has the tick, each call is fast
 (the mean of the fast samples around its size) or, with the share of stalled samples there as its chance,
@@ -36,7 +36,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..latency import CallLatencyModel, CallSite
+from trainsim.sim.core.latency import CallLatencyModel, CallSite
 
 STALL_OVER_S = 0.001  # a call this much slower than the fastest at its size has stalled
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..devices import DeviceSpec
-from ..jitter import JitterSpec
-from ..workload import Workload
+from trainsim.sim.compute.workload import Workload
+from trainsim.sim.core.devices import DeviceSpec
+from trainsim.sim.core.jitter import JitterSpec
+
 from . import rank_step
 from .call_latency import GlooCallLatency, Latency, TimerTick
 
@@ -89,7 +90,7 @@ class GlooVmHost:
     def share_process_with_loader(self, ctx, overlap: dict) -> None:
         """A CPU rank whose batches a thread of its own process prepares ahead shares the interpreter's GIL
         and the socket's cache with it: while both run the step takes ``overlap["step"]`` times longer and a
-        batch ``overlap["prep"]`` times longer (calibrate.rank_step.measure_loader_overlap)."""
+        batch ``overlap["prep"]`` times longer (calibrate.execute.rank_step.measure_loader_overlap)."""
         step, prep = float(overlap.get("step", 1.0)), float(overlap.get("prep", 1.0))
         ctx.prep_s_per_sample *= prep
         for gpu, c in ctx.costs.items():

@@ -1,7 +1,7 @@
-"""A calibrated CPU rank's whole step and batch preparation, as `trainsim.calibrate.rank_step` measured them
-(the workload's ``provenance.rank_step``): how much the in-process profile's layer times scale, how long the
-default input pipeline takes in the loop, how much slower both get beside the host's other ranks, and how
-much the step scatters. Every function gives the neutral value (1, 0) without the record.
+"""A calibrated CPU rank's whole step and batch preparation, as `trainsim.calibrate.execute.rank_step`
+measured them (the workload's ``provenance.rank_step``): how much the in-process profile's layer times
+scale, how long the default input pipeline takes in the loop, how much slower both get beside the host's
+other ranks, and how much the step scatters. Every function gives the neutral value (1, 0) without the record.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 
-from ..costs import measured_here
-from ..devices import DeviceSpec
-from ..provenance import RankStepPoint, rank_step_of
-from ..workload import Workload
+from trainsim.sim.compute.costs import measured_here
+from trainsim.sim.compute.provenance import RankStepPoint, rank_step_of
+from trainsim.sim.compute.workload import Workload
+from trainsim.sim.core.devices import DeviceSpec
 
 
 def _shared_excess(ratio: float, sharing: int, measured_ranks: int) -> float:

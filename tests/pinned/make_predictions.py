@@ -22,7 +22,7 @@ MEASURED = {"prep_s_per_sample": 2.5e-4, "loader_overlap": {"step": 1.12, "prep"
 
 
 def predictions() -> dict:
-    from trainsim.calibrate.validate import predict
+    from trainsim.calibrate.validate.run import predict
     from trainsim.errors import TrainsimError
     from trainsim.scenarios.loader import check_variants
 

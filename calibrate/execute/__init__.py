@@ -1,0 +1,1 @@
+"""Executing training runs for real with PyTorch, as a scenario describes them."""

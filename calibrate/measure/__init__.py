@@ -1,0 +1,1 @@
+"""Measuring a box: topology, links, collectives, per-layer compute, into a bundle."""

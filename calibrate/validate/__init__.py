@@ -1,0 +1,1 @@
+"""Predicted against measured: validation runs, their report, and the quickstart."""

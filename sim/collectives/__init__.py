@@ -1,0 +1,1 @@
+"""Collectives on a topology: plans, rings, and their flow-level or analytic timing."""

@@ -1,0 +1,320 @@
+"""Collectives on a topology, two ways: decomposed into flows (fidelity) and analytic alpha-beta (scale).
+
+    from trainsim.sim.collectives.ops import run_collective, collective_time, bench
+    # inside a SimPy process, on a FlowNetwork built from the same topology:
+    yield env.process(run_collective(env, net, topo, "allreduce", gpus, nbytes, algo="auto"))
+    seconds = collective_time(topo, "allreduce", gpus, nbytes)     # no simulation
+
+Both paths run from the same `Plan` (collective_plans.py: which transfers, on which routes, in which
+order), so their difference is only what fair sharing does beyond the per-edge load count. Sizes follow
+nccl-tests: ``nbytes`` is S, the whole array; algbw = S / t and busbw = algbw x `bus_factor`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import weakref
+from collections.abc import Callable, Generator, Iterable, Sequence
+
+import simpy
+
+from trainsim.errors import TrainsimError, unknown_name
+from trainsim.sim.core.flows import FlowNetwork
+from trainsim.topologies import Topology, load_topology
+
+from .plans import Plan, alpha_beta, nvls_plan, nvls_switch, p2p_plan, ring_plan, tree_plan
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv")
+ALGORITHMS = ("auto", "ring", "tree", "nvls", "p2p")
+# What each collective can run as (NCCL: tree and NVLS are all-reduce algorithms, NVLS also does
+# reduce-scatter / all-gather; all-to-all and send/recv are point-to-point).
+SUPPORTED = {"allreduce": ("ring", "tree", "nvls"), "reduce_scatter": ("ring", "nvls"),
+             "allgather": ("ring", "nvls"), "broadcast": ("ring",), "reduce": ("ring",),
+             "alltoall": ("p2p",), "sendrecv": ("p2p",)}
+METHODS = ("flow", "analytic")
+MAX_FLOWS = 8192  # per collective on the flow path, before repeated steps are grouped (run_collective)
+
+GB = 1e9
+
+# Plans and their alpha-beta per topology, so repeated collectives (DDP buckets, sweeps) cost a lookup.
+_plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: 2(n-1)/n all-reduce; (n-1)/n reduce-scatter, all-gather, all-to-all;
+    1 broadcast, reduce, send/recv."""
+    _check_op(op)
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in ("reduce_scatter", "allgather", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _check_op(op: str) -> None:
+    if op not in COLLECTIVES:
+        raise unknown_name("collective", op, COLLECTIVES, field="collective")
+
+
+def _check_algo(op: str, algo: str) -> None:
+    if algo not in ALGORITHMS:
+        raise unknown_name("algorithm", algo, ALGORITHMS, field="algo")
+    if algo != "auto" and algo not in SUPPORTED[op]:
+        raise TrainsimError(f"{op} cannot run as {algo!r}; valid choices: auto, {', '.join(SUPPORTED[op])}",
+                            field="algo")
+
+
+def resolve_gpus(topo: Topology, gpus: Sequence[str | int] | None) -> list[str]:
+    """GPU names (or global indices) -> names, checked; None -> every GPU of the topology."""
+    if gpus is None:
+        return list(topo.gpus)
+    names = []
+    for g in gpus:
+        if isinstance(g, int) or (isinstance(g, str) and g.isdigit()):
+            i = int(g)
+            if not 0 <= i < len(topo.gpus):
+                raise TrainsimError(f"GPU index {i} out of range: {topo.name} has {len(topo.gpus)} GPUs",
+                                    field="gpus")
+            names.append(topo.gpus[i])
+        elif g in topo.gpus:
+            names.append(g)
+        else:
+            raise unknown_name("GPU", str(g), topo.gpus, field="gpus")
+    if len(set(names)) != len(names):
+        raise TrainsimError(f"a GPU appears twice in {names}", field="gpus")
+    return names
+
+
+def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
+    """The algorithms ``op`` can run as on this group (NVLS only where one switch reduces for all)."""
+    algos = list(SUPPORTED[op])
+    if "nvls" in algos and nvls_switch(topo, gpus) is None:
+        algos.remove("nvls")
+    return algos
+
+
+def plan_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, algo: str) -> Plan:
+    """The plan of one collective with a concrete algorithm (not "auto"); cached per topology."""
+    _check_op(op)
+    _check_algo(op, algo)
+    if algo == "auto":
+        raise ValueError("plan_collective needs a concrete algorithm; use choose_algorithm first")
+    names = tuple(resolve_gpus(topo, gpus))
+    cache = _plans.setdefault(topo, {})
+    key = (op, algo, names)
+    if key not in cache:
+        cache[key] = _build(topo, op, list(names), algo)
+    return cache[key][0]
+
+
+def _build(topo: Topology, op: str, gpus: list[str], algo: str) -> tuple[Plan, tuple[float, float]]:
+    if len(gpus) < 2:
+        plan = Plan(op, algo, tuple(gpus), (), 0.0)  # one rank: nothing moves
+    elif algo == "ring":
+        plan = ring_plan(topo, op, gpus)
+    elif algo == "tree":
+        plan = tree_plan(topo, gpus)
+    elif algo == "nvls":
+        switch = nvls_switch(topo, gpus)
+        if switch is None:
+            raise TrainsimError("nvls needs every GPU of the group linked to one NVSwitch with in-switch "
+                                f"reduction (reduce: true); {topo.name} has none for this group",
+                                field="algo")
+        plan = nvls_plan(topo, op, gpus, switch)
+    else:
+        plan = p2p_plan(topo, op, gpus)
+    return plan, alpha_beta(topo, plan)
+
+
+def _alpha_beta(topo: Topology, op: str, gpus: list[str], algo: str) -> tuple[float, float]:
+    plan_collective(topo, op, gpus, algo)
+    return _plans[topo][(op, algo, tuple(gpus))][1]
+
+
+def choose_algorithm(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float) -> str:
+    """What "auto" runs: as NCCL's tuner does, the feasible algorithm with the smallest modelled time."""
+    _check_op(op)
+    names = resolve_gpus(topo, gpus)
+    algos = feasible_algorithms(topo, op, names)
+    if len(algos) == 1:
+        return algos[0]
+
+    def modelled(algo: str) -> float:
+        alpha, beta = _alpha_beta(topo, op, names, algo)
+        return alpha + beta * nbytes
+
+    return min(algos, key=modelled)
+
+
+def _resolve(topo: Topology, op: str, gpus, nbytes: float, algo: str) -> tuple[list[str], str]:
+    _check_op(op)
+    _check_algo(op, algo)
+    if not nbytes >= 0:
+        raise TrainsimError(f"nbytes must be >= 0, got {nbytes}", field="nbytes")
+    names = resolve_gpus(topo, gpus)
+    return names, choose_algorithm(topo, op, names, nbytes) if algo == "auto" else algo
+
+
+def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
+                    algo: str = "auto") -> float:
+    """Analytic alpha-beta time in seconds: t = alpha + beta x S, with beta from the most loaded edge of
+    each phase of the same plan the flow path runs (no simulation)."""
+    names, algo = _resolve(topo, op, gpus, nbytes, algo)
+    if len(names) < 2:
+        return 0.0
+    alpha, beta = _alpha_beta(topo, op, names, algo)
+    return alpha + beta * nbytes
+
+
+def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op: str,
+                   gpus: Sequence[str | int] | None, nbytes: float, *, algo: str = "auto",
+                   tag: object = None, max_flows: int = MAX_FLOWS) -> Generator:
+    """A SimPy process body: the collective's transfers as flows on ``net`` (built from ``topo``).
+
+    ``yield env.process(run_collective(...))``; the process's value is the algorithm that ran.
+    A plan that would start more than ``max_flows`` flows (a ring over many ranks: 2(n-1) steps of n flows
+    per channel) runs its repeated steps in groups: each flow then carries several consecutive steps'
+    bytes after their summed latency. Every edge carries the same bytes in the same order, so the time is
+    unchanged where the steps are symmetric, with a fraction of the events.
+    """
+    names, algo = _resolve(topo, op, gpus, nbytes, algo)
+    plan = plan_collective(topo, op, names, algo)
+    if not plan.lanes:
+        return algo
+    group = max(1.0, plan.flows / max_flows)
+    yield env.timeout(plan.base_latency)
+    lanes = [env.process(_run_lane(env, net, lane, nbytes, tag, group)) for lane in plan.lanes]
+    yield simpy.AllOf(env, lanes)
+    return algo
+
+
+def _run_lane(env, net, lane, nbytes, tag, group: float) -> Generator:
+    for phase in lane:
+        runs = max(1, math.ceil(phase.repeat / group))
+        per_run = phase.repeat / runs  # steps per flow (fractional steps keep the totals exact)
+        for _ in range(runs):
+            yield simpy.AllOf(env, [net.transfer(t.route, t.share * nbytes * per_run,
+                                                 latency=t.latency * per_run, tag=tag)
+                                    for t in phase.transfers])
+
+
+def simulate_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
+                        algo: str = "auto") -> dict:
+    """Run one collective alone on a fresh flow network: time, flows, recomputes and wall time."""
+    import time
+
+    env = simpy.Environment()
+    net = FlowNetwork.from_topology(env, topo, record_flows=False)
+    start = time.perf_counter()
+    proc = env.process(run_collective(env, net, topo, op, gpus, nbytes, algo=algo))
+    env.run()
+    return {"time_s": env.now, "algo": proc.value, "flows": net.stats.flows_finished,
+            "recomputes": net.stats.recomputes, "recompute_s": net.stats.recompute_seconds,
+            "wall_s": time.perf_counter() - start}
+
+
+def bench(topo: Topology | str, op: str, sizes: Iterable[int], *, algo: str = "auto",
+          gpus: Sequence[str | int] | None = None, methods: Sequence[str] = METHODS,
+          progress: Callable[[], None] | None = None) -> list[dict]:
+    """nccl-tests-style rows, one per size and method: size_bytes, time_s, algbw_gbps, busbw_gbps, method,
+    algo (the algorithm that ran; "auto" resolves per size). ``progress`` is called after each row."""
+    if isinstance(topo, str):
+        topo = load_topology(topo)
+    _check_op(op)
+    _check_algo(op, algo)
+    for m in methods:
+        if m not in METHODS:
+            raise unknown_name("method", m, METHODS, field="method")
+    names = resolve_gpus(topo, gpus)
+    if len(names) < 2:
+        raise TrainsimError("a collective benchmark needs at least 2 GPUs", field="gpus")
+    factor = bus_factor(op, len(names))
+    rows = []
+    for size in sizes:
+        used = choose_algorithm(topo, op, names, size) if algo == "auto" else algo
+        for method in methods:
+            if method == "flow":
+                seconds = simulate_collective(topo, op, names, size, algo=used)["time_s"]
+            else:
+                seconds = collective_time(topo, op, names, size, algo=used)
+            algbw = size / seconds / GB if seconds > 0 else 0.0
+            rows.append({"size_bytes": int(size), "time_s": seconds, "algbw_gbps": algbw,
+                         "busbw_gbps": algbw * factor, "method": method, "algo": used})
+            if progress:
+                progress()
+    return rows
+
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'1K' -> 1024, '256M', '1G', '4096' (binary units, as nccl-tests)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise TrainsimError(f"cannot read size {text!r}; write e.g. 4096, 1K, 256M, 1G", field="sizes")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1K:1G' -> 1 KiB, 2 KiB, ..., 1 GiB (factor 2, as nccl-tests -f 2); 'MIN:MAX:FACTOR'; 'A,B,C'."""
+    if ":" not in text:
+        sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    else:
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise TrainsimError(f"cannot read sizes {text!r}; write MIN:MAX or MIN:MAX:FACTOR", field="sizes")
+        low, high = parse_size(parts[0]), parse_size(parts[1])
+        factor = float(parts[2]) if len(parts) == 3 and _is_number(parts[2]) else 2.0
+        if len(parts) == 3 and not _is_number(parts[2]) or factor <= 1 or low <= 0 or high < low:
+            raise TrainsimError(f"cannot read sizes {text!r}: need 0 < MIN <= MAX and FACTOR > 1",
+                                field="sizes")
+        sizes = []
+        size = float(low)
+        while size <= high * (1 + 1e-12):
+            sizes.append(int(size))
+            size *= factor
+    if not sizes or any(s <= 0 for s in sizes):
+        raise TrainsimError(f"no positive sizes in {text!r}", field="sizes")
+    return sizes
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def bench_lines(rows: list[dict], *, title: str = "") -> list[str]:
+    """An nccl-tests-style table of `bench` rows: one line per size, the flow and analytic paths side by
+    side, and how far apart they are."""
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    by_size: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by_size.setdefault(r["size_bytes"], {})[r["method"]] = r
+    head1 = f"{'':>13} {'':>5}"
+    head2 = f"{'size (B)':>13} {'algo':>5}"
+    for m in methods:
+        head1 += f" | {m + ' path':^31}"
+        head2 += f" | {'time (us)':>11} {'algbw':>9} {'busbw':>9}"
+    if len(methods) == 2:
+        head1 += f" | {'flow vs':>8}"
+        head2 += f" | {'analytic':>8}"
+    lines = [f"# {title}"] if title else []
+    units = f"{'':>19}" + "".join(f" | {'':>11} {'GB/s':>9} {'GB/s':>9}" for _ in methods)
+    lines += [f"# {head1}", f"# {head2}", f"# {units}"]
+    for size, per in by_size.items():
+        algo = next(iter(per.values()))["algo"]
+        line = f"{size:>15} {algo:>5}"
+        for m in methods:
+            r = per.get(m)
+            line += (f" | {r['time_s'] * 1e6:>11.2f} {r['algbw_gbps']:>9.2f} {r['busbw_gbps']:>9.2f}" if r
+                     else f" | {'-':>11} {'-':>9} {'-':>9}")
+        if len(methods) == 2 and all(m in per for m in methods):
+            a = per["analytic"]["time_s"]
+            diff = (per["flow"]["time_s"] - a) / a * 100 if a > 0 else 0.0
+            line += f" | {diff:>+7.2f}%"
+        lines.append(line)
+    return lines

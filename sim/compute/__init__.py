@@ -1,0 +1,1 @@
+"""What a rank's work costs: workloads, per-layer costs, the roofline, analytic models."""

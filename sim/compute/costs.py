@@ -1,0 +1,155 @@
+"""What one rank's share of an iteration costs: layer times, optimizer step time and the bytes involved.
+
+Times come from `roofline.layer_times` (measured where the workload was measured on this device spec, a
+roofline estimate elsewhere). Bytes follow the precision:
+
+- fp32/tf32: weights 4 B/param, gradients 4 B/param, optimizer state: momentum 4, Adam 8 (m and v);
+- fp16/bf16 (mixed precision, REFERENCE "Memory accounting"): weights 2, gradients 2, and the optimizer
+  keeps an fp32 master copy (4) plus its moments, so Adam totals 2 + 2 + 12 = 16 B/param.
+- Activations are recorded at the workload's dtype and scale with the precision's element size (autocast
+  keeps most saved tensors in 16 bit); the input batch crosses PCIe as the workload's input says.
+
+The optimizer step, when not measured on this device, is memory-bound: it reads the gradients, reads and
+writes the (master) weights and the state, and writes the 16-bit weights back under mixed precision, at the
+device's memory bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainsim.errors import TrainsimError
+from trainsim.sim.core.devices import DeviceSpec
+
+from .workload import Workload
+
+WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+#: optimizer moments per parameter (bytes, fp32)
+STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8}
+MASTER_BYTES = 4  # fp32 master weights under mixed precision
+
+
+def mixed(precision: str) -> bool:
+    return WEIGHT_BYTES[precision] < 4
+
+
+@dataclass(frozen=True)
+class RankCosts:
+    """One rank's work for one iteration at its per-device batch."""
+
+    batch: int
+    layer_names: list[str]
+    forward_s: list[float]
+    backward_s: list[float]
+    step_s: float
+    param_bytes: float  # weights as the GPU holds them
+    grad_bytes_per_layer: list[float]  # gradient bytes each layer's backward produces
+    state_bytes: float  # optimizer state incl. fp32 master weights under mixed precision
+    saved_bytes_per_layer: list[float]  # saved for backward, at this batch
+    input_bytes: float  # the input batch as it crosses PCIe
+    output_bytes: float  # the last layer's output at this batch (what DataParallel gathers)
+
+    @property
+    def grad_bytes(self) -> float:
+        return sum(self.grad_bytes_per_layer)
+
+    @property
+    def saved_bytes(self) -> float:
+        return sum(self.saved_bytes_per_layer)
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.forward_s) + sum(self.backward_s)
+
+
+def optimizer_traffic(num_params: float, precision: str, optimizer: str) -> float:
+    """Bytes an optimizer step moves through memory (see the module docstring)."""
+    grad = WEIGHT_BYTES[precision]
+    master = MASTER_BYTES if mixed(precision) else WEIGHT_BYTES[precision]
+    state = STATE_BYTES[optimizer]
+    low_precision_copy = WEIGHT_BYTES[precision] if mixed(precision) else 0
+    return num_params * (grad + 2 * master + 2 * state + low_precision_copy)
+
+
+def state_bytes(num_params: float, precision: str, optimizer: str) -> float:
+    return num_params * (STATE_BYTES[optimizer] + (MASTER_BYTES if mixed(precision) else 0))
+
+
+def rank_costs(
+    workload: Workload,
+    device: DeviceSpec,
+    batch: int,
+    precision: str,
+    optimizer: str,
+    *,
+    measured_on: DeviceSpec | None = None,
+    scale: float = 1.0,
+) -> RankCosts:
+    """The costs of one rank running ``batch`` samples of ``workload`` on ``device`` (``measured_on``: the
+    device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU).
+    ``scale``: the factor on times measured on this device (a host plug-in's, e.g. ranks sharing cores)."""
+    from . import roofline  # the roofline module owns "measured or estimated"
+
+    if batch < 1:
+        raise TrainsimError(f"per-GPU batch must be >= 1, got {batch}", field="batch_size")
+    times = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on)
+    if len(times) != len(workload.layers):
+        raise TrainsimError(
+            f"got {len(times)} layer times for {len(workload.layers)} layers", field="workload.layers"
+        )
+    itemsize = workload.itemsize
+    weight = WEIGHT_BYTES[precision]
+    act_scale = weight / itemsize  # saved tensors follow the compute precision (masks/indices approximated)
+    params_per_layer = [layer.param_bytes / itemsize for layer in workload.layers]
+    num_params = sum(params_per_layer)
+    if workload.optimizer_step is not None and measured_here(workload, device):
+        step = workload.optimizer_step.at(batch)
+    else:
+        step = optimizer_traffic(num_params, precision, optimizer) / device.memory_bandwidth
+    last = workload.layers[-1]
+    forward = [float(f) for f, _ in times]
+    backward = [float(b) for _, b in times]
+    if measured_here(workload, device):
+        # the measured iteration's glue outside every layer (loss, zero_grad, the autograd engine): real work
+        # on the rank, charged where the loss is computed, after the last layer's forward
+        forward[-1] += unattributed_s(workload, batch)
+        forward, backward, step = [f * scale for f in forward], [b * scale for b in backward], step * scale
+    return RankCosts(
+        batch=batch,
+        layer_names=[layer.name for layer in workload.layers],
+        forward_s=forward,
+        backward_s=backward,
+        step_s=float(step),
+        param_bytes=num_params * weight,
+        grad_bytes_per_layer=[p * weight for p in params_per_layer],
+        state_bytes=state_bytes(num_params, precision, optimizer),
+        saved_bytes_per_layer=[
+            (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * act_scale
+            for layer in workload.layers
+        ],
+        input_bytes=float(batch * workload.input.bytes_per_sample),
+        output_bytes=float(batch * last.output_bytes_per_sample * act_scale),
+    )
+
+
+def unattributed_s(workload: Workload, batch: int) -> float:
+    """Seconds of a calibrated iteration outside every layer and the optimizer step at ``batch`` (the
+    calibration's ``provenance.iteration.unattributed``): linear between its batch sizes, proportional to
+    the batch beyond them, 0 without it; never negative (a negative figure is the hooks' own cost)."""
+    iteration = (workload.provenance.model_extra or {}).get("iteration") or {}
+    points = sorted((float(b), float(t)) for b, t, *_ in iteration.get("unattributed") or [])
+    if not points:
+        return 0.0
+    if batch <= points[0][0]:
+        value = points[0][1] * batch / points[0][0]
+    elif batch >= points[-1][0]:
+        value = points[-1][1] * batch / points[-1][0]
+    else:
+        value = next(t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+                     for (b0, t0), (b1, t1) in zip(points, points[1:], strict=False) if b0 <= batch <= b1)
+    return max(0.0, value)
+
+
+def measured_here(workload: Workload, device: DeviceSpec) -> bool:
+    spec = workload.provenance.device_spec
+    return spec is not None and spec.lower() in {device.name.lower(), *(a.lower() for a in device.aliases)}

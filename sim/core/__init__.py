@@ -1,0 +1,1 @@
+"""The machine model: devices, links and flows, memory, call latency, and a run's result."""

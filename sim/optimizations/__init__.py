@@ -1,0 +1,1 @@
+"""The data-movement optimizations of TECHNIQUES.md: preload, offload, compression, max-batch."""

@@ -1,0 +1,1 @@
+"""What leaves a simulation: summaries, flat records and Perfetto traces."""

@@ -1,0 +1,69 @@
+"""The human-readable summary of a simulation (rich tables), for `trainsim simulate`."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from trainsim.sim.core.memory import GIB
+from trainsim.sim.core.result import Result
+
+BREAKDOWN_LABELS = {
+    "compute": "compute",
+    "exposed_communication": "exposed communication",
+    "exposed_transfer": "exposed host-device transfer",
+    "data_preparation": "data preparation",
+    "idle": "idle",
+}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def headline(result: Result) -> str:
+    return (
+        f"{result.scenario}: {result.strategy} on {len(result.gpus)} GPU(s) of {result.topology}, "
+        f"{result.workload}, batch {result.batch_size}, {result.precision} -> iteration "
+        f"{_ms(result.iteration_time_s)}, {result.samples_per_s:,.1f} samples/s "
+        f"(mean of {result.iterations} after {result.warmup_iterations} warm-up)"
+    )
+
+
+def tables(result: Result, *, max_gpus: int = 16, max_links: int = 5) -> list[Table]:
+    total = result.iteration_time_s
+    parts = Table(title=f"Where an iteration goes (critical GPU {result.critical_gpu})")
+    parts.add_column("part")
+    parts.add_column("time", justify="right")
+    parts.add_column("%", justify="right")
+    for key, label in BREAKDOWN_LABELS.items():
+        value = result.breakdown_s.get(key, 0.0)
+        parts.add_row(label, _ms(value), f"{100 * value / total:.1f}" if total > 0 else "-")
+    parts.add_row("iteration", _ms(total), "100.0", style="bold")
+
+    gpus = Table(title="GPUs")
+    for col in ("gpu", "device", "compute util.", "memory peak", "capacity", ""):
+        gpus.add_column(col, justify="right" if col not in ("gpu", "device", "") else "left")
+    for g in result.gpus[:max_gpus]:
+        gpus.add_row(
+            g.name,
+            g.device,
+            f"{100 * g.utilisation:.1f} %",
+            f"{g.memory_peak_bytes / GIB:.2f} GiB",
+            f"{g.memory_capacity_bytes / GIB:.2f} GiB",
+            "OUT OF MEMORY" if g.oom else "",
+        )
+    if len(result.gpus) > max_gpus:
+        gpus.add_row(f"... {len(result.gpus) - max_gpus} more", "", "", "", "", "")
+
+    links = Table(title="Busiest links (measured iterations)")
+    for col in ("link", "kind", "bandwidth", "bytes/iteration", "utilisation"):
+        links.add_column(col, justify="left" if col in ("link", "kind") else "right")
+    for link in result.busiest_links(max_links):
+        links.add_row(
+            link.name,
+            link.kind,
+            f"{link.bandwidth / 1e9:.1f} GB/s",
+            f"{link.bytes / result.iterations / 1e6:,.1f} MB",
+            f"{100 * link.utilisation:.1f} %",
+        )
+    return [parts, gpus, links]

@@ -1,0 +1,1 @@
+"""Reproductions of the seed papers' claims."""

@@ -1,0 +1,1 @@
+"""Searches over simulations: the largest batch that fits, each layer's decomposition."""

@@ -1,0 +1,1 @@
+"""Kineto traces: import, dependency graph, replay and what-ifs."""

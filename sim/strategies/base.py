@@ -1,0 +1,392 @@
+"""Parallel strategies: the registry and the pieces every strategy's iteration is made of.
+
+A strategy is a function ``run(ctx) -> None`` that starts SimPy processes on ``ctx.machine`` for
+``ctx.total_iterations`` iterations and calls ``ctx.finish(iteration, gpu)`` when a rank is done with one.
+The shared pieces here: the data loader (host cores preparing batches ahead), a rank's input copy,
+forward and backward over the layers (with the memory timeline), collectives on the communication channel,
+the optimizer step.
+
+Strategies live in their own modules (strategy_ddp.py, strategy_dp_gpu0.py, strategy_ps.py) and register here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import simpy
+
+from trainsim.errors import unknown_name
+from trainsim.sim.compute.costs import RankCosts
+from trainsim.sim.core.jitter import Jitter
+from trainsim.sim.core.latency import CallSite
+from trainsim.sim.core.machine import COMM, COMPUTE, DATA, Machine
+
+# NCCL-style kernel names, so trace tools that look for "nccl" kernels find them
+NCCL_KERNEL = {
+    "allreduce": "ncclDevKernel_AllReduce_Sum_{dtype}_{algo}",
+    "broadcast": "ncclDevKernel_Broadcast",
+    "reduce": "ncclDevKernel_Reduce_Sum_{dtype}_{algo}",
+    "allgather": "ncclDevKernel_AllGather_{algo}",
+    "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_{dtype}_{algo}",
+}
+DTYPE_NAME = {"fp32": "f32", "tf32": "f32", "fp16": "f16", "bf16": "bf16"}
+
+
+@dataclass
+class Context:
+    """Everything a strategy needs: the machine, the ranks, their costs and the run's settings."""
+
+    machine: Machine
+    ranks: list[str]  # GPU names, rank order
+    costs: dict[str, RankCosts]  # per rank
+    total_iterations: int
+    precision: str = "fp32"
+    optimizer: str = "sgd"
+    pinned: bool = True
+    data_workers: int = 4
+    prep_s_per_sample: float = 0.0
+    bucket_cap_bytes: float = 25 * 2**20
+    first_bucket_cap_bytes: float = 1 * 2**20
+    collectives: str = "flow"  # or "analytic"
+    collective_algo: str = "auto"
+    ps_cores: int | None = None
+    ps_socket: int = 0
+    detail: bool = True  # False: one record per run of back-to-back layers instead of one per layer
+    iteration_end: dict[int, dict[str, float]] = field(default_factory=dict)
+    loaders: dict[str, DataLoader] = field(default_factory=dict)
+    # for strategies that need more than the per-rank costs (pipeline, easgd): the scenario's pieces,
+    # costs at another batch (a micro-batch), and strategy-specific figures that land in Result.extra
+    workload: Any = None
+    spec: Any = None  # the scenario's StrategySpec
+    optimizations: Any = None
+    batch_size: int = 0  # global
+    costs_for: Callable[[str, int], RankCosts] | None = None
+    measured_on: Any = None  # the DeviceSpec the workload was measured on (a calibration bundle's), if known
+    extra: dict[str, Any] = field(default_factory=dict)
+    # data-movement optimizations' per-run state (sim/optimizations/data_movement.py sets them up)
+    preload_depth: int = 0
+    cpu_batch_split: bool = False
+    preloaders: dict[str, Any] = field(default_factory=dict)
+    offloader: Any = None  # sim/optimizations/offload.py Offloader when optimizations.offload_activations is on
+    codec: Any = None  # sim/optimizations/compression.py Codec when optimizations.param_compression is set
+    # the spread of a rank's passes (sim/core/jitter.py JitterSpec): the scenario's strategy.jitter, else on a
+    # calibrated CPU box the measured one; None: every pass takes its nominal time
+    jitter_spec: Any = None
+    # the host plug-in (trainsim.sim.hosts) of a calibrated host; None: the plain model
+    host: Any = None
+
+    @property
+    def env(self) -> simpy.Environment:
+        return self.machine.env
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    @cached_property
+    def jitter(self) -> Jitter:
+        return Jitter(self.jitter_spec)
+
+    def finish(self, iteration: int, gpu: str) -> None:
+        self.iteration_end.setdefault(iteration, {})[gpu] = self.env.now
+
+    # ---- data -----------------------------------------------------------------------------------------
+    def loader(self, gpu: str) -> DataLoader:
+        """The data loader feeding ``gpu`` (created on first use, on the GPU's nearest socket)."""
+        if gpu not in self.loaders:
+            self.loaders[gpu] = DataLoader(self, gpu, self.costs[gpu].batch if gpu in self.costs else 0)
+        return self.loaders[gpu]
+
+    def get_batch(self, gpu: str, iteration: int, batch: int | None = None):
+        """Wait for the next prepared batch; the wait is exposed data preparation on ``gpu``. With
+        ``preload``, the rank's preloader takes the batches instead (see `input_copy`)."""
+        loader = self.loaders.get(gpu) or self.loader(gpu)
+        if batch is not None:
+            loader.batch = batch
+        if self.preload_depth:
+            return
+        yield from self.loader_wait(gpu, iteration)
+
+    def loader_wait(self, gpu: str, iteration: int):
+        loader = self.loaders.get(gpu) or self.loader(gpu)
+        start = self.env.now
+        yield from loader.get()
+        if self.env.now > start:
+            self.machine.record(
+                iteration=iteration,
+                resource=gpu,
+                stream="data",
+                op="data_wait",
+                start=start,
+                end=self.env.now,
+                category=DATA,
+            )
+
+    # ---- the model's passes ---------------------------------------------------------------------------
+    def input_copy(self, gpu: str, iteration: int, nbytes: float | None = None):
+        """The rank's input batch from its host memory to the GPU (pinned or pageable); none on a CPU rank."""
+        nbytes = self.costs[gpu].input_bytes if nbytes is None else nbytes
+        if self.preload_depth:  # ScaleDNN pre-loading: the copy ran ahead on the H2D engine (sim/optimizations/preload.py)
+            if gpu not in self.preloaders:
+                from trainsim.sim.optimizations.preload import Preloader
+
+                self.preloaders[gpu] = Preloader(self, gpu, nbytes, self.preload_depth)
+            yield from self.preloaders[gpu].take(iteration)
+            return
+        self.machine.gpus[gpu].memory.alloc(self.env.now, nbytes, "input")
+        if self.machine.gpus[gpu].device.kind == "cpu":
+            return  # a CPU rank's batch is prepared in its own memory: there is no host-to-device copy
+        yield from self.machine.h2d(gpu, nbytes, iteration=iteration, pinned=self.pinned)
+
+    def _segment(
+        self, gpu: str, iteration: int, op: str, layers: list[int], times: list[float], saved_delta: int
+    ):
+        """Layers back to back on the compute stream in one timeout (a rank's own stream runs them without a
+        gap, so one event stands for many); each layer is still recorded, and its activations allocated
+        (forward, ``saved_delta`` = +1) or freed (backward, -1) at its own start or end."""
+        costs, machine, env = self.costs[gpu], self.machine, self.env
+        memory = machine.gpus[gpu].memory
+        if self.jitter_spec is not None:  # one draw per rank, iteration and pass: the whole pass drifts
+            factor = self.jitter.factor(machine.gpus[gpu].index, iteration, 0 if op == "forward" else 1)
+            times = [t * factor for t in times]
+        with machine.gpus[gpu].streams["compute"].request() as req:
+            yield req
+            t = start = env.now
+            total = sum(times[i] for i in layers)
+            for i in layers:
+                end = t + times[i]
+                if saved_delta > 0:
+                    memory.alloc(t, costs.saved_bytes_per_layer[i], "activations")
+                if self.detail:
+                    machine.record(
+                        iteration=iteration,
+                        resource=gpu,
+                        stream="compute",
+                        op=op,
+                        start=t,
+                        end=end,
+                        category=COMPUTE,
+                        layer=costs.layer_names[i],
+                    )
+                if saved_delta < 0:
+                    memory.free(end, costs.saved_bytes_per_layer[i], "activations")
+                    if i == 0:  # the training loop holds the batch until its backward is done
+                        memory.free(end, costs.input_bytes, "input")
+                t = end
+            if not self.detail:
+                machine.record(
+                    iteration=iteration,
+                    resource=gpu,
+                    stream="compute",
+                    op=op,
+                    start=start,
+                    end=start + total,
+                    category=COMPUTE,
+                    layer=f"{costs.layer_names[layers[0]]}..{costs.layer_names[layers[-1]]}",
+                )
+            if total > 0:
+                yield env.timeout(total)
+
+    def forward(self, gpu: str, iteration: int):
+        """Every layer's forward on the compute stream; saved activations allocated as they are made."""
+        if self.offloader is not None:  # vDNN: offloaded layers' activations go to host memory
+            yield from self.offloader.forward(gpu, iteration)
+            return
+        costs = self.costs[gpu]
+        yield from self._segment(
+            gpu, iteration, "forward", list(range(len(costs.layer_names))), costs.forward_s, +1
+        )
+
+    def backward(self, gpu: str, iteration: int, stops: dict[int, Callable[[], None]] | None = None):
+        """Every layer's backward in reverse order, freeing its saved activations when done; after layer i,
+        ``stops[i]()`` is called (e.g. a DDP bucket is complete)."""
+        if self.offloader is not None:  # vDNN: each offloaded layer waits for its prefetch
+            yield from self.offloader.backward(gpu, iteration, stops or {})
+            return
+        costs = self.costs[gpu]
+        stops = stops or {}
+        segment: list[int] = []
+        for i in reversed(range(len(costs.layer_names))):
+            segment.append(i)
+            if i in stops or i == 0:
+                yield from self._segment(gpu, iteration, "backward", segment, costs.backward_s, -1)
+                segment = []
+                if i in stops:
+                    stops[i]()
+
+    def optimizer_step(self, gpu: str, iteration: int):
+        yield from self.machine.run(
+            gpu,
+            "compute",
+            self.costs[gpu].step_s,
+            op="optimizer",
+            iteration=iteration,
+            optimizer=self.optimizer,
+        )
+
+    def hold_model(self, gpu: str, *, grads: bool = True, state: bool = True, buckets: float = 0.0) -> None:
+        """Allocate what stays on the GPU for the whole run."""
+        costs, memory = self.costs[gpu], self.machine.gpus[gpu].memory
+        memory.alloc(self.env.now, costs.param_bytes, "params")
+        if grads:
+            memory.alloc(self.env.now, costs.grad_bytes, "grads")
+        if state:
+            memory.alloc(self.env.now, costs.state_bytes, "optimizer_state")
+        memory.alloc(self.env.now, buckets, "buckets")
+
+    # ---- communication --------------------------------------------------------------------------------
+    def collective(
+        self, op: str, nbytes: float, iteration: int, *, gpus: list[str] | None = None, label: str = "",
+        call: CallSite | None = None,
+    ):
+        """One collective over ``gpus`` (default all ranks) on their communication channels: flows on the
+        topology, or the analytic alpha-beta time when ``collectives: analytic``. ``call``: what the strategy
+        knows of this call (e.g. how far apart the ranks arrived), for the machine's latency model."""
+        from trainsim.sim.collectives import ops as coll
+
+        gpus = gpus or self.ranks
+        if len(gpus) < 2 or nbytes <= 0:
+            return
+        machine, env = self.machine, self.env
+        requests = [machine.gpus[g].streams["comm"].request() for g in gpus]
+        yield env.all_of(requests)
+        start = env.now
+        tag = f"it{iteration}:{op}{label}"
+        paid = machine.latency.cost(call or CallSite(op), nbytes, now=env.now)
+        if paid is not None:  # the call's own cost (a measured host's), then its bytes
+            yield env.timeout(paid)
+        # CPU ranks move gloo's bytes with their own cores: no layer runs meanwhile (Machine.rank_transfer)
+        held = yield from machine.hold_compute(machine.cpu_ranks(gpus))
+        if self.collectives == "analytic":
+            yield env.timeout(
+                coll.collective_time(machine.topology, op, gpus, nbytes, algo=self.collective_algo)
+            )
+        else:
+            yield env.process(
+                coll.run_collective(
+                    env, machine.net, machine.topology, op, gpus, nbytes, algo=self.collective_algo, tag=tag
+                )
+            )
+        machine.release_compute(held)
+        for g, req in zip(gpus, requests, strict=True):
+            machine.gpus[g].streams["comm"].release(req)
+        algo = self.collective_algo
+        if algo == "auto":  # name the kernel after what "auto" ran, as NCCL's kernel names do
+            algo = coll.choose_algorithm(machine.topology, op, gpus, nbytes)
+        kernel = NCCL_KERNEL.get(op, "ncclDevKernel_" + op).format(dtype=DTYPE_NAME[self.precision],
+                                                                   algo=algo.upper())
+        for rank, g in enumerate(gpus):
+            machine.record(
+                iteration=iteration,
+                resource=g,
+                stream="comm",
+                op=op,
+                start=start,
+                end=env.now,
+                category=COMM,
+                nbytes=nbytes,
+                layer=label.strip(":") or None,
+                args={
+                    "kernel": kernel,
+                    "group_size": len(gpus),
+                    "rank": rank,
+                    "method": self.collectives,
+                    "algo": algo,
+                },
+            )
+
+
+class DataLoader:
+    """A PyTorch-style DataLoader for one rank: ``workers`` processes on the rank's socket each prepare whole
+    batches (``batch x prep_s_per_sample`` seconds on one core), at most two batches ahead per worker
+    (``prefetch_factor=2``). With no preparation cost every batch is ready at once. With 0 workers the
+    training loop prepares each batch itself when it asks for it (``num_workers=0``)."""
+
+    PREFETCH = 2
+
+    def __init__(self, ctx: Context, gpu: str, batch: int):
+        self.ctx = ctx
+        self.gpu = gpu
+        self.batch = batch
+        self.host = ctx.machine.host_of(gpu)
+        self.started = False
+        self.store: simpy.Store | None = None
+
+    def _start(self) -> None:
+        self.started = True
+        if self.ctx.prep_s_per_sample <= 0:
+            return
+        workers = self.ctx.data_workers
+        self.store = simpy.Store(self.ctx.env, capacity=self.PREFETCH * workers)
+        for w in range(workers):
+            self.ctx.env.process(self._worker(w, workers))
+
+    def _worker(self, w: int, workers: int):
+        for iteration in range(w, self.ctx.total_iterations, workers):
+            yield from self.ctx.machine.host_work(
+                self.host,
+                self.batch * self.ctx.prep_s_per_sample,
+                op="data_prep",
+                iteration=iteration,
+                gpu=self.gpu,
+            )
+            yield self.store.put(iteration)
+
+    def get(self):
+        if self.ctx.data_workers == 0:  # num_workers=0: the loop prepares the batch, nothing overlaps
+            duration = self.batch * self.ctx.prep_s_per_sample
+            if duration > 0:
+                yield self.ctx.env.timeout(duration)
+            return
+        if not self.started:
+            self._start()
+        if self.store is not None:
+            yield self.store.get()
+
+
+# ---- registry ---------------------------------------------------------------------------------------------
+
+StrategyFn = Callable[[Context], None]
+_REGISTRY: dict[str, StrategyFn] = {}
+
+
+def register(name: str):
+    def wrap(fn: StrategyFn) -> StrategyFn:
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def strategies() -> dict[str, StrategyFn]:
+    """Every registered strategy by name (the package's ``__init__`` imports, and so registers, them all)."""
+    return dict(_REGISTRY)
+
+
+#: strategies whose ranks do not each take batch_size / GPUs samples: name -> fn(scenario, ranks, workload)
+#: returning the batch the per-rank costs are computed at (and checking the strategy's options)
+_RANK_BATCH: dict[str, Callable[..., int]] = {}
+
+
+def register_rank_batch(name: str):
+    def wrap(fn):
+        _RANK_BATCH[name] = fn
+        return fn
+    return wrap
+
+
+def rank_batch_hook(name: str) -> Callable[..., int] | None:
+    return _RANK_BATCH.get(name)
+
+
+def get_strategy(name: str) -> StrategyFn:
+    registry = strategies()
+    if name not in registry:
+        raise unknown_name("strategy", name, registry, field="strategy.name")
+    return registry[name]
+
+
+__all__ = ["COMM", "COMPUTE", "Context", "DataLoader", "get_strategy", "register", "strategies"]
