@@ -11,7 +11,8 @@ topology and workload with the bundle's ``topology.yaml`` and ``workload-<model>
 device (``device.json``) becomes the device of the GPUs whose spec it names. On a CPU box (gloo) each call of
 a collective pays a latency from that collective's measured calls in ``collectives.json`` and every
 point-to-point message one from the measured send/recv messages (`bundle_call_latencies`): fast, or stalled
-until the timer tick the bundle found (`bundle_timer_tick`), else their mean.
+until the timer tick the bundle found (`bundle_timer_tick`), else their mean. What such a host measured is
+one plug-in (`trainsim.sim.hosts`), chosen from the bundle's contents; without one the plain GPU model runs.
 """
 
 from __future__ import annotations
@@ -23,22 +24,15 @@ from pathlib import Path
 import simpy
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.costs import (
-    measured_cpu,
-    rank_costs,
-    rank_data_cold_s,
-    rank_data_in_loop_s,
-    rank_data_slowdown,
-)
+from trainsim.sim.compute.costs import rank_costs
 from trainsim.sim.compute.workload import Workload, load_workload
-from trainsim.sim.hosts import call_latency
-from trainsim.sim.hosts.call_latency import Latency
-from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
-from trainsim.sim.strategies.pipeline import options as pipeline_options
-
 from trainsim.sim.core.devices import DeviceSpec, device_from_json
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
+from trainsim.sim.hosts import RunMeasurements, call_latency, host_model_for
+from trainsim.sim.hosts.call_latency import Latency
+from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
+from trainsim.sim.strategies.pipeline import options as pipeline_options
 
 __all__ = ["Simulation", "build_machine", "simulate", "load_inputs"]
 
@@ -230,8 +224,13 @@ class Simulation:
         prep_s_per_sample: float | None = None,
         loader_overlap: dict | None = None,
         codec_s: float | None = None,
+        measurements: RunMeasurements | None = None,
     ):
+        """``measurements``: what validation measured for this run on the box (`RunMeasurements`); the
+        keyword arguments ``prep_s_per_sample``, ``loader_overlap`` and ``codec_s`` are its fields."""
         from trainsim.scenarios.loader import load_scenario
+
+        measured = measurements or RunMeasurements(prep_s_per_sample, loader_overlap, codec_s)
 
         self.scenario = load_scenario(scenario) if not hasattr(scenario, "strategy") else scenario
         sc = self.scenario
@@ -258,10 +257,11 @@ class Simulation:
             record_flows=record,
             record_memory=record,
         )
-        if machine is None and calibration is not None:
-            self.machine.call_latency = bundle_call_latencies(calibration)
-            self.machine.p2p_latency = self.machine.call_latency.get("p2p")
-            self.machine.timer_tick = bundle_timer_tick(calibration)
+        calls = bundle_call_latencies(calibration) if calibration is not None else {}
+        tick = bundle_timer_tick(calibration) if calibration is not None else None
+        self.host = host_model_for(calls, self.workload, devices, tick=tick)
+        if machine is None and self.host is not None and calls:
+            self.machine.latency = self.host.latency
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
         if batch_hook is not None:
             per_gpu = batch_hook(sc, self.ranks, self.workload)
@@ -277,14 +277,15 @@ class Simulation:
             device = self.machine.gpus[gpu].device
             key = (device.name, batch, sharing[gpu])
             if key not in cache:
+                scale = self.host.step_scale(device, batch, sharing[gpu]) if self.host else 1.0
                 cache[key] = rank_costs(self.workload, device, batch, sc.precision, sc.optimizer.name,
-                                        measured_on=measured_on, sharing=sharing[gpu])
+                                        measured_on=measured_on, scale=scale)
             return cache[key]
 
         for gpu in self.ranks:
             costs[gpu] = costs_for(gpu, per_gpu)
 
-        prep = self._prep_s_per_sample(prep_s_per_sample, per_gpu, max(sharing.values()))
+        prep = self._prep_s_per_sample(measured.prep_s_per_sample, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
             machine=self.machine,
@@ -314,69 +315,36 @@ class Simulation:
             costs_for=costs_for,
             measured_on=measured_on,
             jitter_spec=st.jitter if st.jitter is not None else self._measured_jitter(per_gpu),
+            host=self.host,
         )
         from trainsim.sim.optimizations.data_movement import prepare
 
         # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates variants)
         prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, calibration=calibration, record=False).run())
-        if codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on the box
-            self.ctx.codec.fit_to(codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
-        if loader_overlap and self.ctx.preload_depth and self.ctx.data_workers:
-            self._share_process_with_loader(loader_overlap)
+        if measured.codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on box
+            self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
+        overlap = measured.loader_overlap
+        if overlap and self.host is not None and self.ctx.preload_depth and self.ctx.data_workers:
+            self.host.share_process_with_loader(self.ctx, overlap)
         self._link_snapshot = None
 
     def _prep_s_per_sample(self, given: float | None, per_gpu: int, sharing: int) -> float:
         """The input pipeline's cost per sample: ``given`` (another pipeline than the default, measured back
-        to back), else as a calibrated CPU rank's loop prepared the default pipeline, else the workload's."""
+        to back), else the workload's; a host plug-in's measured loop where there is one."""
         sc = self.scenario
-        calibrated_cpu = all(measured_cpu(self.workload, self.machine.gpus[g].device) for g in self.ranks)
+        if self.host is None:
+            return given if given is not None else self.workload.input.prep_s_per_sample or 0.0
         # a pipeline's first stage prepares the replica's whole batch at once, then splits it
         pipelined = sc.strategy.name == "pipeline"
         loaded = per_gpu * (pipeline_options(sc.strategy).micro_batches if pipelined else 1)
-        in_loop = rank_data_in_loop_s(self.workload, loaded) if calibrated_cpu else 0.0
-        if given is not None:  # in the loop a batch starts cold
-            prep = given + (rank_data_cold_s(self.workload, loaded) / max(1, loaded)
-                            if calibrated_cpu and given > 0 else 0.0)
-        elif in_loop > 0:
-            prep = in_loop / max(1, loaded)
-        else:
-            prep = self.workload.input.prep_s_per_sample or 0.0
-        if prep > 0 and calibrated_cpu:  # beside the host's other ranks a batch takes longer
-            prep *= rank_data_slowdown(self.workload, loaded, sharing)
-        return prep
-
-    def _share_process_with_loader(self, overlap: dict) -> None:
-        """``loader_overlap`` (measured, calibrate.rank_step.measure_loader_overlap): a CPU rank whose batches
-        are prepared ahead by a thread of its own process shares the interpreter's GIL and the socket's cache
-        with it, so while both run the step takes ``overlap["step"]`` times longer and a batch
-        ``overlap["prep"]`` times longer."""
-        import dataclasses
-
-        step, prep = float(overlap.get("step", 1.0)), float(overlap.get("prep", 1.0))
-        ctx = self.ctx
-        ctx.prep_s_per_sample *= prep
-        for gpu, c in ctx.costs.items():
-            if self.machine.gpus[gpu].device.kind == "cpu":
-                ctx.costs[gpu] = dataclasses.replace(c, forward_s=[f * step for f in c.forward_s],
-                                                     backward_s=[b * step for b in c.backward_s],
-                                                     step_s=c.step_s * step)
+        return self.host.prep_s_per_sample(given, [self.machine.gpus[g].device for g in self.ranks], loaded,
+                                           sharing)
 
     def _measured_jitter(self, batch: int):
-        """On a calibrated CPU box with several ranks: each rank's passes scatter as the calibration measured
-        (median-centred, since the calibrated times are medians), by a part of their own, so a step that
-        synchronises the ranks waits for the slowest as it does for real, and a part the ranks share (the
-        host's speed), which moves them together. One rank has nobody to wait for: no jitter."""
-        from trainsim.sim.compute.costs import rank_step_sigma
-
-        from trainsim.sim.core.jitter import JitterSpec
-
-        devices = [self.machine.gpus[g].device for g in self.ranks]
-        if len(self.ranks) < 2 or any(d.kind != "cpu" for d in devices):
+        """The spread a host plug-in measured (None without one)."""
+        if self.host is None:
             return None
-        own, shared = rank_step_sigma(self.workload, batch)
-        if own == shared == 0:
-            return None
-        return JitterSpec(distribution="lognormal", sigma=own, common_sigma=shared, centre="median")
+        return self.host.jitter([self.machine.gpus[g].device for g in self.ranks], batch)
 
     def _on_finish(self, iteration: int) -> None:
         if iteration == self.scenario.warmup_iterations - 1:

@@ -108,15 +108,16 @@ def scenario(topology: dict | str, workload_path: str, strategy: str, batch: int
 
 
 def stalls_per_call(machine) -> dict:
-    """Wrap ``machine``'s gloo call charge: per call id (None: a call charged on its own), whether each part
-    charged stalled (over 1 ms); filled as the simulation runs."""
+    """Wrap ``machine``'s gloo latency model's charge: per call key (None: a call charged on its own),
+    whether each part charged stalled (over 1 ms); filled as the simulation runs."""
     parts: dict = {}
-    charge = machine._charge
+    model = machine.latency
+    charge = model._charge
 
-    def recorded(latency, nbytes, skew_s=None, call_id=None):
-        paid = charge(latency, nbytes, skew_s, call_id)
-        parts.setdefault(call_id, []).append(paid > 1e-3)
+    def recorded(latency, nbytes, now, skew_s=None, key=None):
+        paid = charge(latency, nbytes, now, skew_s, key)
+        parts.setdefault(key, []).append(paid > 1e-3)
         return paid
 
-    machine._charge = recorded
+    model._charge = recorded
     return parts

@@ -81,7 +81,7 @@ def test_quick_run_interrupted_then_resumed(tmp_path, monkeypatch):
     # the timer tick probe ran (whether this box's stalls land on a tick is the box's business)
     tick = bundle.collectives.timer_tick
     assert tick is not None and tick.calls == PROBE_CALLS and (tick.period_s is not None or tick.reason)
-    assert "rank_step" in bundle.workload.provenance.model_extra  # the pinned step, alone and together
+    assert bundle.workload.provenance.rank_step is not None  # the pinned step, alone and together
     assert bundle.machine.cpu.gemm_flops_per_core > 0 and bundle.machine.cpu.threads_per_rank >= 1
     # The batch size that cannot fit is reported, the others measured.
     assert bundle.meta.steps_done["layers"].results["batch_sizes_measured"] == [4, 8]

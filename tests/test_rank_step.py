@@ -10,8 +10,10 @@ def test_the_record_keeps_both_medians():
     point = RankStepPoint(batch=8, alone_s=0.010, together_s=0.012, steps_alone=5, steps_together=10)
     assert point.slowdown == pytest.approx(1.2)
     record = rank_step_record([point], 2, 1)
-    assert (record["ranks"], record["threads_per_rank"]) == (2, 1)
-    assert record["points"] == [[8, 0.010, 0.012, 0.0, None, None, None, None]]
+    assert (record.ranks, record.threads_per_rank) == (2, 1)
+    assert [p.model_dump() for p in record.points] == [
+        {"batch": 8, "alone_s": 0.010, "together_s": 0.012, "sigma_log": 0.0, "data_alone_s": None,
+         "data_together_s": None, "data_warm_s": None, "sigma_rank_log": None}]
     assert RankStepPoint(8, 0.01, None, 5, 0).slowdown is None
 
 
@@ -72,14 +74,17 @@ def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_i
     pytest.importorskip("torch")
     from trainsim.calibrate.measure import runner
     from trainsim.scenarios.loader import load_scenario
-    from trainsim.sim.compute.costs import rank_costs, rank_step_scale
+    from trainsim.sim.compute.costs import rank_costs
     from trainsim.sim.compute.workload import load_workload
+    from trainsim.sim.hosts.rank_step import rank_step_scale
     from trainsim.sim.simulation import Simulation
 
     out = _calibrate(tmp_path / "bundle", batch=4)
     workload = load_workload(out / "workload-tiny-cnn.json")
-    record = workload.provenance.model_extra["rank_step"]
-    assert record["ranks"] == 2 and [p[0] for p in record["points"]] == [4]
+    assert workload.schema_ == "trainsim.workload/2"
+    assert '"alone_s"' in (out / "workload-tiny-cnn.json").read_text()  # written in the named form
+    record = workload.provenance.rank_step
+    assert record.ranks == 2 and [p.batch for p in record.points] == [4]
     headline = runner.summarize(out)["steps"]["rank_step"]["headline"]
     assert "one rank alone batch 4" in headline and "2 at once" in headline
 
@@ -118,8 +123,8 @@ def test_a_round_of_validation_can_measure_the_rank_step_and_gloo_calls_again_in
     assert fresh is not None  # the bundle kept, the copy measured again
     assert all((out / name).read_text() == text for name, text in before.items())
     copy = load_workload(tmp_path / "round-2" / "workload-tiny-cnn.json")
-    record = copy.provenance.model_extra["rank_step"]
-    assert [p[0] for p in record["points"]] == [2] and record["ranks"] == 2
+    record = copy.provenance.rank_step
+    assert [p.batch for p in record.points] == [2] and record.ranks == 2
     assert (tmp_path / "round-2" / "topology.yaml").is_file()
     calls = bf.read_file(tmp_path / "round-2" / "collectives.json", bf.CollectivesFile)
     then = bf.read_file(out / "collectives.json", bf.CollectivesFile)

@@ -12,6 +12,7 @@ from simtools import stalls_per_call, tiny_topology, tiny_workload
 from trainsim.errors import TrainsimError
 from trainsim.sim.collectives.ops import run_collective
 from trainsim.sim.core.flows import FlowNetwork
+from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
 from trainsim.sim.simulation import (
     Simulation,
@@ -273,7 +274,7 @@ def test_cpu_ranks_have_no_input_copy_and_pay_the_bundles_send_recv_latency(tmp_
     assert bundle_call_latencies(bundle).get("p2p") == pytest.approx(1.5e-3)
     scenario = make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 4, gpus=1)
     sim = Simulation(scenario, calibration=bundle)
-    assert sim.machine.p2p_latency == pytest.approx(1.5e-3)
+    assert sim.machine.latency.calls["p2p"] == pytest.approx(1.5e-3)
     result = sim.run()
     # a CPU rank's batch is already in its memory: layers and the step, no host-to-device copy
     layers = sum(layer["fwd"] + layer["bwd"] for layer in LAYERS)
@@ -353,13 +354,13 @@ def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_pat
     assert bundle_timer_tick(bundle) == TimerTick(4e-3, 2.5e-4, 1.5e-3)
     sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=200),
                      calibration=bundle)
-    charged, charge = [], sim.machine._charge
+    charged, charge = [], sim.machine.latency._charge
 
-    def recorded(latency, nbytes, skew_s=None, call_id=None):
-        charged.append((sim.env.now, charge(latency, nbytes, skew_s, call_id), latency.wire_s(nbytes)))
+    def recorded(latency, nbytes, now, skew_s=None, key=None):
+        charged.append((now, charge(latency, nbytes, now, skew_s, key), latency.wire_s(nbytes)))
         return charged[-1][1]
 
-    sim.machine._charge = recorded
+    sim.machine.latency._charge = recorded
     sim.run()
     stalled = [(start, paid, wire) for start, paid, wire in charged if paid > 1e-3]
     assert len(charged) >= 200 and 0.1 < len(stalled) / len(charged) < 0.3  # one in five, drawn
@@ -371,8 +372,8 @@ def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_pat
     del calls["timer_tick"]
     plain = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=2),
                        calibration=_cpu_bundle(tmp_path / "plain", calls))
-    assert plain.machine.timer_tick is None
-    costs = {plain.machine.call_cost("allreduce", 4096) for _ in range(20)}
+    assert plain.machine.latency.tick is None
+    costs = {plain.machine.latency.cost(CallSite("allreduce"), 4096, now=0.0) for _ in range(20)}
     assert len(costs) == 1 and costs.pop() == pytest.approx(0.8 * fast + 0.2 * slow, rel=1e-4)
 
 
@@ -390,11 +391,11 @@ def test_an_all_reduce_stalls_as_often_as_the_probe_s_calls_met_the_same_way(tmp
         sim = Simulation(scenario, calibration=_cpu_bundle(tmp_path / f"{name}{together}{apart}", calls))
         paid = []
 
-        def recorded(latency, nbytes, skew_s=None, call_id=None, charge=sim.machine._charge):
-            paid.append((skew_s, charge(latency, nbytes, skew_s, call_id)))
+        def recorded(latency, nbytes, now, skew_s=None, key=None, charge=sim.machine.latency._charge):
+            paid.append((skew_s, charge(latency, nbytes, now, skew_s, key)))
             return paid[-1][1]
 
-        sim.machine._charge = recorded
+        sim.machine.latency._charge = recorded
         sim.run()
         assert paid and all(skew == 0.0 for skew, _ in paid)  # no jitter here: the ranks arrive at once
         return sum(cost > 1e-3 for _, cost in paid) / len(paid)
@@ -452,13 +453,14 @@ def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
 
 
 def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_path):
+    from trainsim.sim.compute.provenance import RankStepRecord
     from trainsim.sim.compute.workload import load_workload
 
     def bundle(name, rank_step):
         root = Path(_cpu_bundle(tmp_path / name, _gloo_calls(all_reduce=100.0)))
         path = root / "workload-tiny-measured.json"
         workload = load_workload(path)
-        extra = {"iteration": {"plain": [[4, 0.01]]}, "rank_step": rank_step}
+        extra = {"iteration": {"plain": [[4, 0.01]]}, "rank_step": RankStepRecord.model_validate(rank_step)}
         path.write_text(workload.model_copy(update={"provenance": workload.provenance.model_copy(
             update=extra)}).model_dump_json())
         return str(root)

@@ -8,6 +8,7 @@ from trainsim.errors import TrainsimError
 from trainsim.scenarios.loader import load_scenario
 from trainsim.sim.compute.costs import STATE_BYTES
 from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
+from trainsim.sim.hosts.call_latency import GlooCallLatency
 from trainsim.sim.simulation import Simulation
 from trainsim.sim.strategies.pipeline import balance, schedule_order
 
@@ -311,7 +312,7 @@ def test_stage_messages_pay_the_measured_message_latency(workload_file):
     # paying the measured per-message latency (gloo send/recv on a calibrated CPU box) once
     sc = _scenario(workload_file(layers=4, out=1000), stages=2, micro=1, gpus=2, schedule="gpipe")
     plain, gloo = Simulation(sc), Simulation(sc)
-    gloo.machine.p2p_latency = 0.25
+    gloo.machine.latency = GlooCallLatency({"p2p": 0.25})
     results = [s.run() for s in (plain, gloo)]
     assert results[1].iteration_time_s - results[0].iteration_time_s == pytest.approx(2 * 0.25, rel=1e-9)
     sends = [[op.duration for op in r.machine.ops if op.op.startswith("send_") and op.iteration == 1]

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.workload import Workload
+from trainsim.sim.hosts.call_latency import GlooCallLatency
 from trainsim.sim.simulation import Simulation, simulate
 from trainsim.sim.spatial.decomposition import boundary_fraction, halo_bytes, redistribution, trunk_end
 
@@ -179,8 +180,7 @@ def test_gathering_for_the_head_pays_the_measured_all_gather_latency(tmp_path):
     costs = []
     for allgather in (0.25, 0.5):
         sim = Simulation(sc)
-        sim.machine.call_latency = {"p2p": 0.01, "allgather": allgather}
-        sim.machine.p2p_latency = 0.01
+        sim.machine.latency = GlooCallLatency({"p2p": 0.01, "allgather": allgather})
         moves = [op for op in sim.run().machine.ops if op.op == "redistribute" and op.iteration == 1]
         assert moves
         costs.append(min(op.duration for op in moves))
@@ -319,7 +319,7 @@ def test_a_halo_pays_the_measured_message_latency_once(tmp_path, p2p):
     topo = tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0, p2p=p2p)
     sc = spatial_scenario(topo, wl, "spatial", 2, grid=[1, 2, 1])
     plain, gloo = Simulation(sc), Simulation(sc)
-    gloo.machine.p2p_latency = 0.25
+    gloo.machine.latency = GlooCallLatency({"p2p": 0.25})
     halos = [
         [op for op in s.run().machine.ops if op.stream == "p2p" and op.iteration == 1] for s in (plain, gloo)
     ]
@@ -339,8 +339,7 @@ def test_a_halo_pays_the_measured_exchange_where_the_bundle_has_one(tmp_path):
     costs = {}
     for name, calls in (("p2p", {"p2p": 0.25}), ("exchange", {"p2p": 0.25, "halo_exchange": 0.75})):
         sim = Simulation(sc)
-        sim.machine.call_latency = calls
-        sim.machine.p2p_latency = 0.25
+        sim.machine.latency = GlooCallLatency(calls)
         halos = [op for op in sim.run().machine.ops if op.op.startswith("halo_") and op.iteration == 1]
         assert {op.op for op in halos} == {"halo_forward", "halo_backward"}
         costs[name] = [op.duration for op in halos]
@@ -356,9 +355,9 @@ def test_both_neighbours_parts_of_one_halo_swap_stall_or_not_together(tmp_path):
     sim = Simulation(spatial_scenario(tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0), wl, "spatial", 2,
                                       grid=[1, 2, 1], iterations=30))
     # half of the measured swaps stalled; a stall waits for the 4 ms tick
-    sim.machine.call_latency = {"halo_exchange": MeasuredLatency((1e6,), ((1e-4,) * 5 + (5e-3,) * 5,))}
-    sim.machine.p2p_latency = 1e-4
-    sim.machine.timer_tick = TimerTick(4e-3, dead_time_s=1.5e-3)
+    swap = MeasuredLatency((1e6,), ((1e-4,) * 5 + (5e-3,) * 5,))
+    tick = TimerTick(4e-3, dead_time_s=1.5e-3)
+    sim.machine.latency = GlooCallLatency({"halo_exchange": swap, "p2p": 1e-4}, tick)
     parts = stalls_per_call(sim.machine)
     sim.run()
     assert None not in parts and parts

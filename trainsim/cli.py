@@ -291,13 +291,13 @@ def _print_workload(workload, path, as_json: bool, extra: dict | None = None) ->
 def calibrate_describe(
     model: str = typer.Argument(..., help="Model from the zoo: tiny-cnn, alexnet, vgg16, resnet18, resnet50, "
                                           "googlenet, gpt2-small."),
-    out: str = typer.Option(None, "--out", "-o", help="Write the trainsim.workload/1 JSON here."),
+    out: str = typer.Option(None, "--out", "-o", help="Write the trainsim.workload/2 JSON here."),
     settings: list[str] = typer.Option(None, "--set", help=_MODEL_SET_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (summary and one row per layer)."),
 ):
     """Per-layer shapes, bytes and FLOPs of a zoo model, read off torch (no timing).
 
-    Parameter, saved-activation and output bytes and FLOPs per layer, as a trainsim.workload/1 file; runs
+    Parameter, saved-activation and output bytes and FLOPs per layer, as a trainsim.workload/2 file; runs
     on torch's meta device, so it takes seconds even for GPT-2."""
     from trainsim.calibrate.measure.describe import describe, parse_overrides
     from trainsim.sim.compute.workload import save_workload
@@ -317,7 +317,7 @@ def calibrate_layers(
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum 0.9), adam or adamw."),
     threads: int = typer.Option(None, "--threads", help="torch.set_num_threads (default: torch's choice)."),
     settings: list[str] = typer.Option(None, "--set", help=_MODEL_SET_HELP),
-    out: str = typer.Option(None, "--out", "-o", help="Write the measured trainsim.workload/1 JSON here."),
+    out: str = typer.Option(None, "--out", "-o", help="Write the measured trainsim.workload/2 JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (summary and one row per layer)."),
 ):
     """Measure a zoo model's per-layer forward/backward times at several batch sizes.

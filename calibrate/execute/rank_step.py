@@ -36,7 +36,7 @@ median of steps spread over the whole measurement rather than of one burst.
 
 The record goes into the workload file (``provenance.rank_step``); the simulator scales a CPU rank's
 measured layers so that the step takes ``alone`` (one rank) or ``together`` (every rank of the host
-computing), see `trainsim.sim.compute.costs.rank_step_scale`, prepares the default pipeline's batches in the
+computing), see `trainsim.sim.hosts.rank_step.rank_step_scale`, prepares the default pipeline's batches in the
 measured in-loop time (`rank_data_in_loop_s`; another pipeline, timed back to back, gets the in-loop excess
 added, `rank_data_cold_s`), slows them by the shared-host ratio (`rank_data_slowdown`), and draws
 each rank's passes with the measured step-to-step spread, so a synchronous step waits for the slowest rank
@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainsim.calibrate.launch import RankContext, launch
+from trainsim.sim.compute import provenance
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,12 @@ class RankStepPoint:
     def slowdown(self) -> float | None:
         return self.together_s / self.alone_s if self.together_s is not None else None
 
-    def to_json(self) -> list:
-        return [self.batch, self.alone_s, self.together_s, self.sigma_log, self.data_alone_s,
-                self.data_together_s, self.data_warm_s, self.sigma_rank_log]
+    def to_record(self) -> provenance.RankStepPoint:
+        """The point as the workload file keeps it (``provenance.rank_step.points``)."""
+        return provenance.RankStepPoint(
+            batch=self.batch, alone_s=self.alone_s, together_s=self.together_s, sigma_log=self.sigma_log,
+            data_alone_s=self.data_alone_s, data_together_s=self.data_together_s,
+            data_warm_s=self.data_warm_s, sigma_rank_log=self.sigma_rank_log)
 
 
 def rank_step_rank(ctx: RankContext, model_name: str, batch_sizes: Sequence[int], rounds: int,
@@ -297,13 +301,8 @@ def rank_spread(per_rank: Sequence[Sequence[float]]) -> float:
     return float((q3 - q1) / 1.349 * np.sqrt(len(per_rank) / (len(per_rank) - 1)))
 
 
-def rank_step_record(points: Sequence[RankStepPoint], ranks: int, threads_per_rank: int) -> dict:
+def rank_step_record(points: Sequence[RankStepPoint], ranks: int,
+                     threads_per_rank: int) -> provenance.RankStepRecord:
     """The workload file's ``provenance.rank_step``."""
-    return {
-        "ranks": ranks,
-        "threads_per_rank": threads_per_rank,
-        "points": [p.to_json() for p in points],
-        "note": "[batch, median step of one pinned rank alone s, median step with every rank at once s, "
-                "sigma of log(step) from step to step, median batch preparation alone s, together s, "
-                "back to back s, the rank's own part of that sigma]",
-    }
+    return provenance.RankStepRecord(ranks=ranks, threads_per_rank=threads_per_rank,
+                                     points=[p.to_record() for p in points])

@@ -7,7 +7,7 @@
     topology.yaml           trainsim.topology/1     the box, calibrated with the fitted link figures
     links.json              trainsim.links/1        raw copy points + alpha-beta fit per link class
     collectives.json        trainsim.collectives/1  raw points, algbw/busbw + alpha-beta fit per collective
-    workload-<model>.json   trainsim.workload/1     per-layer times, bytes and FLOPs of the model
+    workload-<model>.json   trainsim.workload/2     per-layer times, bytes and FLOPs of the model
 
 ``load_bundle`` validates every file a finished step promises; anything missing, unparsable or off-schema is a
 ``TrainsimError`` naming the file and field. A partial bundle (interrupted run) loads with what it has.

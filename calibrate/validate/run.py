@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from trainsim.errors import TrainsimError, unknown_name
-from trainsim.sim.compute.costs import rank_data_in_loop_s
+from trainsim.sim.hosts.rank_step import rank_data_in_loop_s
 
 SCHEMA = "trainsim.validation/1"
 RESULT_FILE = "validation.json"
@@ -499,16 +499,16 @@ def refresh_bundle(calibration: str, into: Path) -> str | None:
         return None
     workload = load_workload(files[0])
     extra = workload.provenance.model_extra or {}
-    record = extra.get("rank_step")
-    if not record or not record.get("points"):
+    record = workload.provenance.rank_step
+    if not record or not record.points:
         return None
-    batches = [int(p[0]) for p in record["points"]]
-    ranks, threads = int(record["ranks"]), int(record.get("threads_per_rank") or 1)
+    batches = [p.batch for p in record.points]
+    ranks, threads = record.ranks, record.threads_per_rank
     points = measure_rank_step(workload.name, batches, ranks, threads_per_rank=threads,
                                options=dict(extra.get("config") or {}))
     shutil.copytree(calibration, into)
-    provenance = workload.provenance.model_copy(update={**extra, "rank_step": rank_step_record(points, ranks,
-                                                                                                 threads)})
+    record = rank_step_record(points, ranks, threads)
+    provenance = workload.provenance.model_copy(update={"rank_step": record})
     save_workload(workload.model_copy(update={"provenance": provenance}), into / files[0].name)
     _refresh_gloo_calls(into)
     return str(into)

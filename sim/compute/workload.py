@@ -31,7 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 
-SCHEMA = "trainsim.workload/1"
+from .provenance import RankStepRecord
+
+SCHEMA = "trainsim.workload/2"
+#: the versions read (a /1 file's unnamed provenance lists are converted, see `provenance`)
+SCHEMAS = ("trainsim.workload/1", SCHEMA)
 
 #: bytes per element of the float dtypes a workload may be recorded at
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -242,12 +246,13 @@ class Provenance(BaseModel):
 
     device: str = Field(min_length=1)
     device_spec: str | None = None
+    rank_step: RankStepRecord | None = None  # a calibrated CPU rank's whole step (`provenance`)
 
 
 class Workload(_Strict):
     """One model's per-layer trace."""
 
-    schema_: Literal["trainsim.workload/1"] = Field(default=SCHEMA, alias="schema")
+    schema_: Literal["trainsim.workload/1", "trainsim.workload/2"] = Field(default=SCHEMA, alias="schema")
     name: str = Field(min_length=1)
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     input: InputSpec
@@ -353,9 +358,12 @@ def parse_workload(data: Any, *, file: str | None = None) -> Workload:
     """Validate a decoded JSON document; errors name the file and the field (with the layer's name)."""
     if not isinstance(data, dict):
         raise TrainsimError("a workload must be a JSON object", file=file)
-    if "schema" in data and data["schema"] != SCHEMA:
-        raise TrainsimError(f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=file,
-                            field="schema")
+    version = data.get("schema", data.get("schema_", SCHEMA))  # schema_: a model_dump by field name
+    if version not in SCHEMAS:
+        raise TrainsimError(f"unsupported schema {version!r}; expected one of {', '.join(SCHEMAS)}",
+                            file=file, field="schema")
+    # read as the current version: older forms convert on validation
+    data = {**{k: v for k, v in data.items() if k != "schema_"}, "schema": SCHEMA}
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 class JitterSpec(BaseModel):
     """``strategy.jitter``: noise on compute times (strategies pipeline and easgd; on a calibrated CPU box
-    every strategy gets the spread the calibration measured, see `trainsim.sim.compute.costs.rank_step_sigma`)."""
+    every strategy gets the spread the calibration measured, see
+    `trainsim.sim.hosts.rank_step.rank_step_sigma`)."""
 
     model_config = ConfigDict(extra="forbid")
 

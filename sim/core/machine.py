@@ -24,13 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import simpy
-
-from trainsim.sim.hosts.call_latency import Latency, MeasuredLatency, TimerTick, cost
 
 from .devices import DeviceSpec, get_device
 from .flows import FlowNetwork
+from .latency import CallLatencyModel, CallSite, RouteLatency
 from .memory import MemoryTracker
 
 PAGEABLE_COPY_RATE = 10.5e9  # bytes/s: one core staging pageable memory (REFERENCE.md, PCIe Gen4 pageable)
@@ -130,19 +128,8 @@ class Machine:
             self.hosts[cpu] = Host(self.env, cpu, attrs["cores"], attrs["dram"], attrs["dram_bandwidth"])
         self._host_of_dram = {h.dram: h for h in self.hosts.values()}
         self.ops: list[Op] = []
-        # seconds a point-to-point message (GPU-to-GPU copy, halo, pipeline activation) pays before its first
-        # byte moves, instead of its route's link latencies: set from a calibrated CPU box's measured gloo
-        # send/recv, where a message is a TCP send and the peer's wake-up, not a memory copy; None: the links'
-        self.p2p_latency: Latency | None = None
-        # seconds one call of a collective costs before its bytes move, per op ("allreduce", "reduce",
-        # "broadcast", "gather", "scatter", ...): set from a calibrated gloo box, where every call is a
-        # hand-off to gloo's thread, TCP messages and the peers' wake-ups whatever its size; empty: the links'
-        # latency. A measured one is charged from its samples at the call's size (`call_latency`).
-        self.call_latency: dict[str, Latency] = {}
-        # the timer tick a stalled gloo call waits for (`call_latency`); None: calls are charged their mean
-        self.timer_tick: TimerTick | None = None
-        self._stalls = np.random.default_rng(0)  # which calls stall: reproducible, in simulated order
-        self._drawn: dict = {}  # per call id: whether that call stalled, for every rank's part of it
+        # what a call pays before its bytes move (a host plug-in's measurements); default: the routes' own
+        self.latency: CallLatencyModel = RouteLatency()
 
     # ---- lookups --------------------------------------------------------------------------------------
     def gpu(self, index_or_name: int | str) -> Gpu:
@@ -155,7 +142,7 @@ class Machine:
 
     def host_sharing(self, ranks: list[str]) -> dict[str, int]:
         """Per rank: how many CPU ranks of ``ranks`` compute on the cores of its host (1 for a GPU, which has
-        its own SMs). They share the socket's cache and DRAM (costs.rank_step_scale)."""
+        its own SMs). They share the socket's cache and DRAM (a host plug-in's `step_scale`)."""
         per_host: dict[str, int] = {}
         for gpu in ranks:
             if self.gpus[gpu].device.kind == "cpu":
@@ -167,48 +154,11 @@ class Machine:
         return self._host_of_dram[dram]
 
     def message_latencies(self, legs: list[list], nbytes: float,
-                          call: str | None = None, call_id=None) -> list[float | None]:
-        """Per leg of a point-to-point message: the latency it pays (None: its route's). A measured latency
-        is paid once, on the first leg: that of the collective ``call`` the copy is part of (a gloo reduce,
-        scatter, ...) when measured, else that of one point-to-point message; ``call_id`` as for `_charge`."""
-        latency = self.call_latency.get(call, self.p2p_latency) if call else self.p2p_latency
-        if latency is None:
-            return [None] * len(legs)
-        return [self._charge(latency, nbytes, call_id=call_id)] + [0.0] * (len(legs) - 1)
-
-    def call_cost(self, call: str, nbytes: float, skew_s: float | None = None, call_id=None) -> float:
-        """Seconds this call of collective ``call`` on ``nbytes``, starting now, pays before its bytes move
-        (it must be measured). ``skew_s``: how far apart its ranks arrived, where the caller knows; an
-        all-reduce then stalls as often as the tick probe's all-reduces met that way did. ``call_id``: one
-        rank's part of that call, which stalls or not with the others' (`_charge`)."""
-        return self._charge(self.call_latency[call], nbytes, skew_s if call == "allreduce" else None, call_id)
-
-    def _charge(self, latency: Latency, nbytes: float, skew_s: float | None = None, call_id=None) -> float:
-        """A call starting now: its measured mean; where stalls wait for the timer tick, fast or stalled as
-        its samples (and, given ``skew_s``, the probe's calls met the same way) say, a stalled one ending on
-        the first tick past its dead time and its fast end (`call_latency`). The parts of one call with the
-        same ``call_id`` (each rank's push of one gloo reduce) are drawn once: it is one call that stalls,
-        and each part then ends on the tick after its own start."""
-        tick = self.timer_tick
-        if tick is None or not isinstance(latency, MeasuredLatency):
-            return cost(latency, nbytes)
-        fast, chance = latency.fast_and_stall_chance(nbytes)
-        if skew_s is not None:
-            met = tick.met_chance(skew_s, chance, latency.fast_and_stall_chance(tick.probe_bytes)[1])
-            chance = chance if met is None else met
-        stalled = self._drawn.get(call_id) if call_id is not None else None
-        if stalled is None:
-            stalled = bool(self._stalls.random() < chance)
-            if call_id is not None:
-                self._drawn[call_id] = stalled
-        if not stalled:
-            return fast
-        now, wire = self.env.now, latency.wire_s(nbytes)
-        return tick.stalled_end(now, now + fast + wire) - now - wire
-
-    def _call_latencies(self, call: str | None, nbytes: float, call_id=None) -> list[float | None] | None:
-        """A one-route copy, part of collective ``call``: its measured call latency, else the route's."""
-        return [self.call_cost(call, nbytes, call_id=call_id)] if call in self.call_latency else None
+                          call: CallSite | None = None) -> list[float | None]:
+        """Per leg of a point-to-point message, part of ``call`` if named: the latency it pays (None: its
+        route's). A latency the model gives is paid once, on the first leg."""
+        paid = self.latency.message_cost(call, nbytes, now=self.env.now)
+        return [paid] + [None if paid is None else 0.0] * (len(legs) - 1)
 
     @property
     def now(self) -> float:
@@ -306,66 +256,27 @@ class Machine:
                 args={"pinned": pinned} if host is not None else {},
             )
 
-    def h2d(
-        self,
-        gpu: str,
-        nbytes: float,
-        *,
-        iteration: int,
-        op: str = "h2d_input",
-        pinned: bool = True,
-        src: str | None = None,
-        category: str = TRANSFER,
-        call: str | None = None,
-        call_id=None,
-    ):
+    def h2d(self, gpu: str, nbytes: float, *, iteration: int, op: str = "h2d_input", pinned: bool = True,
+            src: str | None = None, category: str = TRANSFER, call: CallSite | None = None):
         """Host memory (``src``, default the GPU's nearest DRAM) to a GPU on its H2D engine; ``call``: the
-        collective this copy is part of (its measured call latency replaces the route's, when known), and
-        ``call_id`` which call of it, where every rank's copy is a part of the same one."""
-        src = src or self.gpus[gpu].host_memory
-        route = self.topology.route(src, gpu)
-        yield from self.transfer(
-            [route],
-            nbytes,
-            gpu=gpu,
-            stream="h2d",
-            op=op,
-            iteration=iteration,
-            category=category,
-            pinned=pinned,
-            host=self.host_by_dram(src),
-            latencies=self._call_latencies(call, nbytes, call_id),
-        )
+        call this copy is part of (the latency model may charge it instead of the route's latency)."""
+        yield from self._host_copy(gpu, nbytes, "h2d", src, iteration=iteration, op=op, pinned=pinned,
+                                   category=category, call=call)
 
-    def d2h(
-        self,
-        gpu: str,
-        nbytes: float,
-        *,
-        iteration: int,
-        op: str = "d2h",
-        pinned: bool = True,
-        dst: str | None = None,
-        category: str = TRANSFER,
-        call: str | None = None,
-        call_id=None,
-    ):
-        """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine; ``call`` and
-        ``call_id`` as for h2d."""
-        dst = dst or self.gpus[gpu].host_memory
-        route = self.topology.route(gpu, dst)
-        yield from self.transfer(
-            [route],
-            nbytes,
-            gpu=gpu,
-            stream="d2h",
-            op=op,
-            iteration=iteration,
-            category=category,
-            pinned=pinned,
-            host=self.host_by_dram(dst),
-            latencies=self._call_latencies(call, nbytes, call_id),
-        )
+    def d2h(self, gpu: str, nbytes: float, *, iteration: int, op: str = "d2h", pinned: bool = True,
+            dst: str | None = None, category: str = TRANSFER, call: CallSite | None = None):
+        """A GPU to host memory (``dst``, default its nearest DRAM) on its D2H engine; ``call`` as for h2d."""
+        yield from self._host_copy(gpu, nbytes, "d2h", dst, iteration=iteration, op=op, pinned=pinned,
+                                   category=category, call=call)
+
+    def _host_copy(self, gpu: str, nbytes: float, stream: str, dram: str | None, *, iteration: int, op: str,
+                   pinned: bool, category: str, call: CallSite | None):
+        dram = dram or self.gpus[gpu].host_memory
+        route = self.topology.route(dram, gpu) if stream == "h2d" else self.topology.route(gpu, dram)
+        paid = self.latency.cost(call, nbytes, now=self.env.now) if call is not None else None
+        yield from self.transfer([route], nbytes, gpu=gpu, stream=stream, op=op, iteration=iteration,
+                                 category=category, pinned=pinned, host=self.host_by_dram(dram),
+                                 latencies=None if paid is None else [paid])
 
     def peer_copy(
         self,
@@ -378,10 +289,10 @@ class Machine:
         engine_gpu: str,
         stream: str,
         category: str = COMM,
-        call: str | None = None,
+        call: CallSite | None = None,
     ):
         """GPU to GPU (P2P, or staged through host memory where the topology has no P2P) on the engine of
-        ``engine_gpu``; counts for both GPUs' breakdowns. ``call``: the collective the copy is part of."""
+        ``engine_gpu``; counts for both GPUs' breakdowns. ``call``: the call the copy is part of."""
         legs = self.topology.gpu_copy_legs(src, dst)
         peer = dst if engine_gpu == src else src
         yield from self.transfer(

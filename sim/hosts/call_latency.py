@@ -16,7 +16,7 @@ previous call) than further apart. Where a strategy knows how far apart its rank
 synchronous EASGD), an all-reduce stalls with the probe's share for that way of meeting, scaled by how
 often the calibration's calls of its size stalled against those of the probe's size (`TimerTick.met_chance`).
 One gloo call is one draw: every rank's part of it (each push of the parameter server's reduce) stalls or
-not together (`Machine._charge`).
+not together (`GlooCallLatency`).
 
 Without a tick (an older bundle, or none found) a call is charged the mean of the samples at the sizes
 around its own, its expected cost; a latency given as a plain number (a what-if, a bundle with only the
@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
+from trainsim.sim.core.latency import CallLatencyModel, CallSite
 
 STALL_OVER_S = 0.001  # a call this much slower than the fastest at its size has stalled
 
@@ -164,3 +166,47 @@ def from_points(points: Sequence[dict], beta_bytes_per_s: float) -> MeasuredLate
     sizes = tuple(sorted(kept))
     return MeasuredLatency(sizes, tuple(kept[b] for b in sizes),
                            beta_bytes_per_s if beta_bytes_per_s > 0 else math.inf)
+
+
+class GlooCallLatency(CallLatencyModel):
+    """The machine's latency model on a calibrated gloo host: per op (``p2p``: one send/recv message) the
+    measured `Latency`; ops it does not name pay their route's. With ``tick``, stalls wait for the timer
+    tick, drawn from a generator seeded 0 in simulated order, so a run is reproducible."""
+
+    def __init__(self, calls: dict[str, Latency], tick: TimerTick | None = None):
+        self.calls = dict(calls)
+        self.tick = tick
+        self.blocking_calls = bool(self.calls)  # every gloo call blocks its caller
+        self._stalls = np.random.default_rng(0)  # which calls stall
+        self._drawn: dict = {}  # per call key: whether that call stalled, for every rank's part of it
+
+    def cost(self, call: CallSite, nbytes: float, *, now: float) -> float | None:
+        latency = self.calls.get(call.op)
+        if latency is None:
+            return None
+        skew = call.skew_s if call.op == "allreduce" else None
+        return self._charge(latency, nbytes, now, skew, call.key)
+
+    def _charge(self, latency: Latency, nbytes: float, now: float, skew_s: float | None = None,
+                key=None) -> float:
+        """A call starting at ``now``: its measured mean; where stalls wait for the timer tick, fast or
+        stalled as its samples (and, given ``skew_s``, the probe's calls met the same way) say, a stalled one
+        ending on the first tick past its dead time and its fast end. The parts of one call with the same
+        ``key`` (each rank's push of one gloo reduce) are drawn once: it is one call that stalls, and each
+        part then ends on the tick after its own start."""
+        tick = self.tick
+        if tick is None or not isinstance(latency, MeasuredLatency):
+            return cost(latency, nbytes)
+        fast, chance = latency.fast_and_stall_chance(nbytes)
+        if skew_s is not None:
+            met = tick.met_chance(skew_s, chance, latency.fast_and_stall_chance(tick.probe_bytes)[1])
+            chance = chance if met is None else met
+        stalled = self._drawn.get(key) if key is not None else None
+        if stalled is None:
+            stalled = bool(self._stalls.random() < chance)
+            if key is not None:
+                self._drawn[key] = stalled
+        if not stalled:
+            return fast
+        wire = latency.wire_s(nbytes)
+        return tick.stalled_end(now, now + fast + wire) - now - wire

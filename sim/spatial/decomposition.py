@@ -54,12 +54,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.costs import WEIGHT_BYTES, RankCosts, rank_costs
 from trainsim.sim.compute.workload import Workload
+
+#: the factor on a device's measured times at a batch size (a host plug-in's `step_scale`)
+StepScale = Callable[..., float]
 
 Grid = tuple[int, int, int]  # (samples, height, width)
 SPATIAL_STRATEGIES = ("spatial", "hybrid")
@@ -362,19 +366,18 @@ def slab_costs(
     optimizer: str,
     *,
     measured_on=None,
-    sharing: int = 1,
+    step_scale: StepScale | None = None,
 ) -> RankCosts:
     """One rank's costs when it holds ``batch`` samples and ``share`` of each trunk layer's spatial extent
-    (``sharing``: CPU ranks computing at once on its host, see costs.rank_costs)."""
+    (``step_scale``: the factor on measured times per device and batch, a host plug-in's; None: 1)."""
     from trainsim.sim.compute import roofline
-    from trainsim.sim.compute.costs import measured_scale
 
+    scale = step_scale(device, batch) if step_scale is not None else 1.0
     slab = slab_workload(workload, share)
-    costs = rank_costs(slab, device, batch, precision, optimizer, measured_on=measured_on, sharing=sharing)
+    costs = rank_costs(slab, device, batch, precision, optimizer, measured_on=measured_on, scale=scale)
     if share == 1 or not any(layer.measured for layer in workload.layers):
         return costs  # analytic: the roofline already timed the slab
     whole = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on)
-    scale = measured_scale(workload, device, batch, sharing)
     forward, backward = [], []
     for layer, part, (f, b) in zip(workload.layers, slab.layers, whole, strict=True):
         roof_whole = roofline.layer_time(layer, device, batch, precision, dtype=workload.dtype)
@@ -542,8 +545,10 @@ def prepare_layout(
     *,
     measured_on=None,
     file: str | None = None,
+    host=None,
 ) -> SpatialLayout:
-    """The layout of a ``spatial``/``hybrid`` strategy ``spec`` (a StrategySpec) on ``ranks``."""
+    """The layout of a ``spatial``/``hybrid`` strategy ``spec`` (a StrategySpec) on ``ranks``; ``host``: the
+    simulation's host plug-in (`trainsim.sim.hosts`), None for the plain model."""
     n = len(ranks)
     overrides = {k: tuple(v) for k, v in (spec.layer_grids or {}).items()}
     grids = layer_grids(
@@ -558,8 +563,9 @@ def prepare_layout(
         )
     device = machine.gpus[ranks[0]].device
     sharing = max(machine.host_sharing(ranks).values())
+    step_scale = None if host is None else (lambda d, b: host.step_scale(d, b, sharing))
     return build_layout(workload, device, n, batch, grids, precision, optimizer, measured_on=measured_on,
-                        sharing=sharing, backward_halo=spec.backward_halo)
+                        step_scale=step_scale, backward_halo=spec.backward_halo)
 
 
 def build_layout(
@@ -572,7 +578,7 @@ def build_layout(
     optimizer: str = "sgd",
     *,
     measured_on=None,
-    sharing: int = 1,
+    step_scale: StepScale | None = None,
     backward_halo: str = "output-gradient",
 ) -> SpatialLayout:
     cache: dict[tuple[int, Fraction], RankCosts] = {}
@@ -582,7 +588,7 @@ def build_layout(
         if key not in cache:
             cache[key] = slab_costs(
                 workload, device, key[0], key[1], precision, optimizer, measured_on=measured_on,
-                sharing=sharing,
+                step_scale=step_scale,
             )
         costs = cache[key]
         forward.append(costs.forward_s[i])

@@ -21,6 +21,7 @@ import simpy
 from trainsim.errors import unknown_name
 from trainsim.sim.compute.costs import RankCosts
 from trainsim.sim.core.jitter import Jitter
+from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE, DATA, Machine
 
 # NCCL-style kernel names, so trace tools that look for "nccl" kernels find them
@@ -74,6 +75,8 @@ class Context:
     # the spread of a rank's passes (sim/core/jitter.py JitterSpec): the scenario's strategy.jitter, else on a
     # calibrated CPU box the measured one; None: every pass takes its nominal time
     jitter_spec: Any = None
+    # the host plug-in (trainsim.sim.hosts) of a calibrated host; None: the plain model
+    host: Any = None
 
     @property
     def env(self) -> simpy.Environment:
@@ -237,11 +240,11 @@ class Context:
     # ---- communication --------------------------------------------------------------------------------
     def collective(
         self, op: str, nbytes: float, iteration: int, *, gpus: list[str] | None = None, label: str = "",
-        skew_s: float | None = None,
+        call: CallSite | None = None,
     ):
         """One collective over ``gpus`` (default all ranks) on their communication channels: flows on the
-        topology, or the analytic alpha-beta time when ``collectives: analytic``. ``skew_s``: how far apart
-        the ranks arrived, where the strategy knows (a gloo all-reduce's stalls depend on it)."""
+        topology, or the analytic alpha-beta time when ``collectives: analytic``. ``call``: what the strategy
+        knows of this call (e.g. how far apart the ranks arrived), for the machine's latency model."""
         from trainsim.sim.collectives import ops as coll
 
         gpus = gpus or self.ranks
@@ -252,8 +255,9 @@ class Context:
         yield env.all_of(requests)
         start = env.now
         tag = f"it{iteration}:{op}{label}"
-        if op in machine.call_latency:  # a gloo call: its measured per-call cost, then its bytes
-            yield env.timeout(machine.call_cost(op, nbytes, skew_s))
+        paid = machine.latency.cost(call or CallSite(op), nbytes, now=env.now)
+        if paid is not None:  # the call's own cost (a measured host's), then its bytes
+            yield env.timeout(paid)
         # CPU ranks move gloo's bytes with their own cores: no layer runs meanwhile (Machine.rank_transfer)
         held = yield from machine.hold_compute(machine.cpu_ranks(gpus))
         if self.collectives == "analytic":

@@ -11,6 +11,8 @@ reduced. `single` is the same loop on one GPU with no buckets.
 
 from __future__ import annotations
 
+from trainsim.sim.core.latency import CallSite
+
 from .base import Context, register
 
 
@@ -68,10 +70,16 @@ def _reducer(ctx: Context, buckets: list[list[int]], ready, done, bucket_bytes: 
             yield ready(it, b)
             skew = skews.pop((it, b))
             if ctx.codec is None:
-                yield from ctx.collective("allreduce", bucket_bytes[b], it, label=f":bucket{b}", skew_s=skew)
+                yield from ctx.collective("allreduce", bucket_bytes[b], it, label=f":bucket{b}",
+                                          call=_met(skew))
             else:
                 yield from _compressed_allreduce(ctx, buckets[b], it, b, skew)
             done(it, b).succeed()
+
+
+def _met(skew_s: float) -> CallSite:
+    """A bucket's all-reduce, its ranks arriving ``skew_s`` apart."""
+    return CallSite("allreduce", skew_s=skew_s)
 
 
 def _codec_pass(ctx: Context, op: str, seconds: float, it: int, b: int):
@@ -95,7 +103,7 @@ def _compressed_allreduce(ctx: Context, layers: list[int], it: int, b: int, skew
         return
     yield from _codec_pass(ctx, "encode_grads", codec.encode_s(grads, layers), it, b)
     yield from ctx.collective("allreduce", codec.wire_bytes(grads, layers), it, label=f":bucket{b}",
-                              skew_s=skew_s)
+                              call=_met(skew_s))
     yield from _codec_pass(ctx, "decode_grads", codec.decode_s(grads, layers), it, b)
 
 
@@ -107,11 +115,11 @@ def _powersgd_allreduce(ctx: Context, layers: list[int], it: int, b: int, skew_s
     # error feedback, then P = M Q: the hook computes the Ps before it launches the first all-reduce
     yield from _codec_pass(ctx, "encode_grads", phases.error_feedback_s + phases.matmul_s, it, b)
     yield from ctx.collective("allreduce", phases.uncompressed_bytes, it, label=f":bucket{b}:uncompressed",
-                              skew_s=skew_s)
+                              call=_met(skew_s))
     yield from ctx.collective("allreduce", phases.p_bytes, it, label=f":bucket{b}:P",
-                              skew_s=0.0 if phases.uncompressed_bytes > 0 else skew_s)
+                              call=_met(0.0 if phases.uncompressed_bytes > 0 else skew_s))
     yield from _codec_pass(ctx, "encode_q_grads", phases.matmul_s, it, b)  # Q = M^T P
-    yield from ctx.collective("allreduce", phases.q_bytes, it, label=f":bucket{b}:Q", skew_s=0.0)
+    yield from ctx.collective("allreduce", phases.q_bytes, it, label=f":bucket{b}:Q", call=_met(0.0))
     yield from _codec_pass(ctx, "decode_grads", phases.matmul_s + phases.error_feedback_s, it, b)
 
 

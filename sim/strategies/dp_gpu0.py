@@ -15,11 +15,12 @@ activations; only GPU0 holds optimizer state and the gathered outputs. With ``cp
 loads its own shard and GPU0 gathers the other shards' labels for the loss.
 
 On a calibrated gloo box (CPU ranks) each phase is one blocking gloo call (broadcast, scatter, gather,
-reduce): its copies pay that call's measured latency (`Machine.call_latency`), and the calls run in turn.
+reduce): its copies pay that call's measured latency (the machine's latency model), and the calls run in turn.
 """
 
 from __future__ import annotations
 
+from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMPUTE
 
 from .base import Context, register
@@ -46,12 +47,12 @@ def _compressed_copy(ctx: Context, src: str, dst: str, full: float, it: int, op:
     engine = dst if stream == "h2d" else src
     if ctx.codec is None:
         yield from ctx.machine.peer_copy(src, dst, full, iteration=it, op=op, engine_gpu=engine,
-                                         stream=stream, call=call)
+                                         stream=stream, call=CallSite(call))
         return
     grads, layers = ctx.costs[src].grad_bytes_per_layer, _all_layers(ctx, src)
     wire = ctx.codec.wire_bytes(grads, layers)
     yield from ctx.machine.peer_copy(src, dst, wire, iteration=it, op=op, engine_gpu=engine, stream=stream,
-                                     call=call)
+                                     call=CallSite(call))
     yield from ctx.machine.run(dst, "compute", ctx.codec.decode_s(grads, layers), op=f"decode_{op}",
                                iteration=it, codec=ctx.codec.spec.label())
 
@@ -73,7 +74,7 @@ def _iteration(ctx: Context, it: int):
         # the loss of the whole batch is computed on GPU0, which needs every shard's labels
         scatter = [
             machine.peer_copy(g, root, costs[g].batch * LABEL_BYTES, iteration=it, op="gather_targets",
-                              engine_gpu=g, stream="d2h", call="gather")
+                              engine_gpu=g, stream="d2h", call=CallSite("gather"))
             for g in others
         ]
     else:
@@ -83,7 +84,7 @@ def _iteration(ctx: Context, it: int):
         scatter = [
             machine.peer_copy(
                 root, g, costs[g].input_bytes, iteration=it, op="scatter_input", engine_gpu=g, stream="h2d",
-                call="scatter",
+                call=CallSite("scatter"),
             )
             for g in others
         ]
@@ -95,7 +96,7 @@ def _iteration(ctx: Context, it: int):
         _compressed_copy(ctx, root, g, costs[g].param_bytes, it, "broadcast_params", "h2d", "broadcast")
         for g in others
     ]
-    if machine.call_latency:  # gloo: blocking calls, one after the other (broadcast, then scatter)
+    if machine.latency.blocking_calls:  # gloo: blocking calls, one after the other (broadcast, then scatter)
         yield _all(ctx, replicate)
         yield _all(ctx, scatter)
     else:  # DataParallel's copies run at once on their own streams
@@ -108,7 +109,7 @@ def _iteration(ctx: Context, it: int):
         [
             machine.peer_copy(
                 g, root, costs[g].output_bytes, iteration=it, op="gather_outputs", engine_gpu=g, stream="d2h",
-                call="gather",
+                call=CallSite("gather"),
             )
             for g in others
         ],
@@ -124,7 +125,7 @@ def _iteration(ctx: Context, it: int):
                 op="scatter_output_grads",
                 engine_gpu=g,
                 stream="h2d",
-                call="scatter",
+                call=CallSite("scatter"),
             )
             for g in others
         ],

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainsim.errors import TrainsimError
 from trainsim.sim.core.jitter import Jitter
+from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE
 
 from .base import Context, register
@@ -160,7 +161,8 @@ class _Easgd:
             return
         start = ctx.env.now
         for nbytes in self.messages:
-            for leg, latency in zip(legs, ctx.machine.message_latencies(legs, nbytes, call), strict=True):
+            latencies = ctx.machine.message_latencies(legs, nbytes, CallSite(call))
+            for leg, latency in zip(legs, latencies, strict=True):
                 yield ctx.machine.net.transfer(leg, nbytes, latency=latency, tag=f"it{it}:{op}:{gpu}")
         other = dst if src == gpu else src
         ctx.machine.record(
@@ -297,7 +299,8 @@ class _Easgd:
             it = (k + 1) * opts.tau - 1
             yield env.all_of([self.event("arrived", k, g) for g in ctx.ranks])
             skew = env.now - self.first_arrival.pop(k)  # how far apart the workers arrived
-            yield from ctx.collective("allreduce", self.weight_bytes, it, label=":easgd", skew_s=skew)
+            yield from ctx.collective("allreduce", self.weight_bytes, it, label=":easgd",
+                                      call=CallSite("allreduce", skew_s=skew))
             yield env.all_of([env.process(self._both_updates(g, it)) for g in ctx.ranks])
             self._tally([0] * ctx.n)
             self.event("done", k).succeed()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.costs import STATE_BYTES
+from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM
 
 from .base import Context, register
@@ -29,7 +30,7 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
         yield from ctx.backward(gpu, it)
         yield from ctx.machine.d2h(
             gpu, ctx.costs[gpu].grad_bytes, iteration=it, op="push_grads", dst=dram, category=COMM,
-            call="reduce", call_id=("push", it),  # on CPU ranks: one gloo reduce to the server rank
+            call=CallSite("reduce", ("push", it)),  # on CPU ranks: one gloo reduce to the server rank
         )
         pushed(it).succeed()
         waiting = ctx.env.now
@@ -39,7 +40,7 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
                                start=waiting, end=ctx.env.now, category=COMM)
         yield from ctx.machine.h2d(
             gpu, ctx.costs[gpu].param_bytes, iteration=it, op="pull_params", src=dram, category=COMM,
-            call="broadcast", call_id=("pull", it),  # one gloo broadcast from the server rank
+            call=CallSite("broadcast", ("pull", it)),  # one gloo broadcast from the server rank
         )
         ctx.finish(it, gpu)
 

@@ -12,6 +12,7 @@ all ranks while backward goes on; the optimizer step runs when the last bucket i
 
 from __future__ import annotations
 
+from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM
 from trainsim.sim.spatial.decomposition import SpatialLayout, check_scenario, prepare_layout
 
@@ -36,15 +37,14 @@ class _Events:
 
 
 def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: int, op: str, layer: str,
-          call: str | None = None, call_id=None):
+          call: CallSite | None = None):
     """A point-to-point copy of ``nbytes`` from rank ``src`` to ``dst`` (staged through host memory where the
-    topology has no P2P), part of collective ``call`` if named (``call_id``: which one, where every rank's
-    copy is a part of the same call); ``event`` fires when it has arrived."""
+    topology has no P2P), part of ``call`` if named; ``event`` fires when it has arrived."""
     machine, env = ctx.machine, ctx.env
     a, b = ctx.ranks[src], ctx.ranks[dst]
     start = env.now
     legs = machine.topology.gpu_copy_legs(a, b)
-    for leg, latency in zip(legs, machine.message_latencies(legs, nbytes, call, call_id), strict=True):
+    for leg, latency in zip(legs, machine.message_latencies(legs, nbytes, call), strict=True):
         yield from machine.rank_transfer([a, b], leg, nbytes, latency=latency,
                                          tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
     machine.record(
@@ -68,16 +68,16 @@ def _start_sends(
     call: str | None = None,
 ):
     """Rank ``src``'s sends of one step. A gloo halo swap is one call of the two neighbours, a gather one of
-    every rank: each rank's part of it stalls or not with the others' (`Machine._charge`)."""
+    every rank: each rank's part of it is a part of that one call (`CallSite.key`)."""
     for dst, nbytes in sends:
-        call_id = None
+        site = None
         if call == "halo_exchange":
-            call_id = (kind, it, i, min(src, dst), max(src, dst))
+            site = CallSite(call, (kind, it, i, min(src, dst), max(src, dst)))
         elif call is not None:
-            call_id = (kind, it, i)
+            site = CallSite(call, (kind, it, i))
         ctx.env.process(
             _send(ctx, src, dst, nbytes, events(kind, it, i, src, dst), iteration=it, op=op, layer=layer,
-                  call=call, call_id=call_id)
+                  call=site)
         )
 
 
@@ -269,7 +269,7 @@ def symmetric_block(layout: SpatialLayout, topology, ranks: list[str]) -> int:
 def run_spatial(ctx: Context) -> None:
     layout = prepare_layout(
         ctx.spec, ctx.workload, ctx.batch_size, ctx.ranks, ctx.machine, ctx.precision, ctx.optimizer,
-        measured_on=ctx.measured_on,
+        measured_on=ctx.measured_on, host=ctx.host,
     )
     base = layout.base
     buckets = (

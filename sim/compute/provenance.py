@@ -1,0 +1,69 @@
+"""Named records a calibration keeps in a workload's provenance (`Workload.provenance`).
+
+``rank_step`` (written by `trainsim.calibrate.execute.rank_step`): the whole training step of a pinned CPU
+rank, as the runs run it, per batch size. ``trainsim.workload/1`` files stored each point as an unnamed list
+``[batch, alone_s, together_s, sigma_log, data_alone_s, data_together_s, data_warm_s, sigma_rank_log]``
+(shorter in early files); reading converts it to the named form `trainsim.workload/2` writes.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: the order of a ``trainsim.workload/1`` point's entries
+POINT_FIELDS_V1 = ("batch", "alone_s", "together_s", "sigma_log", "data_alone_s", "data_together_s",
+                   "data_warm_s", "sigma_rank_log")
+
+
+class RankStepPoint(BaseModel):
+    """One batch size: the median step of one pinned rank alone and with every rank computing at once
+    (None for one rank), the spread of the step from step to step (sigma of its log, and the part of it
+    that is the rank's own), and preparing the step's batch with the executor's default pipeline in the
+    loop alone, together, and back to back with nothing in between (None where not measured)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch: int = Field(ge=1)
+    alone_s: float = Field(ge=0)
+    together_s: float | None = Field(default=None, ge=0)
+    sigma_log: float = Field(default=0.0, ge=0)
+    data_alone_s: float | None = Field(default=None, ge=0)
+    data_together_s: float | None = Field(default=None, ge=0)
+    data_warm_s: float | None = Field(default=None, ge=0)
+    sigma_rank_log: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_v1_list(cls, data):
+        if isinstance(data, list | tuple):
+            if len(data) > len(POINT_FIELDS_V1):
+                raise ValueError(f"a rank_step point has at most {len(POINT_FIELDS_V1)} entries")
+            data = {k: v for k, v in zip(POINT_FIELDS_V1, data, strict=False) if v is not None}
+        return data
+
+
+class RankStepRecord(BaseModel):
+    """``provenance.rank_step``: how many ranks ran at once, with how many threads each, and the points."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ranks: int = Field(default=1, ge=1)
+    threads_per_rank: int = Field(default=1, ge=1)
+    points: list[RankStepPoint] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_v1_note(cls, data):
+        if isinstance(data, dict) and "note" in data:  # /1 described its lists in words
+            data = {k: v for k, v in data.items() if k != "note"}
+        return data
+
+
+def rank_step_of(provenance) -> RankStepRecord | None:
+    """A workload provenance's rank_step record in the named form (whatever form it was given in)."""
+    raw = getattr(provenance, "rank_step", None)
+    if raw is None:
+        raw = (provenance.model_extra or {}).get("rank_step")
+    if raw is None or isinstance(raw, RankStepRecord):
+        return raw
+    return RankStepRecord.model_validate(raw)
