@@ -9,15 +9,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from trainsim.calibrate.validate.run import (
+from trainsim.calibrate.validate.results import (
     ValidationInterrupted,
     ValidationResult,
     ValidationRow,
     accuracy,
     compare,
-    machine_mismatch,
     percent_error,
 )
+from trainsim.calibrate.validate.run import machine_mismatch
 from trainsim.errors import TrainsimError
 
 runner = CliRunner()
@@ -76,7 +76,7 @@ def test_accuracy_reports_median_worst_and_wrong_side_speedups():
 
 
 def test_the_measurement_against_itself_round_by_round():
-    from trainsim.calibrate.validate.run import round_spread_pct
+    from trainsim.calibrate.validate.results import round_spread_pct
 
     assert round_spread_pct([0.010]) is None and round_spread_pct([]) is None
     assert round_spread_pct([0.010, 0.012]) == pytest.approx(20.0)  # 12 against 10, the farther way round

@@ -489,8 +489,8 @@ def simulate_cmd(
 
     from trainsim.provenance import provenance
     from trainsim.scenarios.loader import load_scenario
-    from trainsim.sim.simulation import Simulation
     from trainsim.sim.output import report
+    from trainsim.sim.simulation import Simulation
 
     sc = load_scenario(scenario, overrides, variant=variant)
     err = Console(stderr=True)
@@ -657,7 +657,7 @@ def _run_validation(call, total: int):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trainsim.calibrate.measure.runner import CalibrationInterrupted
-    from trainsim.calibrate.validate.run import ValidationInterrupted
+    from trainsim.calibrate.validate.results import ValidationInterrupted
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)

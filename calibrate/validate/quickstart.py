@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainsim.calibrate.validate.run import ValidationResult
+from trainsim.calibrate.validate.results import ValidationResult
 
 DEFAULT_OUT = "trainsim-quickstart"
 # per-layer timing repeats: --quick's 3 leave a median that one busy moment on a shared box moves by 10-15 %;

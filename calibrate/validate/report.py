@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainsim.calibrate.measure.bundle import write_atomic
-from trainsim.calibrate.validate.run import ValidationResult, ValidationRow
+from trainsim.calibrate.validate.results import ValidationResult, ValidationRow
 
 CHART = "predicted_vs_measured.png"
 REPORT = "report.md"
