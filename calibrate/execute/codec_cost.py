@@ -1,10 +1,8 @@
 """What a DDP communication hook (fp16, PowerSGD) costs a CPU rank beyond the all-reduce itself, measured.
 
-The simulator's codec charges a hook's passes at roofline rates: a tiny CNN's PowerSGD error feedback and
-small matmuls come to microseconds. On a CPU rank they cost their dispatch: every one of the hook's tensor
-ops (per matrix: two matmuls, the Gram-Schmidt orthogonalisation, the error feedback, the copies) is a
-Python-level call of some microseconds. Measured here with PowerSGD rank 2 on the tiny CNN: 0.4-0.9 ms per
-step; fp16: nothing measurable.
+The simulator's codec charges a hook's passes at roofline rates; on a CPU rank each of the hook's tensor ops
+(per matrix: two matmuls, the Gram-Schmidt orthogonalisation, the error feedback, the copies) also costs its
+Python-level dispatch, which only a measurement gives.
 
 One pinned rank in a world of one (its all-reduces are local copies) runs the executor's own DDP strategy
 twice, plain and with the hook, alternating a few steps of each so that the box's drift falls on both; the

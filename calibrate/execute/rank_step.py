@@ -11,28 +11,17 @@ Both parts are timed.
 
 What is measured at each batch size:
 
-- ``alone``: rank 0 computing while the others wait at a barrier (their cores idle) — a one-rank run;
-- the batch preparation in the loop against the same preparation timed back to back: after a training step
-  has streamed its activations through the caches, the pipeline finds nothing of its own there and each
-  batch starts by fetching its stored samples again (here 0.3-0.4 ms per batch of 32). Both are sampled in
-  every round: back to back, one batch of 32 reads anywhere from 1.4 to 2.8 ms within a minute here;
+- ``alone``: rank 0 computing while the others wait at a barrier (their cores idle): a one-rank run;
+- the batch preparation in the loop, and the same preparation timed back to back (after a training step
+  the pipeline's samples are out of the caches, so each batch in the loop starts cold);
 - ``together``: every rank computing at once, meeting at a barrier after each step as synchronous training
-  meets in its collective at the end of the step. (Meeting before each step instead, so that every phase
-  starts at the same instant, once read the step 1.55x alone where the same launch's DDP-like loop read
-  1.2x, and the runs went at the lower figure.) A rank that has just waited in a collective also starts cold:
-  on a virtual machine its idle vCPU is halted, and what runs first after the wake-up (the next batch's
-  preparation, here +5-30 %) runs slower. The cores share the socket's last-level cache and DRAM
-  bandwidth: GEMM-bound work hardly notices (each core has its own FMA units), memory-bound work does (a large
-  copy on this kind of box drops from about 23 to 16 GB/s per core when both cores stream), and most when
-  the ranks run the same layers at the same moment. ``together`` is the mean over the ranks of each one's
-  median. The cores of a virtual machine also differ from one minute to the next: over one launch one
-  rank's median step was 2-25 % (once 50 %) above the other's, and not the same rank each time. Taking the
-  slower rank's median instead predicted the 2-rank runs a few minutes later 20-80 % too slow: the
-  difference does not persist, so it is left out rather than carried from the calibration into every run.
+  meets in its collective; the mean over the ranks of each one's median (a rank's lead over another does
+  not persist between launches, so it is not carried into the prediction);
+- the step-to-step spread, split into each rank's own part and the part the ranks share.
 
-On a shared (virtual) machine the speed of a core drifts by 10-15 % from one half-second to the next, so the
-windows alternate — alone, together, over every batch size, round after round — and each figure is the
-median of steps spread over the whole measurement rather than of one burst.
+The windows alternate (alone, together, over every batch size, round after round) so that the host's drift
+falls on every figure alike; each figure is the median of steps spread over the whole measurement.
+The measurements behind these choices are in docs/gloo-on-a-small-vm.md.
 
 The record goes into the workload file (``provenance.rank_step``); the simulator scales a CPU rank's
 measured layers so that the step takes ``alone`` (one rank) or ``together`` (every rank of the host

@@ -183,8 +183,8 @@ def validate(scenario: str, calibration_dir: str | os.PathLike, variants: list[s
     """Simulate and execute ``variants`` (default: all) of ``scenario``; compare them.
 
     ``rounds``: execute every variant that many times, round-robin (all variants, then all again, ...), and
-    take the mean over the pooled iterations: on a shared box a core's speed drifts by 10-30 % over
-    seconds and minutes, and spreading each variant's runs over the whole session keeps a slow spell from
+    take the mean over the pooled iterations: on a shared box a core's speed drifts over seconds and
+    minutes, and spreading each variant's runs over the whole session keeps a slow spell from
     landing on one variant only. On a CPU box each round after the first measures the bundle's rank step
     and gloo calls (`refresh_bundle`), the variants' other input pipelines and the preload thread's
     interference again and predicts that round from them, so the prediction sees the box the round runs on;
@@ -355,8 +355,8 @@ def refresh_bundle(calibration: str, into: Path) -> str | None:
 
 
 def _refresh_gloo_calls(bundle: Path) -> None:
-    """Measure the bundle's gloo collectives and timer tick again, in place: how often a call stalls drifts
-    with the box (a 256 KB all-reduce stalled 40 % of the time in one calibration, 80 % in another)."""
+    """Measure the bundle's gloo collectives and timer tick again, in place (how often a call stalls drifts
+    with the box)."""
     from trainsim.calibrate.measure import bundle as bf
     from trainsim.calibrate.measure.runner import measure_collectives_doc
 

@@ -1,29 +1,20 @@
 """What one gloo call costs before its bytes move, as a calibrated CPU box measured it.
 
-On a 2-vCPU virtual machine a gloo call is bimodal: a few hundred microseconds, or a stall. The calibration
-(`trainsim.calibrate.measure.collbench`) keeps every call it timed, and its timer tick probe
-(`trainsim.calibrate.measure.timer_tick`) found that a stalled call returns just after a tick of the guest's timer
-(every 4 ms at 250 Hz), the first that comes at least a dead time (about 1.7 ms) after the ranks arrived:
-the waiting rank's wake-up is lost and that tick wakes it. Where the bundle has the tick, each call is fast
-(the mean of the fast samples around its size) or, with the share of stalled samples there as its chance,
-stalled: it ends on the first tick past both its dead time and its fast end. What a stall costs then
-depends on where in the tick the call falls, as on the box: a 2-rank DDP step there took 11.5-12.2 ms or
-15.9-16.1 ms, never between, and synchronous steps lock to the tick.
+The calibration (`trainsim.calibrate.measure.collbench`) keeps every gloo call it timed, and its timer tick
+probe (`trainsim.calibrate.measure.timer_tick`) finds whether stalled calls return on a tick of the host's
+timer: its period, the offset of the returns and the dead time, the shortest wait after the ranks arrived
+that a tick wakes. Where the bundle has the tick, each call is fast (the mean of the fast samples around its
+size) or, with the share of stalled samples there as its chance, stalled: it ends on the first tick past
+both its dead time and its fast end, so what a stall costs depends on where in the tick the call falls.
 
-How the ranks meet an all-reduce changes how often it stalls: the tick probe's all-reduces stalled more
-often with the ranks arriving within 50 us of each other (as they do after a tick released them from the
-previous call) than further apart. Where a strategy knows how far apart its ranks arrived (DDP's buckets,
-synchronous EASGD), an all-reduce stalls with the probe's share for that way of meeting, scaled by how
-often the calibration's calls of its size stalled against those of the probe's size (`TimerTick.met_chance`).
-One gloo call is one draw: every rank's part of it (each push of the parameter server's reduce) stalls or
-not together (`GlooCallLatency`).
+Where a strategy knows how far apart its ranks arrived (DDP's buckets, synchronous EASGD), an all-reduce
+stalls with the probe's share for that way of meeting, scaled by how often the calibration's calls of its
+size stalled against those of the probe's size (`TimerTick.met_chance`). One gloo call is one draw: every
+rank's part of it (each push of the parameter server's reduce) stalls or not together (`GlooCallLatency`).
 
 Without a tick (an older bundle, or none found) a call is charged the mean of the samples at the sizes
 around its own, its expected cost; a latency given as a plain number (a what-if, a bundle with only the
-fit's alpha) is charged as it is.
-
-Why not the mean where the tick is known: the calibration's stalls (between barriers, just after the tick
-that ended the barrier) cost nearly a whole period, a run's stall whatever is left until its tick.
+fit's alpha) is charged as it is. The measurements behind this are in docs/gloo-on-a-small-vm.md.
 """
 
 from __future__ import annotations
