@@ -13,18 +13,32 @@ import typer
 from typer.core import TyperGroup
 
 import trainsim
-from trainsim.errors import TrainsimError
+from trainsim.errors import TrainsimError, error_record
 
 
 class _OneLineErrors(TyperGroup):
-    """Print a TrainsimError as one line and exit 2, instead of a traceback."""
+    """Print a TrainsimError as one line on stderr and exit 2, instead of a traceback; with ``--json`` also
+    print it as a JSON object on stdout (`trainsim.errors.error_record`)."""
+
+    def resolve_command(self, ctx, args):
+        ctx.meta.setdefault("trainsim.args", []).extend(args)  # to see --json if a command fails
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except TrainsimError as exc:
+            if _wants_json(ctx):
+                print_json(error_record(exc, 2))
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+
+
+def _wants_json(ctx: typer.Context) -> bool:
+    """Whether the failing command was given ``--json`` (options end at ``--``)."""
+    args = ctx.meta.get("trainsim.args", [])
+    options = args[:args.index("--")] if "--" in args else args
+    return bool(ctx.params.get("as_json")) or "--json" in options
 
 
 def _app(**kwargs) -> typer.Typer:

@@ -15,6 +15,7 @@ class TrainsimError(Exception):
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
         self.file = file
         self.field = field
+        self.reason = message  # what is wrong, without the file and field
         where = ": ".join(part for part in (file, field) if part)
         super().__init__(f"{where}: {message}" if where else message)
 
@@ -35,3 +36,8 @@ def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> 
     if first.get("type") == "extra_forbidden":
         msg = "unknown field"
     return TrainsimError(msg, file=file, field=field)
+
+
+def error_record(exc: TrainsimError, exit_code: int) -> dict:
+    """The JSON form of an error, for commands run with ``--json``."""
+    return {"error": exc.reason, "file": exc.file, "field": exc.field, "exit_code": exit_code}
