@@ -41,6 +41,15 @@ def _wants_json(ctx: typer.Context) -> bool:
     return bool(ctx.params.get("as_json")) or "--json" in options
 
 
+def _check_outputs(*options: tuple[str, str | None]) -> None:
+    """Check every output file a command was asked for before it does any work (`trainsim.files`)."""
+    from trainsim.files import check_output
+
+    for option, path in options:
+        if path:
+            check_output(path, option)
+
+
 def _app(**kwargs) -> typer.Typer:
     return typer.Typer(cls=_OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False,
                        add_completion=False, **kwargs)
@@ -96,6 +105,7 @@ def replay_cmd(
     from trainsim.sim.replay import engine as rp
     from trainsim.sim.replay.whatif import WhatIf
 
+    _check_outputs(("--trace", trace_out))
     whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
     with console.status("replaying") as status:
@@ -141,6 +151,7 @@ def topo_show(
     from trainsim.topologies.analysis import describe, draw_png
     from trainsim.topologies.report import show_lines
 
+    _check_outputs(("--png", png))
     topo = load_topology(topology)
     desc = describe(topo)
     if png:
@@ -316,6 +327,7 @@ def calibrate_describe(
     from trainsim.calibrate.measure.describe import describe, parse_overrides
     from trainsim.sim.compute.workload import save_workload
 
+    _check_outputs(("--out", out))
     workload = describe(model, **parse_overrides(settings))
     path = save_workload(workload, out) if out else None
     _print_workload(workload, path, as_json)
@@ -345,6 +357,7 @@ def calibrate_layers(
     from trainsim.calibrate.measure.runner import parse_batch_sizes
     from trainsim.sim.compute.workload import save_workload
 
+    _check_outputs(("--out", out))
     console = Console(stderr=True)
     with console.status("profiling") as status:
         workload = profile_layers(model, device, parse_batch_sizes(batch_sizes), repeats=repeats,
@@ -412,6 +425,7 @@ def workload_generate(
     from trainsim.sim.compute.analytic_models import build_analytic, parse_options
     from trainsim.sim.compute.workload import save_workload
 
+    _check_outputs(("--out", out))
     wl = build_analytic(model, **parse_options(options))
     if out:
         save_workload(wl, out)
@@ -506,6 +520,7 @@ def simulate_cmd(
     from trainsim.sim.simulation import Simulation
     from trainsim.sim.output import report
 
+    _check_outputs(("--trace", trace_out), ("--records", records_out))
     sc = load_scenario(scenario, overrides, variant=variant)
     err = Console(stderr=True)
     with err.status(f"simulating {sc.name}"):
@@ -622,6 +637,7 @@ def execute_cmd(
     )
     from trainsim.provenance import provenance
 
+    _check_outputs(("--out", out))
     data = load_scenario_dict(scenario)
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     err = Console(stderr=True)
@@ -803,6 +819,7 @@ def plan_cmd(
     from trainsim.provenance import provenance
     from trainsim.sim.planning import spatial_plan
 
+    _check_outputs(("--out", out))
     err = Console(stderr=True)
     if scenario is not None:
         if workload or topology or batch:

@@ -27,6 +27,13 @@ def unknown_name(kind: str, name: str, valid: Iterable[str], *, file: str | None
     return TrainsimError(f"unknown {kind} {name!r}; valid choices: {choices}", file=file, field=field)
 
 
+def given_bool(error: dict) -> str:
+    """``", got true"`` when a pydantic error is a bool given for a number (strict fields), else ``""``."""
+    given = error.get("input")
+    return f", got {str(given).lower()}" if isinstance(given, bool) and error.get("type", "").endswith(
+        ("int_type", "float_type")) else ""
+
+
 def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> TrainsimError:
     """Turn the first error of a pydantic ValidationError into a one-line TrainsimError."""
     first = exc.errors()[0]
@@ -35,6 +42,7 @@ def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> 
     msg = first.get("msg", str(exc))
     if first.get("type") == "extra_forbidden":
         msg = "unknown field"
+    msg += given_bool(first)
     return TrainsimError(msg, file=file, field=field)
 
 
