@@ -156,7 +156,7 @@ def test_fit_not_positive_at_the_batch(tmp_path):
         d["layers"][0]["forward"] = {"fit": {"model": "affine", "a": -1.0, "b": 1e-3}}
     path = _workload(tmp_path, measured)
     field = "layers.0(conv1).forward.fit"
-    fails(["workload", "times", path, "--device", "v100", "--batch", "64"], str(path), field, "> 0")
+    fails(["workload", "times", path, "--device", "v100", "--batch", "64"], str(path), field, ">= 0")
     fails(["simulate", "single-gpu-resnet50", "--set", f"workload={path}", "--set", "batch_size=64",
            "--set", "iterations=1"], str(path), field, "batch 64")
 
@@ -272,3 +272,10 @@ def test_bundle_of_another_workload(tmp_path):
     root = _bundle(tmp_path)
     fails(["simulate", "validate-cpu", "--calibration", root, "--set", "workload=resnet50"], "resnet50",
           "tiny-cnn")
+
+
+def test_json_errors_of_typer_checks():
+    result = runner.invoke(app, ["execute", "validate-cpu", "--iterations", "0", "--json"])
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["field"] == "--iterations" and "greater than or equal to 1" in doc["error"]

@@ -32,6 +32,13 @@ class _OneLineErrors(TyperGroup):
                 print_json(error_record(exc, 2))
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        except typer.BadParameter as exc:  # typer's own checks (--iterations 0, a missing argument)
+            if _wants_json(ctx):
+                param = getattr(exc, "param", None)
+                field = getattr(exc, "param_hint", None) or (param.opts[0] if param and param.opts else None)
+                print_json({"error": exc.format_message(), "file": None,
+                            "field": field if isinstance(field, str) else None, "exit_code": exc.exit_code})
+            raise
 
 
 def _wants_json(ctx: typer.Context) -> bool:

@@ -117,8 +117,8 @@ class TimeModel(_Strict):
             raise TrainsimError(f"batch must be >= 1, got {batch}", field="batch")
         if not self.points:
             value = self.fitted(batch)
-            if not value > 0:  # a fit alone is only trusted where it gives a time
-                raise TrainsimError(f"the fit gives {value:.3g} s at batch {batch}; a time must be > 0",
+            if not value >= 0:  # a fit alone is only trusted where it gives a time
+                raise TrainsimError(f"the fit gives {value:.3g} s at batch {batch}; a time must be >= 0",
                                     field="fit")
             return value
         batches = [p[0] for p in self.points]
