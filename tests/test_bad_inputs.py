@@ -80,7 +80,7 @@ def test_folders_are_refused(tmp_path):
         fails(args, str(folder), f"is a folder, not a {what} file")
 
 
-# ---- output paths: checked before any work --------------------------------------------------------------
+# ---- output paths: checked before any work ---------------------------------------------------------------
 
 def _outputs(tmp_path, bad: str) -> list[list]:
     good = tmp_path / "good"
@@ -112,7 +112,7 @@ def test_bad_output_paths_fail_before_the_run(tmp_path, case):
         assert not any(tmp_path.glob("good*")), f"half-written outputs of {args}"
 
 
-# ---- topologies: GPUs --------------------------------------------------------------------------------------
+# ---- topologies: GPUs ------------------------------------------------------------------------------------
 
 def test_topology_without_gpus(tmp_path):
     data = _topology()
@@ -129,7 +129,7 @@ def test_unknown_gpu_spec_lists_the_devices(tmp_path):
     fails(["topo", "show", path], str(path), "nodes[1].spec", "unknown GPU spec 'V999'", "v100-16gb", "cpu")
 
 
-# ---- non-finite numbers ---------------------------------------------------------------------------------
+# ---- non-finite numbers ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_non_finite_flops_in_a_workload(tmp_path, value):
@@ -148,7 +148,7 @@ def test_non_finite_topology_and_scenario_numbers(tmp_path):
           "finite")
 
 
-# ---- time fits that give no time at the batch asked ---------------------------------------------------------
+# ---- time fits that give no time at the batch asked ------------------------------------------------------
 
 def test_fit_not_positive_at_the_batch(tmp_path):
     def measured(d):
@@ -161,7 +161,7 @@ def test_fit_not_positive_at_the_batch(tmp_path):
            "--set", "iterations=1"], str(path), field, "batch 64")
 
 
-# ---- duplicate YAML keys ------------------------------------------------------------------------------------
+# ---- duplicate YAML keys ---------------------------------------------------------------------------------
 
 def test_duplicate_keys(tmp_path):
     path = _scenario(tmp_path, "name: s\ntopology: pcie-4gpu-gen3\nworkload: tiny-cnn\nstrategy:\n"
@@ -171,11 +171,12 @@ def test_duplicate_keys(tmp_path):
     fails(["topo", "show", topo], str(topo), "duplicate key 'name'", "line ")
 
 
-# ---- bools where numbers are meant ---------------------------------------------------------------------------
+# ---- bools where numbers are meant -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting, field", [
     ("batch_size=true", "batch_size"), ("iterations=true", "iterations"), ("gpus=true", "gpus"),
-    ("host.data_workers=false", "host.data_workers"), ("strategy.bucket_cap_mb=true", "strategy.bucket_cap_mb"),
+    ("host.data_workers=false", "host.data_workers"),
+    ("strategy.bucket_cap_mb=true", "strategy.bucket_cap_mb"),
 ])
 def test_bool_for_a_number(setting, field):
     fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", setting], field)
@@ -188,7 +189,7 @@ def test_bool_for_a_number_in_a_topology(tmp_path):
     fails(["topo", "show", path], str(path), "nodes[0].cores")
 
 
-# ---- validate-cpu without a bundle, absurd iterations ------------------------------------------------------
+# ---- validate-cpu without a bundle, absurd iterations ----------------------------------------------------
 
 def test_calibrated_topology_needs_a_bundle():
     fails(["simulate", "validate-cpu"], "validate-cpu.yaml", "topology", "--calibration")
@@ -200,10 +201,11 @@ def test_iterations_are_capped():
     fails(["simulate", "single-gpu-resnet50", "--set", "warmup_iterations=100000000"], "warmup_iterations")
 
 
-# ---- --json: the error as a JSON object too ----------------------------------------------------------------
+# ---- --json: the error as a JSON object too --------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
-    ["topo", "show", "{folder}"], ["topo", "route", "{folder}", "gpu0", "gpu1"], ["topo", "bench", "{folder}"],
+    ["topo", "show", "{folder}"], ["topo", "route", "{folder}", "gpu0", "gpu1"],
+    ["topo", "bench", "{folder}"],
     ["simulate", "{folder}"], ["max-batch", "{folder}"], ["plan", "{folder}"], ["execute", "{folder}"],
     ["workload", "show", "{folder}"], ["workload", "times", "{folder}", "--device", "v100"],
     ["workload", "generate", "nope-model"], ["device", "show", "nope-device"], ["replay", "{folder}/x.json"],
@@ -223,7 +225,7 @@ def test_json_errors(tmp_path, args):
     assert doc["error"] and doc["error"] in lines[0]
 
 
-# ---- calibration bundles (read by trainsim.formats.bundle) -------------------------------------------------
+# ---- calibration bundles (read by trainsim.formats.bundle) -----------------------------------------------
 
 def _bundle(tmp_path) -> Path:
     copy = tmp_path / "bundle"
@@ -259,7 +261,8 @@ bundle_xfail = pytest.mark.xfail(reason="bundle validation: formats helper", str
 @pytest.mark.parametrize("breaker, expected", [
     (_break_meta("missing"), "meta.json"), (_break_meta("corrupt"), "meta.json"),
     (_break_meta("empty"), "meta.json"), (_break_meta("schema"), "trainsim.calibration/2"),
-    (_machine_cores, "cores"), (lambda root: (root / "collectives.json").write_bytes(BINARY), "collectives.json"),
+    (_machine_cores, "cores"),
+    (lambda root: (root / "collectives.json").write_bytes(BINARY), "collectives.json"),
 ], ids=["meta-missing", "meta-corrupt", "meta-empty", "meta-schema", "machine-cores", "collectives-binary"])
 def test_broken_bundles(tmp_path, breaker, expected):
     root = _bundle(tmp_path)

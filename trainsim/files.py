@@ -1,4 +1,4 @@
-"""The file-system boundary: input files read as text and output paths checked, each failure one TrainsimError.
+"""The file-system boundary: input files read as text, output paths checked; a failure is one TrainsimError.
 
 Every reader of a user-named file goes through :func:`read_text`, so a folder, a missing file or a binary
 file is one line naming it. Every command that writes files calls :func:`check_output` for each of them

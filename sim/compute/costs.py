@@ -109,7 +109,8 @@ def rank_costs(
         try:
             step = workload.optimizer_step.at(batch)
         except TrainsimError as exc:
-            raise TrainsimError(exc.reason, file=workload.source, field=f"optimizer_step.{exc.field}") from None
+            raise TrainsimError(exc.reason, file=workload.source,
+                                field=f"optimizer_step.{exc.field}") from None
     else:
         step = optimizer_traffic(num_params, precision, optimizer) / device.memory_bandwidth
     last = workload.layers[-1]
