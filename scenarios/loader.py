@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+from trainsim.files import read_text
 from trainsim.yamlio import parse_yaml_mapping
 
 from .schema import SCHEMA, Scenario
@@ -53,14 +54,13 @@ def read_scenario_data(source: str | os.PathLike) -> tuple[dict, str, Path | Non
     text = os.fspath(source)
     path = Path(text)
     if path.is_file():
-        try:
-            return _read_yaml(path.read_text(), text), text, path.resolve().parent
-        except OSError as exc:
-            raise TrainsimError(f"cannot read file: {exc.strerror or exc}", file=text) from None
+        return _read_yaml(read_text(path, text, "scenario file"), text), text, path.resolve().parent
     names = list_scenarios()
     if text in names:
         label = f"{text}.yaml"
         return _read_yaml((_scenario_dir() / label).read_text(), label), label, None
+    if path.exists():
+        read_text(path, text, "scenario file")  # a folder: says so
     if text.endswith((".yaml", ".yml")) or os.sep in text:
         raise TrainsimError("file not found", file=text)
     raise unknown_name("scenario", text, names)

@@ -24,8 +24,13 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
+#: the most iterations (measured, or warm-up) one scenario may simulate: more is a typo, not a study
+MAX_ITERATIONS = 10_000
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # strict: no bool where a number is meant (batch_size: true); numbers must be finite
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
 
 
 class WorkloadRef(BaseModel):
@@ -175,8 +180,10 @@ class Scenario(_Strict):
     strategy: StrategySpec
     batch_size: int = Field(gt=0, description="global batch size (samples per iteration)")
     gpus: list[int] | int | None = Field(default=None, description="GPU indices, a count, or all (default)")
-    iterations: int = Field(default=3, ge=1, description="measured iterations")
-    warmup_iterations: int = Field(default=1, ge=0, description="simulated first, excluded from figures")
+    iterations: int = Field(default=3, ge=1, le=MAX_ITERATIONS,
+                            description=f"measured iterations (at most {MAX_ITERATIONS})")
+    warmup_iterations: int = Field(default=1, ge=0, le=MAX_ITERATIONS,
+                                   description="simulated first, excluded from figures")
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     precision: Literal["fp32", "tf32", "fp16", "bf16"] = "fp32"
     host: HostSpec = Field(default_factory=HostSpec)

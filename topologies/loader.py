@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.files import read_text
 from trainsim.yamlio import parse_yaml_mapping
 
 from . import links as phys
@@ -39,11 +40,7 @@ def list_presets() -> list[str]:
 
 def read_yaml(path: Path, label: str) -> dict:
     """Parse a YAML mapping; a syntax error becomes one line with the file and position."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TrainsimError(f"cannot read file: {exc.strerror or exc}", file=label) from None
-    return parse_yaml_mapping(text, label, "topology file")
+    return parse_yaml_mapping(read_text(path, label, "topology file"), label, "topology file")
 
 
 def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, str | None]:
@@ -61,7 +58,7 @@ def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, st
         if base_dir is not None and not path.is_absolute():  # a file named inside another file
             path = base_dir / path
             text = str(path)
-        if path.is_file():
+        if path.exists():  # a file, or a folder given by mistake (read_yaml says which)
             return spec_from_dict(read_yaml(path, text), file=text, base_dir=path.parent), text
         if text.endswith((".yaml", ".yml")) or os.sep in text:
             raise TrainsimError("file not found", file=text)
@@ -92,7 +89,21 @@ def _gpu_attrs(node, field: str, file) -> dict:
     if memory is None:
         raise TrainsimError(f"GPU spec {node.spec!r} has no default memory; give memory_gib",
                             file=file, field=f"{field}.memory_gib")
+    check_gpu_spec(node.spec, file=file, field=f"{field}.spec")
     return {"spec": node.spec, "memory": int(memory * GIB)}
+
+
+def check_gpu_spec(spec: str, *, file=None, field: str | None = None) -> None:
+    """A GPU node's spec must name a device the simulator knows (`trainsim device list`), ``cpu`` (a
+    calibrated CPU rank), or a GPU whose memory the schema knows."""
+    from trainsim.sim.core.devices import get_device, list_devices
+
+    if spec.lower() == "cpu" or spec.upper() in DEFAULT_GPU_MEMORY_GIB:
+        return
+    try:
+        get_device(spec)
+    except TrainsimError:
+        raise unknown_name("GPU spec", spec, [*list_devices(), "cpu"], file=file, field=field) from None
 
 
 def _dram(node) -> phys.LinkFigures:
@@ -162,6 +173,8 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
                     "latency": dram.latency, "count": 1, "generation": None, "lanes": None}
             graph.add_edge(node.name, dram_node, **edge)
             graph.add_edge(dram_node, node.name, **edge)
+    if not any(node.kind == "gpu" for node in spec.nodes):
+        raise TrainsimError("a topology needs at least one node of kind gpu", file=file, field="nodes")
     for i, link in enumerate(spec.links):
         field = f"links[{i}]"
         for end in ("a", "b"):

@@ -25,7 +25,8 @@ DEFAULT_GPU_MEMORY_GIB = {"K80": 12, "P100": 16, "V100": 16, "T4": 16, "A100": 4
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: no bool for a number, no "16" for 16; numbers must be finite
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class _Node(_Strict):
@@ -106,7 +107,7 @@ class TopologySpec(_Strict):
     nodes: list[NodeSpec]
     links: list[LinkSpec]
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
 
     def to_yaml_dict(self) -> dict:
         """The file form: field names as in YAML, defaults left out."""

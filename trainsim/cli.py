@@ -13,18 +13,48 @@ import typer
 from typer.core import TyperGroup
 
 import trainsim
-from trainsim.errors import TrainsimError
+from trainsim.errors import TrainsimError, error_record
 
 
 class _OneLineErrors(TyperGroup):
-    """Print a TrainsimError as one line and exit 2, instead of a traceback."""
+    """Print a TrainsimError as one line on stderr and exit 2, instead of a traceback; with ``--json`` also
+    print it as a JSON object on stdout (`trainsim.errors.error_record`)."""
+
+    def resolve_command(self, ctx, args):
+        ctx.meta.setdefault("trainsim.args", []).extend(args)  # to see --json if a command fails
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except TrainsimError as exc:
+            if _wants_json(ctx):
+                print_json(error_record(exc, 2))
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        except typer.BadParameter as exc:  # typer's own checks (--iterations 0, a missing argument)
+            if _wants_json(ctx):
+                param = getattr(exc, "param", None)
+                field = getattr(exc, "param_hint", None) or (param.opts[0] if param and param.opts else None)
+                print_json({"error": exc.format_message(), "file": None,
+                            "field": field if isinstance(field, str) else None, "exit_code": exc.exit_code})
+            raise
+
+
+def _wants_json(ctx: typer.Context) -> bool:
+    """Whether the failing command was given ``--json`` (options end at ``--``)."""
+    args = ctx.meta.get("trainsim.args", [])
+    options = args[:args.index("--")] if "--" in args else args
+    return bool(ctx.params.get("as_json")) or "--json" in options
+
+
+def _check_outputs(*options: tuple[str, str | None]) -> None:
+    """Check every output file a command was asked for before it does any work (`trainsim.files`)."""
+    from trainsim.files import check_output
+
+    for option, path in options:
+        if path:
+            check_output(path, option)
 
 
 def _app(**kwargs) -> typer.Typer:
@@ -82,6 +112,7 @@ def replay_cmd(
     from trainsim.sim.replay import engine as rp
     from trainsim.sim.replay.whatif import WhatIf
 
+    _check_outputs(("--trace", trace_out))
     whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
     with console.status("replaying") as status:
@@ -127,6 +158,7 @@ def topo_show(
     from trainsim.topologies.analysis import describe, draw_png
     from trainsim.topologies.report import show_lines
 
+    _check_outputs(("--png", png))
     topo = load_topology(topology)
     desc = describe(topo)
     if png:
@@ -302,6 +334,7 @@ def calibrate_describe(
     from trainsim.calibrate.measure.describe import describe, parse_overrides
     from trainsim.sim.compute.workload import save_workload
 
+    _check_outputs(("--out", out))
     workload = describe(model, **parse_overrides(settings))
     path = save_workload(workload, out) if out else None
     _print_workload(workload, path, as_json)
@@ -331,6 +364,7 @@ def calibrate_layers(
     from trainsim.calibrate.measure.runner import parse_batch_sizes
     from trainsim.sim.compute.workload import save_workload
 
+    _check_outputs(("--out", out))
     console = Console(stderr=True)
     with console.status("profiling") as status:
         workload = profile_layers(model, device, parse_batch_sizes(batch_sizes), repeats=repeats,
@@ -398,6 +432,7 @@ def workload_generate(
     from trainsim.sim.compute.analytic_models import build_analytic, parse_options
     from trainsim.sim.compute.workload import save_workload
 
+    _check_outputs(("--out", out))
     wl = build_analytic(model, **parse_options(options))
     if out:
         save_workload(wl, out)
@@ -492,6 +527,7 @@ def simulate_cmd(
     from trainsim.sim.output import report
     from trainsim.sim.simulation import Simulation
 
+    _check_outputs(("--trace", trace_out), ("--records", records_out))
     sc = load_scenario(scenario, overrides, variant=variant)
     err = Console(stderr=True)
     with err.status(f"simulating {sc.name}"):
@@ -608,6 +644,7 @@ def execute_cmd(
     )
     from trainsim.provenance import provenance
 
+    _check_outputs(("--out", out))
     data = load_scenario_dict(scenario)
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     err = Console(stderr=True)
@@ -789,6 +826,7 @@ def plan_cmd(
     from trainsim.provenance import provenance
     from trainsim.sim.planning import spatial_plan
 
+    _check_outputs(("--out", out))
     err = Console(stderr=True)
     if scenario is not None:
         if workload or topology or batch:

@@ -15,6 +15,7 @@ class TrainsimError(Exception):
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
         self.file = file
         self.field = field
+        self.reason = message  # what is wrong, without the file and field
         where = ": ".join(part for part in (file, field) if part)
         super().__init__(f"{where}: {message}" if where else message)
 
@@ -26,6 +27,13 @@ def unknown_name(kind: str, name: str, valid: Iterable[str], *, file: str | None
     return TrainsimError(f"unknown {kind} {name!r}; valid choices: {choices}", file=file, field=field)
 
 
+def given_bool(error: dict) -> str:
+    """``", got true"`` when a pydantic error is a bool given for a number (strict fields), else ``""``."""
+    given = error.get("input")
+    return f", got {str(given).lower()}" if isinstance(given, bool) and error.get("type", "").endswith(
+        ("int_type", "float_type")) else ""
+
+
 def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> TrainsimError:
     """Turn the first error of a pydantic ValidationError into a one-line TrainsimError."""
     first = exc.errors()[0]
@@ -34,4 +42,10 @@ def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> 
     msg = first.get("msg", str(exc))
     if first.get("type") == "extra_forbidden":
         msg = "unknown field"
+    msg += given_bool(first)
     return TrainsimError(msg, file=file, field=field)
+
+
+def error_record(exc: TrainsimError, exit_code: int) -> dict:
+    """The JSON form of an error, for commands run with ``--json``."""
+    return {"error": exc.reason, "file": exc.file, "field": exc.field, "exit_code": exit_code}

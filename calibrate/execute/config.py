@@ -496,7 +496,8 @@ def load_scenario_dict(path: str) -> dict:
     ``path`` may also be the name of a scenario shipped in trainsim's scenarios folder."""
     from pathlib import Path
 
-    import yaml
+    from trainsim.files import read_text
+    from trainsim.yamlio import parse_yaml_mapping
 
     candidate = Path(path)
     if not candidate.exists():
@@ -510,13 +511,6 @@ def load_scenario_dict(path: str) -> dict:
         else:
             names = sorted(p.stem for p in shipped.glob("*.yaml"))
             raise unknown_name("scenario", path, names, field=None)
-    try:
-        data = yaml.safe_load(candidate.read_text())
-    except yaml.YAMLError as exc:
-        raise TrainsimError(f"not valid YAML: {str(exc).splitlines()[0]}", file=str(candidate)) from None
-    except OSError as exc:
-        raise TrainsimError(f"cannot read: {exc.strerror}", file=str(candidate)) from None
-    if not isinstance(data, dict):
-        raise TrainsimError("a scenario must be a mapping", file=str(candidate))
-    return data
+    label = str(candidate)
+    return parse_yaml_mapping(read_text(candidate, label, "scenario file"), label, "scenario file")
 

@@ -103,7 +103,11 @@ def rank_costs(
     params_per_layer = [layer.param_bytes / itemsize for layer in workload.layers]
     num_params = sum(params_per_layer)
     if workload.optimizer_step is not None and measured_here(workload, device):
-        step = workload.optimizer_step.at(batch)
+        try:
+            step = workload.optimizer_step.at(batch)
+        except TrainsimError as exc:
+            raise TrainsimError(exc.reason, file=workload.source,
+                                field=f"optimizer_step.{exc.field}") from None
     else:
         step = optimizer_traffic(num_params, precision, optimizer) / device.memory_bandwidth
     last = workload.layers[-1]

@@ -124,7 +124,7 @@ def _scaled(time_model: TimeModel, ratio) -> TimeModel:
         points = [(b, t * ratio(b), s * ratio(b)) for b, t, s in time_model.points]
         model = time_model.fit["model"] if time_model.fit else "affine"
         return TimeModel(points=points, fit=fit_time(points, model))
-    sampled = [(b, time_model.at(b) * ratio(b), 0.0) for b in _SAMPLE_BATCHES]
+    sampled = [(b, time_model.fitted(b) * ratio(b), 0.0) for b in _SAMPLE_BATCHES]
     sampled = [p for p in sampled if p[1] > 0]
     return TimeModel(fit=fit_time(sampled, time_model.fit["model"]))
 
@@ -152,18 +152,25 @@ def layer_times(workload: Workload, device: DeviceSpec | str, batch: int, precis
         source = _measured_on(workload, measured_on)
     same = source is not None and source.name == target.name and src_precision == precision
     result = []
-    for layer in workload.layers:
+    for i, layer in enumerate(workload.layers):
         roof = layer_time(layer, target, batch, precision, efficiency, dtype=workload.dtype)
         times = []
         for index, measured in enumerate((layer.forward, layer.backward)):
             if measured is None:
                 times.append(roof[index])
-            elif same:
-                times.append(measured.at(batch))
+                continue
+            try:
+                at = measured.at(batch)
+            except TrainsimError as exc:  # name the file and the layer, as the workload's reader does
+                raise TrainsimError(exc.reason, file=workload.source,
+                                    field=f"layers.{i}({layer.name}).{('forward', 'backward')[index]}."
+                                          f"{exc.field}") from None
+            if same:
+                times.append(at)
             else:
                 ratio = _ratio(layer, source, target, src_precision, precision, efficiency,
                                workload.dtype, index)
-                times.append(measured.at(batch) * ratio(batch))
+                times.append(at * ratio(batch))
         result.append((times[0], times[1]))
     return result
 

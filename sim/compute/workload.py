@@ -27,9 +27,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+from trainsim.files import read_text
 
 from .provenance import RankStepRecord
 
@@ -50,7 +59,7 @@ FIT_MODELS = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True, allow_inf_nan=False)
 
 
 class TimeModel(_Strict):
@@ -111,7 +120,11 @@ class TimeModel(_Strict):
         if batch < 1:
             raise TrainsimError(f"batch must be >= 1, got {batch}", field="batch")
         if not self.points:
-            return max(self.fitted(batch), 0.0)
+            value = self.fitted(batch)
+            if not value >= 0:  # a fit alone is only trusted where it gives a time
+                raise TrainsimError(f"the fit gives {value:.3g} s at batch {batch}; a time must be >= 0",
+                                    field="fit")
+            return value
         batches = [p[0] for p in self.points]
         times = [p[1] for p in self.points]
         if batches[0] <= batch <= batches[-1]:
@@ -260,6 +273,19 @@ class Workload(_Strict):
     # seconds of one optimizer step (measured); it does not depend on the batch, so points hold any batch
     optimizer_step: TimeModel | None = None
     provenance: Provenance
+    # the file it was read from, for error messages (set by load_workload)
+    _source: str | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> str | None:
+        return self._source
+
+    def __eq__(self, other) -> bool:  # where it was read from is not part of the workload
+        if not isinstance(other, Workload):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # as pydantic's: a mutable model is unhashable
 
     @field_validator("layers")
     @classmethod
@@ -388,9 +414,9 @@ def load_workload(name_or_path: str | os.PathLike) -> Workload:
     path = Path(text_name)
     if path.suffix == ".json" or path.exists() or os.sep in text_name:
         file = text_name
-        if not path.is_file():
+        if not path.exists():
             raise TrainsimError("no such workload file", file=file)
-        text = path.read_text()
+        text = read_text(path, file, "workload file")
     else:
         names = list_workloads()
         if text_name not in names:
@@ -401,7 +427,9 @@ def load_workload(name_or_path: str | os.PathLike) -> Workload:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TrainsimError(f"not valid JSON ({exc.msg} at line {exc.lineno})", file=file) from None
-    return parse_workload(data, file=file)
+    workload = parse_workload(data, file=file)
+    workload._source = file
+    return workload
 
 
 def dumps_workload(workload: Workload) -> str:

@@ -84,7 +84,8 @@ class DeviceSpec:
 class DeviceFile(BaseModel):
     """The JSON form of a :class:`DeviceSpec` (``"schema": "trainsim.device/1"``)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # strict: no bool for a number; numbers must be finite
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
 
     schema_: Literal["trainsim.device/1"] = Field(default="trainsim.device/1", alias="schema")
     name: str = Field(min_length=1)

@@ -1,0 +1,284 @@
+"""The bad-input catalogue, class by class, through the CLI: every case exits non-zero with exactly one
+`error:` line on stderr naming the file and/or field and what is wrong, no traceback, and no output file
+half-written. With ``--json`` the error is also a JSON object on stdout."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainsim.cli import app
+from trainsim.scenarios.schema import MAX_ITERATIONS
+
+runner = CliRunner()
+BUNDLE = Path(__file__).parent / "data" / "bundle-cpu-2rank"
+BINARY = bytes(range(256)) * 4  # 0x80.. is never valid UTF-8 on its own
+SMALL = ["--set", "workload=tiny-cnn", "--set", "batch_size=8", "--set", "iterations=1"]
+
+
+def fails(args, *expected: str):
+    """Run the CLI; assert one clean error line containing every ``expected`` text; return the line."""
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def _write(path: Path, data) -> Path:
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _topology(**gpu) -> dict:
+    return {"name": "t", "nodes": [{"name": "cpu0", "kind": "cpu", "cores": 4, "dram_bandwidth_gbps": 50},
+                                   {"name": "gpu0", "kind": "gpu", "spec": "V100", **gpu}],
+            "links": [{"a": "cpu0", "b": "gpu0", "kind": "pcie", "generation": 3}]}
+
+
+def _workload(tmp_path, mutate) -> Path:
+    data = json.loads((Path(__file__).parents[1] / "scenarios" / "workloads" / "tiny-cnn.json").read_text())
+    mutate(data)
+    path = tmp_path / "wl.json"
+    path.write_text(json.dumps(data))  # json writes inf/nan as Infinity/NaN
+    return path
+
+
+def _scenario(tmp_path, text: str | None = None) -> Path:
+    body = text or ("name: s\ntopology: pcie-4gpu-gen3\nworkload: tiny-cnn\nstrategy: {name: single}\n"
+                    "batch_size: 8\niterations: 1\n")
+    return _write(tmp_path / "s.yaml", body)
+
+
+# ---- binary files and folders given as input files -------------------------------------------------------
+
+def test_binary_files_are_refused(tmp_path):
+    blob = tmp_path / "blob.yaml"
+    blob.write_bytes(BINARY)
+    jblob = tmp_path / "blob.json"
+    jblob.write_bytes(BINARY)
+    fails(["simulate", blob], str(blob), "not a text scenario file")
+    fails(["topo", "show", blob], str(blob), "not a text topology file")
+    fails(["simulate", "single-gpu-resnet50", "--set", f"topology={blob}"], str(blob), "not a text")
+    fails(["workload", "show", jblob], str(jblob), "not a text workload file")
+    fails(["simulate", "single-gpu-resnet50", "--set", f"workload={jblob}"], str(jblob), "not a text")
+
+
+def test_folders_are_refused(tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for args, what in ((["simulate", folder], "scenario"), (["topo", "show", folder], "topology"),
+                       (["workload", "show", folder], "workload"), (["execute", folder], "scenario")):
+        fails(args, str(folder), f"is a folder, not a {what} file")
+
+
+# ---- output paths: checked before any work ---------------------------------------------------------------
+
+def _outputs(tmp_path, bad: str) -> list[list]:
+    good = tmp_path / "good"
+    return [
+        ["simulate", "single-gpu-resnet50", *SMALL, "--trace", f"{good}.json.gz", "--records", bad],
+        ["simulate", "single-gpu-resnet50", *SMALL, "--trace", bad, "--records", f"{good}.csv"],
+        ["workload", "generate", "tiny-cnn", "-o", bad],
+        ["plan", "--workload", "tiny-cnn", "--topology", "pcie-4gpu-gen3", "--batch", "8", "--no-simulate",
+         "--out", bad],
+    ]
+
+
+@pytest.mark.parametrize("case", ["folder", "missing", "read-only"])
+def test_bad_output_paths_fail_before_the_run(tmp_path, case):
+    if case == "folder":
+        bad, expected = tmp_path / "out", "is a folder"
+        bad.mkdir()
+    elif case == "missing":
+        bad, expected = tmp_path / "nope" / "out.json", "does not exist"
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        if os.access(locked, os.W_OK):  # root: chmod does not stop writes
+            pytest.skip("running as root: a read-only folder is writable")
+        bad, expected = locked / "out.json", "not writable"
+    for args in _outputs(tmp_path, str(bad)):
+        fails(args, str(bad), expected)
+        assert not any(tmp_path.glob("good*")), f"half-written outputs of {args}"
+
+
+# ---- topologies: GPUs ------------------------------------------------------------------------------------
+
+def test_topology_without_gpus(tmp_path):
+    data = _topology()
+    data["nodes"].pop()
+    data["links"] = []
+    path = _write(tmp_path / "t.yaml", data)
+    fails(["topo", "show", path], str(path), "nodes", "at least one node of kind gpu")
+    fails(["simulate", "single-gpu-resnet50", "--set", f"topology={path}"], "at least one node of kind gpu")
+    fails(["plan", "--workload", "tiny-cnn", "--topology", path, "--batch", "8"], "at least one node")
+
+
+def test_unknown_gpu_spec_lists_the_devices(tmp_path):
+    path = _write(tmp_path / "t.yaml", _topology(spec="V999", memory_gib=16))
+    fails(["topo", "show", path], str(path), "nodes[1].spec", "unknown GPU spec 'V999'", "v100-16gb", "cpu")
+
+
+# ---- non-finite numbers ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_flops_in_a_workload(tmp_path, value):
+    path = _workload(tmp_path, lambda d: d["layers"][0].update(flops_forward_per_sample=value))
+    fails(["workload", "show", path], str(path), "layers.0(conv1).flops_forward_per_sample", "finite")
+
+
+def test_non_finite_topology_and_scenario_numbers(tmp_path):
+    topo = _topology()
+    topo["links"][0] = {"a": "cpu0", "b": "gpu0", "kind": "pcie", "bandwidth_gbps": ".inf"}
+    path = _write(tmp_path / "t.yaml", yaml.safe_dump(topo).replace("'.inf'", ".inf"))
+    fails(["topo", "show", path], str(path), "links[0].bandwidth_gbps", "finite")
+    fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", "strategy.bucket_cap_mb=.inf"],
+          "strategy.bucket_cap_mb", "finite")
+    fails(["simulate", "single-gpu-resnet50", *SMALL, "--set", "host.memory_gib=.nan"], "host.memory_gib",
+          "finite")
+
+
+# ---- time fits that give no time at the batch asked ------------------------------------------------------
+
+def test_fit_not_positive_at_the_batch(tmp_path):
+    def measured(d):
+        d["provenance"].update(device="v100", device_spec="v100-16gb")
+        d["layers"][0]["forward"] = {"fit": {"model": "affine", "a": -1.0, "b": 1e-3}}
+    path = _workload(tmp_path, measured)
+    field = "layers.0(conv1).forward.fit"
+    fails(["workload", "times", path, "--device", "v100", "--batch", "64"], str(path), field, ">= 0")
+    fails(["simulate", "single-gpu-resnet50", "--set", f"workload={path}", "--set", "batch_size=64",
+           "--set", "iterations=1"], str(path), field, "batch 64")
+
+
+# ---- duplicate YAML keys ---------------------------------------------------------------------------------
+
+def test_duplicate_keys(tmp_path):
+    path = _scenario(tmp_path, "name: s\ntopology: pcie-4gpu-gen3\nworkload: tiny-cnn\nstrategy:\n"
+                               "  name: single\n  name: ddp\nbatch_size: 8\n")
+    fails(["simulate", path], str(path), "line 6", "duplicate key 'name'")
+    topo = _write(tmp_path / "t.yaml", yaml.safe_dump(_topology()) + "name: again\n")
+    fails(["topo", "show", topo], str(topo), "duplicate key 'name'", "line ")
+
+
+# ---- bools where numbers are meant -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, field", [
+    ("batch_size=true", "batch_size"), ("iterations=true", "iterations"), ("gpus=true", "gpus"),
+    ("host.data_workers=false", "host.data_workers"),
+    ("strategy.bucket_cap_mb=true", "strategy.bucket_cap_mb"),
+])
+def test_bool_for_a_number(setting, field):
+    fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", setting], field)
+
+
+def test_bool_for_a_number_in_a_topology(tmp_path):
+    data = _topology()
+    data["nodes"][0]["cores"] = True
+    path = _write(tmp_path / "t.yaml", data)
+    fails(["topo", "show", path], str(path), "nodes[0].cores")
+
+
+# ---- validate-cpu without a bundle, absurd iterations ----------------------------------------------------
+
+def test_calibrated_topology_needs_a_bundle():
+    fails(["simulate", "validate-cpu"], "validate-cpu.yaml", "topology", "--calibration")
+
+
+def test_iterations_are_capped():
+    fails(["simulate", "single-gpu-resnet50", "--set", "iterations=100000000"], "iterations",
+          str(MAX_ITERATIONS))
+    fails(["simulate", "single-gpu-resnet50", "--set", "warmup_iterations=100000000"], "warmup_iterations")
+
+
+# ---- --json: the error as a JSON object too --------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["topo", "show", "{folder}"], ["topo", "route", "{folder}", "gpu0", "gpu1"],
+    ["topo", "bench", "{folder}"],
+    ["simulate", "{folder}"], ["max-batch", "{folder}"], ["plan", "{folder}"], ["execute", "{folder}"],
+    ["workload", "show", "{folder}"], ["workload", "times", "{folder}", "--device", "v100"],
+    ["workload", "generate", "nope-model"], ["device", "show", "nope-device"], ["replay", "{folder}/x.json"],
+    ["reproduce", "nope-paper"], ["calibrate"], ["calibrate", "describe", "tiny-cnn", "-o", "{folder}"],
+    ["validate", "{folder}", "--calibration", "{folder}"],
+])
+def test_json_errors(tmp_path, args):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    args = [a.format(folder=folder) for a in args]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"error", "file", "field", "exit_code"} and doc["exit_code"] == 2
+    assert doc["error"] and doc["error"] in lines[0]
+
+
+# ---- calibration bundles (read by trainsim.formats.bundle) -----------------------------------------------
+
+def _bundle(tmp_path) -> Path:
+    copy = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, copy)
+    return copy
+
+
+def _break_meta(how):
+    def apply(root: Path):
+        meta = root / "meta.json"
+        if how == "missing":
+            meta.unlink()
+        elif how == "corrupt":
+            meta.write_text("{nope")
+        elif how == "empty":
+            meta.write_text("")
+        else:
+            meta.write_text(json.dumps({**json.loads(meta.read_text()), "schema": "trainsim.calibration/2"}))
+    return apply
+
+
+def _machine_cores(root: Path):
+    machine = root / "machine.json"
+    data = json.loads(machine.read_text())
+    data["cores"] = "two"
+    machine.write_text(json.dumps(data))
+
+
+bundle_xfail = pytest.mark.xfail(reason="bundle validation: formats helper", strict=False)
+
+
+@bundle_xfail
+@pytest.mark.parametrize("breaker, expected", [
+    (_break_meta("missing"), "meta.json"), (_break_meta("corrupt"), "meta.json"),
+    (_break_meta("empty"), "meta.json"), (_break_meta("schema"), "trainsim.calibration/2"),
+    (_machine_cores, "cores"),
+    (lambda root: (root / "collectives.json").write_bytes(BINARY), "collectives.json"),
+], ids=["meta-missing", "meta-corrupt", "meta-empty", "meta-schema", "machine-cores", "collectives-binary"])
+def test_broken_bundles(tmp_path, breaker, expected):
+    root = _bundle(tmp_path)
+    breaker(root)
+    fails(["simulate", "validate-cpu", "--calibration", root, "--set", "iterations=1"], expected)
+
+
+@bundle_xfail
+def test_bundle_of_another_workload(tmp_path):
+    root = _bundle(tmp_path)
+    fails(["simulate", "validate-cpu", "--calibration", root, "--set", "workload=resnet50"], "resnet50",
+          "tiny-cnn")
+
+
+def test_json_errors_of_typer_checks():
+    result = runner.invoke(app, ["execute", "validate-cpu", "--iterations", "0", "--json"])
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["field"] == "--iterations" and "greater than or equal to 1" in doc["error"]
