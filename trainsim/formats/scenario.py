@@ -5,6 +5,8 @@ JSON path, or ``{name: resnet50, image_size: 32}`` for an analytic model with co
 strategy with its options, the global batch size, which GPUs, how many iterations (warm-up excluded from the
 figures), the optimizer, the precision, the host's data pipeline, an ``optimizations:`` block (the
 switches of TECHNIQUES.md) and optional named ``variants`` (partial scenarios merged over this one).
+
+Reading a file, overrides and variants: `trainsim.formats.scenario_loader`.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from trainsim.sim.core.jitter import JitterSpec
-from trainsim.sim.optimizations.compression import CompressionSpec
-from trainsim.sim.strategies.easgd import EasgdOptions
-from trainsim.sim.strategies.pipeline import PipelineOptions
+from .scenario_options import (
+    CompressionSpec,
+    EasgdOptions,
+    JitterSpec,
+    PipelineOptions,
+    check_combinations,
+    normalise,
+)
 
 SCHEMA = "trainsim.scenario/1"
 STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd")
@@ -158,8 +164,6 @@ class Optimizations(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _executor_spellings(cls, data):
-        from trainsim.sim.optimizations.data_movement import normalise
-
         return normalise(data)
 
 
@@ -229,7 +233,5 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _data_movement(self):
-        from trainsim.sim.optimizations.data_movement import check_combinations
-
         check_combinations(self)
         return self
