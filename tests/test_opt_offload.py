@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.sim.simulation import simulate
+from trainsim.api import simulate
 from trainsim.sim.optimizations.offload import offload_stall_s
 from trainsim.topologies import load_topology
 

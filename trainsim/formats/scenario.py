@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from trainsim.errors import TrainsimError, from_validation_error
 
 from .scenario_options import (
     CompressionSpec,
@@ -235,3 +237,15 @@ class Scenario(_Strict):
     def _data_movement(self):
         check_combinations(self)
         return self
+
+
+def validate_scenario(data: dict, *, label: str | None = None) -> Scenario:
+    """A `Scenario` from a mapping; a bad field is a one-line TrainsimError naming ``label`` and the field."""
+    if "schema" in data and data["schema"] != SCHEMA:
+        raise TrainsimError(
+            f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=label, field="schema"
+        )
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, file=label) from None

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+from trainsim.errors import TrainsimError, unknown_name
 from trainsim.yamlio import parse_yaml_mapping
 
-from .scenario import SCHEMA, Scenario
+from .scenario import Scenario, validate_scenario
 
 
 def _scenario_dir():
@@ -159,17 +159,6 @@ def deep_merge(base: dict, over: dict) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
-
-
-def validate_scenario(data: dict, *, label: str | None = None) -> Scenario:
-    if "schema" in data and data["schema"] != SCHEMA:
-        raise TrainsimError(
-            f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=label, field="schema"
-        )
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation_error(exc, file=label) from None
 
 
 def apply_variant(data: dict, variant: str | None, *, label: str | None = None) -> dict:
