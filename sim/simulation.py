@@ -101,7 +101,8 @@ def _gloo(bundle: Bundle | None) -> CollectivesFile | None:
 
 
 def bundle_timer_tick(bundle: Bundle | None) -> call_latency.TimerTick | None:
-    """The timer tick the bundle's stalled gloo calls returned on (`trainsim.calibrate.measure.timer_tick`)."""
+    """The timer tick the bundle's stalled gloo calls returned on (calibrate/measure/timer_tick.py); None
+    without one."""
     coll = _gloo(bundle)
     tick = coll.timer_tick if coll is not None else None
     if tick is None or tick.period_s is None:
@@ -202,11 +203,12 @@ class Simulation:
     ):
         """``measurements``: what validation measured for this run on the box (`RunMeasurements`); the
         keyword arguments ``prep_s_per_sample``, ``loader_overlap`` and ``codec_s`` are its fields.
-        ``bundle``: a loaded calibration bundle (`trainsim.api.load_bundle`); its topology, its workload of the
-        scenario's model and its measured device replace the scenario's."""
+        ``bundle``: a loaded calibration bundle (`trainsim.api.load_bundle`); its topology, its workload of
+        the scenario's model and its measured device replace the scenario's."""
         if not isinstance(scenario, Scenario):
             raise TypeError(
-                f"Simulation takes a validated Scenario (trainsim.api.load_scenario), not {type(scenario).__name__}"
+                "Simulation takes a validated Scenario (trainsim.api.load_scenario), "
+                f"not {type(scenario).__name__}"
             )
         measured = measurements or RunMeasurements(prep_s_per_sample, loader_overlap, codec_s)
 

@@ -1,9 +1,9 @@
 """The bundle files: atomic writes, schema checks and one-line errors naming the file and field."""
 
 import json
+import os
 import re
 import shutil
-import os
 from pathlib import Path
 
 import pytest
@@ -151,7 +151,8 @@ def test_the_pinned_bundle_loads_with_every_part_validated(tmp_path):
     assert isinstance(loaded.topology, Topology) and isinstance(loaded.workload_for("tiny-cnn"), Workload)
     assert loaded.device_spec.kind == "cpu" and loaded.collectives.backend == "gloo"
     assert fb.load_bundle(PINNED).workloads["tiny-cnn"]["schema"].startswith("trainsim.workload/")
-    with pytest.raises(TrainsimError, match=r"'resnet50' is not in the calibration bundle \(it has: tiny-cnn\)"):
+    missing = r"'resnet50' is not in the calibration bundle \(it has: tiny-cnn\)"
+    with pytest.raises(TrainsimError, match=missing):
         loaded.workload_for("resnet50")
 
 

@@ -8,6 +8,7 @@ import pytest
 from simtools import scenario as make_scenario
 from simtools import tiny_topology
 
+from trainsim.api import simulation
 from trainsim.sim.compute.costs import rank_costs
 from trainsim.sim.compute.provenance import RankStepRecord
 from trainsim.sim.compute.workload import load_workload, parse_workload
@@ -15,7 +16,6 @@ from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.latency import CallSite, RouteLatency
 from trainsim.sim.hosts import GlooVmHost, RunMeasurements, host_model_for
 from trainsim.sim.hosts.call_latency import GlooCallLatency, MeasuredLatency, TimerTick
-from trainsim.api import simulation
 
 BUNDLE = Path(__file__).parent / "data" / "bundle-cpu-2rank"  # a 2-rank gloo calibration, workload/1
 

@@ -9,8 +9,8 @@ from simtools import scenario as make_scenario
 from simtools import tiny_topology, tiny_workload
 from typer.testing import CliRunner
 
-from trainsim.cli import app
 from trainsim.api import simulate
+from trainsim.cli import app
 from trainsim.topologies import load_topology
 
 LAYERS = [

@@ -72,12 +72,12 @@ def _calibrate(out, batch: int, rank_step: bool = True, collectives: bool = Fals
 
 def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_it(tmp_path):
     pytest.importorskip("torch")
+    from trainsim.api import simulation
     from trainsim.calibrate.measure import runner
     from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.compute.costs import rank_costs
     from trainsim.sim.compute.workload import load_workload
     from trainsim.sim.hosts.rank_step import rank_step_scale
-    from trainsim.api import simulation
 
     out = _calibrate(tmp_path / "bundle", batch=4)
     workload = load_workload(out / "workload-tiny-cnn.json")

@@ -9,12 +9,12 @@ import simpy
 from simtools import scenario as make_scenario
 from simtools import stalls_per_call, tiny_topology, tiny_workload
 
+from trainsim.api import load_bundle, simulate, simulation
 from trainsim.errors import TrainsimError
 from trainsim.sim.collectives.ops import run_collective
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
-from trainsim.api import load_bundle, simulate, simulation
 from trainsim.sim.simulation import build_machine, bundle_call_latencies, bundle_timer_tick
 from trainsim.topologies import load_topology
 
@@ -273,14 +273,15 @@ def _cpu_bundle(tmp_path, collectives: dict | None) -> str:
         if node["kind"] == "gpu":
             node["spec"] = "cpu"
     (root / "meta.json").write_text(json.dumps({
-        "schema": "trainsim.calibration/1", "provenance": {}, "config": {"device": "cpu"}, "status": "complete",
-        "steps_planned": []}))
+        "schema": "trainsim.calibration/1", "provenance": {}, "config": {"device": "cpu"},
+        "status": "complete", "steps_planned": []}))
     (root / "topology.yaml").write_text(json.dumps(topo))  # JSON is YAML
     workload = tiny_workload(LAYERS, batch=4, input_bytes=1_000_000, step_s=0.002, device_spec="cpu")
     (root / "workload-tiny-cnn.json").write_text(json.dumps(workload))
     spec = {"schema": "trainsim.device/1", "name": "cpu", "kind": "cpu", "peak_tflops": {"fp32": 0.1},
             "memory_bandwidth_gbps": 10.0, "memory_bytes": 2**34}
-    cpu = {"cores": 2, "threads_per_rank": 1, "gemm_flops_per_core": 5e10, "memory_bandwidth_bytes_per_s": 1e10}
+    cpu = {"cores": 2, "threads_per_rank": 1, "gemm_flops_per_core": 5e10,
+           "memory_bandwidth_bytes_per_s": 1e10}
     (root / "machine.json").write_text(json.dumps({
         "schema": "trainsim.machine/1", "provenance": {}, "device": "cpu", "ranks": 2, "host": {}, "cpu": cpu,
         "device_spec": spec}))

@@ -3,13 +3,13 @@
 import pytest
 from typer.testing import CliRunner
 
+from trainsim.api import simulation
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.sim.compute.costs import STATE_BYTES
 from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
-from trainsim.api import simulation
 from trainsim.sim.strategies.pipeline import balance, schedule_order
 
 F, B = 1e-3, 2e-3  # seconds per sample, per layer

@@ -8,11 +8,11 @@ from simtools import scenario as make_scenario
 from simtools import stalls_per_call, tiny_topology
 from typer.testing import CliRunner
 
+from trainsim.api import simulate, simulation
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.workload import Workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
-from trainsim.api import simulate, simulation
 from trainsim.sim.spatial.decomposition import boundary_fraction, halo_bytes, redistribution, trunk_end
 
 F32 = 4

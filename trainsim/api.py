@@ -41,9 +41,9 @@ def simulation(
     variant: str | None = None,
     **options,
 ) -> Simulation:
-    """A `Simulation` of ``scenario`` (a shipped name, a YAML path, a mapping or a Scenario) with ``overrides``
-    (``key.path=value``) and ``variant`` applied, on the calibration bundle ``calibration`` (a folder or a
-    loaded Bundle) if given; ``options`` are Simulation's keyword arguments."""
+    """A `Simulation` of ``scenario`` (a shipped name, a YAML path, a mapping or a Scenario) with
+    ``overrides`` (``key.path=value``) and ``variant`` applied, on the calibration bundle ``calibration`` (a
+    folder or a loaded Bundle) if given; ``options`` are Simulation's keyword arguments."""
     if not isinstance(scenario, Scenario) or overrides or variant is not None:
         scenario = load_scenario(scenario, list(overrides), variant=variant)
     bundle = load_bundle(calibration) if calibration is not None else None

@@ -537,8 +537,8 @@ def max_batch_cmd(
     samples/s at each."""
     from rich.console import Console
 
-    from trainsim.provenance import provenance
     from trainsim.formats.scenario_loader import load_scenario
+    from trainsim.provenance import provenance
     from trainsim.sim.planning.max_batch import max_batch
 
     sc = load_scenario(scenario, overrides, variant=variant)

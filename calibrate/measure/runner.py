@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainsim.calibrate.measure import bundle as bf
-from trainsim.formats.bundle import COLLECTIVES_SCHEMA, CollectiveRecord, CollectivesFile, TimerTick
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.formats.bundle import COLLECTIVES_SCHEMA, CollectiveRecord, CollectivesFile, TimerTick
 from trainsim.provenance import provenance
 
 STEPS = ("probe", "links", "collectives", "data", "layers", "rank_step")

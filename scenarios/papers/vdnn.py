@@ -27,8 +27,8 @@ def scenario_path(name: str) -> str:
 def memory_table() -> list[dict]:
     """One row per model: peak GPU memory and iteration time without and with vDNN_all."""
     from trainsim.formats.scenario_loader import load_scenario
-    from trainsim.sim.simulation import Simulation
     from trainsim.sim.optimizations.offload import offload_stall_s
+    from trainsim.sim.simulation import Simulation
 
     rows = []
     for model, batch in MODELS.items():

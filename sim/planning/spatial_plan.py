@@ -35,8 +35,6 @@ from fractions import Fraction
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.costs import RankCosts
 from trainsim.sim.compute.workload import Workload
-from trainsim.sim.strategies.ddp import assign_buckets
-
 from trainsim.sim.spatial.decomposition import (
     Grid,
     boundary_share,
@@ -48,6 +46,7 @@ from trainsim.sim.spatial.decomposition import (
     slab_costs,
     trunk_end,
 )
+from trainsim.sim.strategies.ddp import assign_buckets
 
 BUCKET_CAP = 25 * 2**20
 FIRST_BUCKET_CAP = 2**20

@@ -105,7 +105,7 @@ class CollectiveRecord(_Strict):
 
 
 class TimerTick(_Strict):
-    """The tick stalled gloo calls return on (`trainsim.calibrate.measure.timer_tick`); period None: none found."""
+    """The tick stalled gloo calls return on (calibrate/measure/timer_tick.py); period None: none found."""
 
     period_s: float | None = Field(default=None, gt=0)
     offset_s: float | None = Field(default=None, ge=0)
@@ -259,7 +259,8 @@ class Bundle:
 
 
 def _workload_document(data: Any, *, file: str) -> dict:
-    """A workload file checked as far as the format goes without the simulator: an object of a known schema."""
+    """A workload file checked as far as the format goes without the simulator: an object of a known
+    schema."""
     if not isinstance(data, dict):
         raise TrainsimError("a workload must be a JSON object", file=file)
     if data.get("schema") not in WORKLOAD_SCHEMAS:

@@ -164,9 +164,9 @@ SPLIT_STRATEGIES = ("dp-gpu0", "ddp", "parameter-server")  # ddp/parameter-serve
 
 def normalise(block):
     """Accept the executor's spellings (calibrate/execute/config.py) of the same switches, so one scenario
-    file serves both: ``preload: true`` / ``{depth: k}``, ``param_compression: none`` / ``{name: powersgd, rank}``,
-    ``offload_activations: save_on_cpu`` (offload all, no prefetch ahead: distance 0) / ``prefetch`` (all,
-    with ``prefetch_distance``) / ``{mode: prefetch, distance: k}``."""
+    file serves both: ``preload: true`` / ``{depth: k}``, ``param_compression: none`` /
+    ``{name: powersgd, rank}``, ``offload_activations: save_on_cpu`` (offload all, no prefetch ahead:
+    distance 0) / ``prefetch`` (all, with ``prefetch_distance``) / ``{mode: prefetch, distance: k}``."""
     if not isinstance(block, dict):
         return block
     out = dict(block)
