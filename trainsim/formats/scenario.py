@@ -11,7 +11,7 @@ Reading a file, overrides and variants: `trainsim.formats.scenario_loader`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,6 +20,7 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -44,16 +45,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class WorkloadRef(BaseModel):
-    """A built-in analytic model with config overrides: ``{name: resnet50, image_size: 32}``."""
+class WorkloadRef(_Strict):
+    """A built-in analytic model with config overrides: ``{name: resnet50, image_size: 32}``. In the file
+    the overrides sit beside ``name``; here they are ``config`` (any key: the analytic model checks them)."""
 
-    model_config = ConfigDict(extra="allow")
+    #: the loader's ``--set workload.<key>=...`` accepts any key under this model
+    OPEN_KEYS: ClassVar[bool] = True
 
     name: str = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect(cls, data):
+        if isinstance(data, dict):
+            return {"name": data.get("name"), "config": {k: v for k, v in data.items() if k != "name"}}
+        return data
+
+    @model_serializer
+    def _flat(self) -> dict[str, Any]:
+        return {"name": self.name, **self.config}
 
     @property
     def overrides(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        return dict(self.config)
 
 
 class StrategySpec(_Strict):

@@ -112,7 +112,7 @@ def set_path(data: dict, dotted: str, value: Any, *, label: str | None = None) -
     for depth, key in enumerate(parts):
         here = ".".join(parts[:depth]) or "top level"
         annotation = None
-        if model is not None and model.model_config.get("extra") != "allow":
+        if model is not None and not getattr(model, "OPEN_KEYS", False):
             keys = _keys(model)
             if key not in keys:
                 raise unknown_name(f"key at {here}", key, keys, file=label, field=dotted)
