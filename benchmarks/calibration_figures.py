@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from trainsim.calibrate.measure.bundle import load_bundle
+from trainsim.api import load_bundle
 
 
 def main(path: str) -> None:

@@ -29,7 +29,7 @@ cannot show that loss -- a calibrated workload measures it. Run: python benchmar
 
 from __future__ import annotations
 
-from trainsim.sim.simulation import simulate
+from trainsim.api import simulate
 
 PUBLISHED = {"tf32": (938.0, 7248.0), "bf16": (2470.0, 16621.0)}  # img/s at 1 and 8 GPUs
 SOURCE = (

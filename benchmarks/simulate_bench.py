@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from trainsim.scenarios.loader import load_scenario
+from trainsim.formats.scenario_loader import load_scenario
 from trainsim.sim.simulation import Simulation
 
 CASES = [("8 GPUs (dgx-a100)", "ddp-resnet50-dgx-a100"), ("64 GPUs (8x dgx-a100, IB)", "ddp-resnet50-64gpu")]

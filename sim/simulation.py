@@ -1,32 +1,34 @@
-"""The simulation API, in three calls (as Ciw's):
+"""The simulation of one validated scenario:
 
-    from trainsim.sim.simulation import Simulation, build_machine, simulate
+    from trainsim.sim.simulation import Simulation, build_machine
     machine = build_machine("dgx-a100")              # optional: GPUs, hosts and links of a topology
-    sim = Simulation(scenario)                        # a Scenario, a shipped name, a YAML path or a mapping
+    sim = Simulation(scenario)                        # a validated Scenario (trainsim.formats.scenario)
     result = sim.run()                                # a Result
-    result = simulate("ddp-resnet50-dgx-a100")       # the same in one call
 
-A calibration bundle (``calibration=DIR``, the folder `trainsim calibrate` writes) replaces the scenario's
-topology and workload with the bundle's ``topology.yaml`` and ``workload-<model>.json``, and its measured
-device (``device.json``) becomes the device of the GPUs whose spec it names. On a CPU box (gloo) each call of
-a collective pays a latency from that collective's measured calls in ``collectives.json`` and every
-point-to-point message one from the measured send/recv messages (`bundle_call_latencies`): fast, or stalled
-until the timer tick the bundle found (`bundle_timer_tick`), else their mean. What such a host measured is
-one plug-in (`trainsim.sim.hosts`), chosen from the bundle's contents; without one the plain GPU model runs.
+Loading a scenario by name or path and a calibration bundle by folder is the caller's
+(`trainsim.api.simulate` does both). A loaded calibration bundle (``bundle=``, `trainsim.formats.bundle`)
+replaces the scenario's topology and workload with the bundle's ``topology.yaml`` and
+``workload-<model>.json`` of the scenario's model, and its measured device (machine.json's ``device_spec``)
+becomes the device of the GPUs whose spec it names. On a CPU box (gloo) each call of a collective pays a
+latency from that collective's measured calls in ``collectives.json`` and every point-to-point message one
+from the measured send/recv messages (`bundle_call_latencies`): fast, or stalled until the timer tick the
+bundle found (`bundle_timer_tick`), else their mean. What such a host measured is one plug-in
+(`trainsim.sim.hosts`), chosen from the bundle's contents; without one the plain GPU model runs.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import simpy
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.bundle import MACHINE, Bundle, CollectivesFile, workload_file
+from trainsim.formats.scenario import Scenario
 from trainsim.sim.compute.costs import rank_costs
-from trainsim.sim.compute.workload import Workload, load_workload
-from trainsim.sim.core.devices import DeviceSpec, device_from_json
+from trainsim.sim.compute.workload import Workload, load_workload, parse_workload
+from trainsim.sim.core.devices import DeviceSpec, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
 from trainsim.sim.hosts import RunMeasurements, call_latency, host_model_for
@@ -34,7 +36,7 @@ from trainsim.sim.hosts.call_latency import Latency
 from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
 from trainsim.sim.strategies.pipeline import options as pipeline_options
 
-__all__ = ["Simulation", "build_machine", "simulate", "load_inputs"]
+__all__ = ["Simulation", "build_machine", "load_inputs"]
 
 
 class CountingEnvironment(simpy.Environment):
@@ -89,101 +91,74 @@ def load_workload_ref(ref, base_dir: str | None = None) -> Workload:
     return build_analytic(ref.name, **overrides)
 
 
-def _read_bundle(path: str) -> tuple[str, list[Path], dict[str, DeviceSpec]]:
-    """(topology file, workload files, devices by spec name) of a calibration bundle; one line if corrupt."""
-    root = Path(path)
-    if not root.is_dir():
-        raise TrainsimError("not a calibration bundle folder", file=str(path))
-    topology = root / "topology.yaml"
-    if not topology.is_file():
-        raise TrainsimError("calibration bundle has no topology.yaml", file=str(path))
-    workloads = sorted(root.glob("workload-*.json"))
-    if not workloads:
-        raise TrainsimError("calibration bundle has no workload-<model>.json", file=str(path))
-    devices: dict[str, DeviceSpec] = {}
-    # the measured CPU device of a CPU-calibrated box (machine.json; device.json in early bundles)
-    for device_file in (root / "machine.json", root / "device.json"):
-        if not device_file.is_file():
-            continue
-        try:
-            data = json.loads(device_file.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise TrainsimError(f"not valid JSON ({exc})", file=str(device_file)) from None
-        spec = data.get("device_spec") if isinstance(data, dict) else None
-        if spec:
-            device = device_from_json(spec, file=f"{device_file}: device_spec")
-            devices[device.name] = device
-            if device.kind == "cpu":
-                devices.setdefault("cpu", device)  # the spec name a CPU box's topology gives its ranks
-        break
-    return str(topology), workloads, devices
-
-
 #: collectives.json names -> the simulator's op names
 _BUNDLE_OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
                "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
                "send_recv": "p2p", "exchange": "halo_exchange"}
 
 
-def _gloo_collectives(path: str) -> dict:
-    """A calibration bundle's collectives.json where gloo measured it; empty without one or on NCCL."""
-    file = Path(path) / "collectives.json"
-    if not file.is_file():
-        return {}
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TrainsimError(f"not valid JSON ({exc})", file=str(file)) from None
-    return data if isinstance(data, dict) and data.get("backend") == "gloo" else {}
+def _gloo(bundle: Bundle | None) -> CollectivesFile | None:
+    """The bundle's collectives where gloo measured them; None without them or on NCCL."""
+    coll = bundle.collectives if bundle is not None else None
+    return coll if coll is not None and coll.backend == "gloo" else None
 
 
-def bundle_timer_tick(path: str) -> call_latency.TimerTick | None:
-    """The timer tick the bundle's stalled gloo calls returned on (`trainsim.calibrate.measure.timer_tick`)."""
-    tick = _gloo_collectives(path).get("timer_tick")
-    if not isinstance(tick, dict) or not isinstance(tick.get("period_s"), int | float):
+def bundle_timer_tick(bundle: Bundle | None) -> call_latency.TimerTick | None:
+    """The timer tick the bundle's stalled gloo calls returned on (calibrate/measure/timer_tick.py); None
+    without one."""
+    coll = _gloo(bundle)
+    tick = coll.timer_tick if coll is not None else None
+    if tick is None or tick.period_s is None:
         return None
-    try:
-        return call_latency.TimerTick(
-            float(tick["period_s"]), float(tick.get("offset_s") or 0.0),
-            float(tick.get("dead_time_s") or 0.0), float(tick.get("together_s") or 0.0),
-            tick.get("stall_together"), tick.get("stall_apart"), float(tick.get("probe_bytes") or 0.0))
-    except (TypeError, ValueError) as exc:
-        raise TrainsimError(str(exc), file=str(Path(path) / "collectives.json"), field="timer_tick") from None
+    return call_latency.TimerTick(
+        tick.period_s, tick.offset_s or 0.0, tick.dead_time_s or 0.0, tick.together_s or 0.0,
+        tick.stall_together, tick.stall_apart, float(tick.probe_bytes or 0.0))
 
 
-def bundle_call_latencies(path: str) -> dict[str, Latency]:
+def bundle_call_latencies(bundle: Bundle | None) -> dict[str, Latency]:
     """What one gloo call costs before its bytes move, per op (``p2p``: one send/recv message), from a
     calibration bundle's collectives.json: the measured calls less their bytes' time (`call_latency`), or
     the fit's alpha where the bundle kept no samples; empty without one or on NCCL."""
-    data = _gloo_collectives(path)
+    coll = _gloo(bundle)
     out = {}
-    for entry in data.get("results") or []:
-        fit = entry.get("fit") if isinstance(entry, dict) else None
-        op = _BUNDLE_OPS.get(entry.get("collective")) if isinstance(entry, dict) else None
-        if op and isinstance(fit, dict) and isinstance(fit.get("latency_us"), int | float):
-            beta = fit.get("beta_bytes_per_s")
-            measured = call_latency.from_points(entry.get("points") or [], float(beta)) if isinstance(
-                beta, int | float) else None
-            out[op] = measured or max(0.0, float(fit["latency_us"])) * 1e-6
+    for entry in coll.results if coll is not None else []:
+        op = _BUNDLE_OPS.get(entry.collective)
+        if op and entry.fit is not None:
+            points = [p.model_dump() for p in entry.points]
+            measured = call_latency.from_points(points, entry.fit.beta_bytes_per_s)
+            out[op] = measured or entry.fit.latency_us * 1e-6
     return out
 
 
-def load_inputs(scenario, calibration: str | None = None):
-    """(topology, workload, extra devices) for a scenario, from the bundle when one is given."""
-    from trainsim.topologies import load_topology
+def bundle_devices(bundle: Bundle | None) -> dict[str, DeviceSpec]:
+    """The devices a bundle measured, by spec name: machine.json's CPU rank (also as ``cpu``, the spec name a
+    CPU box's topology gives its ranks)."""
+    spec = bundle.device_spec if bundle is not None else None
+    if spec is None:
+        return {}
+    device = device_from_file(spec, file=f"{bundle.path / MACHINE}: device_spec")
+    devices = {device.name: device}
+    if device.kind == "cpu":
+        devices.setdefault("cpu", device)
+    return devices
 
-    if calibration is None:
-        return _load_topology(scenario), load_workload_ref(scenario.workload, scenario.base_dir), {}
-    topo_file, workload_files, devices = _read_bundle(calibration)
-    topology = load_topology(topo_file)
+
+def bundle_workload(bundle: Bundle, scenario) -> Workload:
+    """The bundle's workload of the scenario's model; an error naming the bundle's models if it has not it."""
     wanted = scenario.workload if isinstance(scenario.workload, str) else scenario.workload.name
-    chosen = [p for p in workload_files if p.name == f"workload-{wanted}.json"] or workload_files
-    if len(chosen) > 1:
-        names = [p.name for p in workload_files]
-        raise TrainsimError(
-            f"bundle has several workloads ({', '.join(names)}) and none is {wanted!r}", file=calibration
-        )
-    return topology, load_workload(str(chosen[0])), devices
+    workload = bundle.workload_for(wanted)
+    if isinstance(workload, Workload):
+        return workload
+    return parse_workload(workload, file=str(bundle.path / workload_file(wanted)))
+
+
+def load_inputs(scenario, bundle: Bundle | None = None):
+    """(topology, workload, extra devices) for a scenario, from the bundle when one is given."""
+    if bundle is None:
+        return _load_topology(scenario), load_workload_ref(scenario.workload, scenario.base_dir), {}
+    if bundle.topology is None:
+        raise TrainsimError("calibration bundle has no topology.yaml", file=str(bundle.path))
+    return bundle.topology, bundle_workload(bundle, scenario), bundle_devices(bundle)
 
 
 def resolve_gpus(scenario, topology) -> list[str]:
@@ -219,9 +194,9 @@ class Simulation:
 
     def __init__(
         self,
-        scenario,
+        scenario: Scenario,
         *,
-        calibration: str | None = None,
+        bundle: Bundle | None = None,
         machine: Machine | None = None,
         record: bool = True,
         prep_s_per_sample: float | None = None,
@@ -230,14 +205,20 @@ class Simulation:
         measurements: RunMeasurements | None = None,
     ):
         """``measurements``: what validation measured for this run on the box (`RunMeasurements`); the
-        keyword arguments ``prep_s_per_sample``, ``loader_overlap`` and ``codec_s`` are its fields."""
-        from trainsim.scenarios.loader import load_scenario
-
+        keyword arguments ``prep_s_per_sample``, ``loader_overlap`` and ``codec_s`` are its fields.
+        ``bundle``: a loaded calibration bundle (`trainsim.api.load_bundle`); its topology, its workload of
+        the scenario's model and its measured device replace the scenario's."""
+        if not isinstance(scenario, Scenario):
+            raise TypeError(
+                "Simulation takes a validated Scenario (trainsim.api.load_scenario), "
+                f"not {type(scenario).__name__}"
+            )
         measured = measurements or RunMeasurements(prep_s_per_sample, loader_overlap, codec_s)
 
-        self.scenario = load_scenario(scenario) if not hasattr(scenario, "strategy") else scenario
+        self.scenario = scenario
         sc = self.scenario
-        topology, self.workload, devices = load_inputs(sc, calibration)
+        self.bundle = bundle
+        topology, self.workload, devices = load_inputs(sc, bundle)
         if machine is not None:
             topology = machine.topology
         self.topology = topology
@@ -260,8 +241,8 @@ class Simulation:
             record_flows=record,
             record_memory=record,
         )
-        calls = bundle_call_latencies(calibration) if calibration is not None else {}
-        tick = bundle_timer_tick(calibration) if calibration is not None else None
+        calls = bundle_call_latencies(bundle)
+        tick = bundle_timer_tick(bundle)
         self.host = host_model_for(calls, self.workload, devices, tick=tick)
         if machine is None and self.host is not None and calls:
             self.machine.latency = self.host.latency
@@ -323,7 +304,7 @@ class Simulation:
         from trainsim.sim.optimizations.data_movement import prepare
 
         # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates variants)
-        prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, calibration=calibration, record=False).run())
+        prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, bundle=bundle, record=False).run())
         if measured.codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on box
             self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
         overlap = measured.loader_overlap
@@ -454,12 +435,3 @@ class Simulation:
                 )
             )
         return sorted(out, key=lambda link: link.name)
-
-
-def simulate(scenario, *, calibration: str | None = None, overrides=(), variant: str | None = None) -> Result:
-    """Load (name, path, mapping or Scenario), simulate, return the Result."""
-    from trainsim.scenarios.loader import load_scenario
-
-    if not hasattr(scenario, "strategy") or overrides or variant:
-        scenario = load_scenario(scenario, list(overrides), variant=variant)
-    return Simulation(scenario, calibration=calibration).run()

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from trainsim.cli import app
-from trainsim.scenarios.schema import MAX_ITERATIONS
+from trainsim.formats.scenario import MAX_ITERATIONS
 
 runner = CliRunner()
 BUNDLE = Path(__file__).parent / "data" / "bundle-cpu-2rank"

@@ -9,8 +9,8 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
+from trainsim.api import load_bundle  # noqa: E402
 from trainsim.calibrate.measure import runner  # noqa: E402
-from trainsim.calibrate.measure.bundle import load_bundle  # noqa: E402
 from trainsim.calibrate.measure.timer_tick import PROBE_CALLS  # noqa: E402
 from trainsim.cli import app  # noqa: E402
 

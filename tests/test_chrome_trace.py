@@ -3,7 +3,7 @@
 import gzip
 import json
 
-from trainsim.sim.simulation import simulate
+from trainsim.api import simulate
 from trainsim.sim.output.chrome_trace import chrome_trace, write_chrome_trace
 
 SCENARIO = {

@@ -4,8 +4,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from trainsim.calibrate.execute.config import ExecConfig, OptimizationsConfig  # noqa: E402
 from trainsim.calibrate.execute.codec_cost import measure_hook_cost  # noqa: E402
+from trainsim.calibrate.execute.config import ExecConfig, OptimizationsConfig  # noqa: E402
 
 
 def _cfg(compression: str, **kw) -> ExecConfig:

@@ -132,7 +132,7 @@ def test_merge_is_deep_and_leaves_inputs_alone():
 def test_shipped_validation_scenarios_are_scenarios():
     """Their base and variants validate in the simulator's schema, except for optimizations the simulator
     does not model yet (preload, cpu_batch_split, param_compression, offload_activations)."""
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
 
     executor_only = ("preload", "cpu_batch_split", "param_compression", "offload_activations")
     for name in ("validate-cpu", "validate-gpu"):

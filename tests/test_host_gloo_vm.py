@@ -8,6 +8,7 @@ import pytest
 from simtools import scenario as make_scenario
 from simtools import tiny_topology
 
+from trainsim.api import simulation
 from trainsim.sim.compute.costs import rank_costs
 from trainsim.sim.compute.provenance import RankStepRecord
 from trainsim.sim.compute.workload import load_workload, parse_workload
@@ -15,7 +16,6 @@ from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.latency import CallSite, RouteLatency
 from trainsim.sim.hosts import GlooVmHost, RunMeasurements, host_model_for
 from trainsim.sim.hosts.call_latency import GlooCallLatency, MeasuredLatency, TimerTick
-from trainsim.sim.simulation import Simulation
 
 BUNDLE = Path(__file__).parent / "data" / "bundle-cpu-2rank"  # a 2-rank gloo calibration, workload/1
 
@@ -27,7 +27,7 @@ def _bundle_scenario(strategy: str = "ddp") -> dict:
 
 
 def test_chosen_where_the_bundle_measured_gloo_calls():
-    sim = Simulation(_bundle_scenario(), calibration=str(BUNDLE))
+    sim = simulation(_bundle_scenario(), calibration=str(BUNDLE))
     assert isinstance(sim.host, GlooVmHost) and sim.ctx.host is sim.host
     assert sim.machine.latency is sim.host.latency and isinstance(sim.machine.latency, GlooCallLatency)
     assert {"allreduce", "p2p"} <= set(sim.machine.latency.calls) and sim.machine.latency.tick is not None
@@ -37,7 +37,7 @@ def test_chosen_where_the_bundle_measured_gloo_calls():
 
 
 def test_not_chosen_for_a_gpu_scenario_whose_machine_has_the_route_latency():
-    sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8))
+    sim = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8))
     assert sim.host is None and sim.ctx.host is None
     assert isinstance(sim.machine.latency, RouteLatency) and not sim.machine.latency.blocking_calls
     assert host_model_for({}, load_workload("tiny-cnn"), {"a100": get_device("a100")}) is None
@@ -95,8 +95,8 @@ def test_a_version_1_rank_step_reads_as_named_fields():
 
 def test_run_measurements_are_the_keyword_arguments_as_one_object():
     scenario = _bundle_scenario()
-    by_keywords = Simulation(scenario, calibration=str(BUNDLE), prep_s_per_sample=2.5e-4)
-    by_object = Simulation(scenario, calibration=str(BUNDLE), measurements=RunMeasurements(2.5e-4))
+    by_keywords = simulation(scenario, calibration=str(BUNDLE), prep_s_per_sample=2.5e-4)
+    by_object = simulation(scenario, calibration=str(BUNDLE), measurements=RunMeasurements(2.5e-4))
     assert by_keywords.ctx.prep_s_per_sample == pytest.approx(by_object.ctx.prep_s_per_sample)
     assert by_keywords.ctx.prep_s_per_sample > 2.5e-4  # the loop's cold start and sharing on top
 

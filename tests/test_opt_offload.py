@@ -9,9 +9,9 @@ from simtools import scenario as make_scenario
 from simtools import tiny_topology, tiny_workload
 from typer.testing import CliRunner
 
+from trainsim.api import simulate
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.sim.simulation import simulate
 from trainsim.sim.optimizations.offload import offload_stall_s
 from trainsim.topologies import load_topology
 

@@ -9,8 +9,8 @@ from simtools import scenario as make_scenario
 from simtools import tiny_topology, tiny_workload
 from typer.testing import CliRunner
 
+from trainsim.api import simulate
 from trainsim.cli import app
-from trainsim.sim.simulation import simulate
 from trainsim.topologies import load_topology
 
 LAYERS = [
@@ -258,13 +258,13 @@ def test_incompatible_switches_are_one_line_naming_both(tmp_path, strategy, extr
 
 
 def test_a_measured_hook_cost_is_what_each_rank_spends_in_the_codec(tmp_path):
-    from trainsim.sim.simulation import Simulation
+    from trainsim.api import simulation
 
     topo = tiny_topology(gpus=2)
     wl = write(tmp_path, tiny_workload(LAYERS, batch=8, step_s=STEP))
     spec = {"method": "powersgd", "rank": 4}
     scenario = make_scenario(topo, wl, "ddp", 16, optimizations={"param_compression": spec})
-    result = Simulation(scenario, codec_s=0.003).run()
+    result = simulation(scenario, codec_s=0.003).run()
     codec = ("encode_grads", "encode_q_grads", "decode_grads")
     for gpu in ("gpu0", "gpu1"):
         spent = sum(op.duration for op in result.machine.ops

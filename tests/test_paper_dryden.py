@@ -2,10 +2,10 @@
 
 import math
 
-from trainsim.scenarios.loader import load_scenario
+from trainsim.formats.scenario_loader import load_scenario
+from trainsim.scenarios.papers.dryden import SETS, mesh_cnn, papers_dir
+from trainsim.scenarios.papers.reproduce import list_papers, reproduce
 from trainsim.sim.compute.workload import dumps_workload, load_workload
-from trainsim.sim.papers.dryden import SETS, mesh_cnn, papers_dir
-from trainsim.sim.papers.reproduce import list_papers, reproduce
 
 
 def test_shipped_mesh_workload_is_what_the_generator_makes():

@@ -2,9 +2,9 @@
 
 import math
 
-from trainsim.scenarios.loader import load_scenario
-from trainsim.sim.papers.easgd import scenario_path
-from trainsim.sim.papers.reproduce import list_papers, reproduce
+from trainsim.formats.scenario_loader import load_scenario
+from trainsim.scenarios.papers.easgd import scenario_path
+from trainsim.scenarios.papers.reproduce import list_papers, reproduce
 
 
 def test_scenario_states_its_assumptions_and_both_variants_load():

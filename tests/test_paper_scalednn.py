@@ -5,9 +5,9 @@ import math
 from typer.testing import CliRunner
 
 from trainsim.cli import app
-from trainsim.scenarios.loader import load_scenario
-from trainsim.sim.papers.reproduce import list_papers, reproduce
-from trainsim.sim.papers.scalednn import MODELS, SYSTEMS, scenario_path
+from trainsim.formats.scenario_loader import load_scenario
+from trainsim.scenarios.papers.reproduce import list_papers, reproduce
+from trainsim.scenarios.papers.scalednn import MODELS, SYSTEMS, scenario_path
 
 
 def test_scenarios_state_assumptions_and_variants_switch_the_three_techniques():

@@ -2,9 +2,9 @@
 
 import math
 
-from trainsim.scenarios.loader import load_scenario
-from trainsim.sim.papers.reproduce import list_papers, reproduce
-from trainsim.sim.papers.vdnn import MODELS, MULTI, SINGLE, scenario_path
+from trainsim.formats.scenario_loader import load_scenario
+from trainsim.scenarios.papers.reproduce import list_papers, reproduce
+from trainsim.scenarios.papers.vdnn import MODELS, MULTI, SINGLE, scenario_path
 
 
 def test_scenarios_state_their_assumptions():

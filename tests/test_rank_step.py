@@ -72,12 +72,12 @@ def _calibrate(out, batch: int, rank_step: bool = True, collectives: bool = Fals
 
 def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_it(tmp_path):
     pytest.importorskip("torch")
+    from trainsim.api import simulation
     from trainsim.calibrate.measure import runner
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.compute.costs import rank_costs
     from trainsim.sim.compute.workload import load_workload
     from trainsim.sim.hosts.rank_step import rank_step_scale
-    from trainsim.sim.simulation import Simulation
 
     out = _calibrate(tmp_path / "bundle", batch=4)
     workload = load_workload(out / "workload-tiny-cnn.json")
@@ -91,7 +91,7 @@ def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_i
     scenario = {"schema": "trainsim.scenario/1", "name": "t", "topology": "calibrated",
                 "workload": {"name": "tiny-cnn", "image_size": 16}, "strategy": {"name": "ddp"},
                 "batch_size": 8, "gpus": 2, "iterations": 2, "warmup_iterations": 0}
-    sim = Simulation(load_scenario(scenario), calibration=str(out))
+    sim = simulation(load_scenario(scenario), calibration=str(out))
     gpu = sim.ranks[0]
     device = sim.machine.gpus[gpu].device
     unscaled = rank_costs(sim.workload.model_copy(update={"provenance": sim.workload.provenance.model_copy(

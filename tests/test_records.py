@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from trainsim.sim.simulation import simulate
+from trainsim.api import simulate
 from trainsim.sim.output.records import COLUMNS, records, to_csv, write_records
 
 SCENARIO = {

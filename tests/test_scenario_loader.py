@@ -3,8 +3,8 @@
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.scenarios.loader import check_variants, list_scenarios, load_scenario, parse_override
-from trainsim.scenarios.schema import Scenario
+from trainsim.formats.scenario import Scenario
+from trainsim.formats.scenario_loader import check_variants, list_scenarios, load_scenario, parse_override
 
 BASE = {
     "schema": "trainsim.scenario/1",

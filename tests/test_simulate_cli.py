@@ -102,6 +102,13 @@ def test_bad_input_is_one_line(args, message):
     assert "Traceback" not in result.output
 
 
+def _meta(bundle) -> None:
+    """The meta.json every bundle has (a finished run that lists no files)."""
+    (bundle / "meta.json").write_text(json.dumps({
+        "schema": "trainsim.calibration/1", "provenance": {}, "config": {}, "status": "complete",
+        "steps_planned": []}))
+
+
 def test_workload_lacking_fields_and_corrupt_bundle(tmp_path):
     result = runner.invoke(
         app, ["simulate", "ddp-resnet50-pcie-4gpu-gen3", "--set", f"workload={_bad_workload(tmp_path)}"]
@@ -111,10 +118,11 @@ def test_workload_lacking_fields_and_corrupt_bundle(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
     bundle = tmp_path / "bundle"
     bundle.mkdir()
+    _meta(bundle)
     (bundle / "topology.yaml").write_text("nodes: [\n")
     (bundle / "workload-tiny-cnn.json").write_text("{}")
     result = runner.invoke(app, ["simulate", "single-gpu-resnet50", "--calibration", str(bundle)])
-    assert result.exit_code == 2 and "malformed YAML" in result.output
+    assert result.exit_code == 2 and "topology.yaml: not valid YAML" in result.output
     assert len(result.output.strip().splitlines()) == 1
 
 
@@ -123,10 +131,16 @@ def test_calibration_bundle_replaces_topology_and_workload(tmp_path):
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
+    _meta(bundle)
     (bundle / "topology.yaml").write_text(yaml.safe_dump(tiny_topology(gpus=2)))
     from trainsim.sim.compute.workload import dumps_workload, load_workload
 
     (bundle / "workload-tiny-cnn.json").write_text(dumps_workload(load_workload("tiny-cnn")))
+    # the scenario's workload must be the bundle's: resnet50 is not in it
+    result = runner.invoke(app, ["simulate", "ddp-resnet50-dgx-a100", "--calibration", str(bundle)])
+    assert result.exit_code == 2 and "'resnet50' is not in the calibration bundle (it has: tiny-cnn)" in (
+        result.output)
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
     result = runner.invoke(
         app,
         [
@@ -136,6 +150,8 @@ def test_calibration_bundle_replaces_topology_and_workload(tmp_path):
             str(bundle),
             "--set",
             "batch_size=64",
+            "--set",
+            "workload=tiny-cnn",
             "--json",
         ],
     )

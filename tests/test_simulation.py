@@ -9,18 +9,13 @@ import simpy
 from simtools import scenario as make_scenario
 from simtools import stalls_per_call, tiny_topology, tiny_workload
 
+from trainsim.api import load_bundle, simulate, simulation
 from trainsim.errors import TrainsimError
 from trainsim.sim.collectives.ops import run_collective
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
-from trainsim.sim.simulation import (
-    Simulation,
-    build_machine,
-    bundle_call_latencies,
-    bundle_timer_tick,
-    simulate,
-)
+from trainsim.sim.simulation import build_machine, bundle_call_latencies, bundle_timer_tick
 from trainsim.topologies import load_topology
 
 MB = 1e6
@@ -198,11 +193,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     topo = tiny_topology(gpus=2)
     wl = write(tmp_path, tiny_workload(LAYERS, batch=4))
     with pytest.raises(TrainsimError, match="does not divide over 2 GPUs"):
-        Simulation(make_scenario(topo, wl, "ddp", 7))
+        simulation(make_scenario(topo, wl, "ddp", 7))
     with pytest.raises(TrainsimError, match="asks for 4 GPUs but topology 'tiny' has 2"):
-        Simulation(make_scenario(topo, wl, "ddp", 8, gpus=4))
+        simulation(make_scenario(topo, wl, "ddp", 8, gpus=4))
     with pytest.raises(TrainsimError, match="GPU index 5 is out of range"):
-        Simulation(make_scenario(topo, wl, "ddp", 8, gpus=[0, 5]))
+        simulation(make_scenario(topo, wl, "ddp", 8, gpus=[0, 5]))
 
 
 def test_ddp_resnet50_on_dgx_a100_is_within_2x_of_published_throughput():
@@ -220,7 +215,7 @@ def test_three_call_api_and_pageable_input(tmp_path):
     topo = tiny_topology(gpus=1, nvlink=False, pcie_gbps=25.0)
     wl = write(tmp_path, tiny_workload(LAYERS, batch=8, input_bytes=10_000_000))
     machine = build_machine(load_topology(topo))
-    pinned = Simulation(make_scenario(topo, wl, "single", 8), machine=machine).run()
+    pinned = simulation(make_scenario(topo, wl, "single", 8), machine=machine).run()
     pageable = simulate(make_scenario(topo, wl, "single", 8, host={"pinned": False}))
     # 80 MB: at the link's 25 GB/s when pinned, at one core's copy rate when pageable
     latency = h2d_time(topo, 0)
@@ -244,6 +239,31 @@ def test_no_data_workers_puts_preparation_in_the_loop(tmp_path):
     assert worker.breakdown_s["data_preparation"] == 0
 
 
+def _complete_collectives(doc: dict) -> dict:
+    """A trainsim.collectives/1 document from the fields a test cares about (the rest filled in)."""
+    doc = json.loads(json.dumps(doc))
+    doc.setdefault("schema", "trainsim.collectives/1")
+    doc.setdefault("provenance", {})
+    doc.setdefault("device", "cpu")
+    doc.setdefault("world_size", 2)
+    for record in doc.get("results", []):
+        record.setdefault("ranks", 2)
+        record.setdefault("backend", doc["backend"])
+        record.setdefault("bus_factor", 1.0)
+        record["points"] = [{"time_s": 1e-3, "spread_s": 0.0, "algbw_gbps": 1.0, "busbw_gbps": 1.0, **point}
+                            for point in record.get("points", [])]
+        fit = record.get("fit")
+        if fit is not None:
+            for key, value in (("alpha_s", fit["latency_us"] * 1e-6), ("beta_bytes_per_s", 1e9),
+                               ("rel_rms", 0.0), ("points", 0)):
+                fit.setdefault(key, value)
+    tick = doc.get("timer_tick")
+    if tick is not None:
+        tick.setdefault("stalled_calls", 0)
+        tick.setdefault("calls", 0)
+    return doc
+
+
 def _cpu_bundle(tmp_path, collectives: dict | None) -> str:
     """A calibration bundle of a 2-rank CPU box: ranks of spec ``cpu`` (machine.json's measured device)."""
     root = tmp_path / "bundle"
@@ -252,14 +272,21 @@ def _cpu_bundle(tmp_path, collectives: dict | None) -> str:
     for node in topo["nodes"]:
         if node["kind"] == "gpu":
             node["spec"] = "cpu"
+    (root / "meta.json").write_text(json.dumps({
+        "schema": "trainsim.calibration/1", "provenance": {}, "config": {"device": "cpu"},
+        "status": "complete", "steps_planned": []}))
     (root / "topology.yaml").write_text(json.dumps(topo))  # JSON is YAML
     workload = tiny_workload(LAYERS, batch=4, input_bytes=1_000_000, step_s=0.002, device_spec="cpu")
-    (root / "workload-tiny-measured.json").write_text(json.dumps(workload))
+    (root / "workload-tiny-cnn.json").write_text(json.dumps(workload))
     spec = {"schema": "trainsim.device/1", "name": "cpu", "kind": "cpu", "peak_tflops": {"fp32": 0.1},
             "memory_bandwidth_gbps": 10.0, "memory_bytes": 2**34}
-    (root / "machine.json").write_text(json.dumps({"device_spec": spec}))
+    cpu = {"cores": 2, "threads_per_rank": 1, "gemm_flops_per_core": 5e10,
+           "memory_bandwidth_bytes_per_s": 1e10}
+    (root / "machine.json").write_text(json.dumps({
+        "schema": "trainsim.machine/1", "provenance": {}, "device": "cpu", "ranks": 2, "host": {}, "cpu": cpu,
+        "device_spec": spec}))
     if collectives is not None:
-        (root / "collectives.json").write_text(json.dumps(collectives))
+        (root / "collectives.json").write_text(json.dumps(_complete_collectives(collectives)))
     return str(root)
 
 
@@ -271,9 +298,9 @@ def _send_recv(latency_us: float, backend: str = "gloo") -> dict:
 
 def test_cpu_ranks_have_no_input_copy_and_pay_the_bundles_send_recv_latency(tmp_path):
     bundle = _cpu_bundle(tmp_path, _send_recv(1500.0))
-    assert bundle_call_latencies(bundle).get("p2p") == pytest.approx(1.5e-3)
+    assert bundle_call_latencies(load_bundle(bundle)).get("p2p") == pytest.approx(1.5e-3)
     scenario = make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 4, gpus=1)
-    sim = Simulation(scenario, calibration=bundle)
+    sim = simulation(scenario, calibration=bundle)
     assert sim.machine.latency.calls["p2p"] == pytest.approx(1.5e-3)
     result = sim.run()
     # a CPU rank's batch is already in its memory: layers and the step, no host-to-device copy
@@ -283,22 +310,23 @@ def test_cpu_ranks_have_no_input_copy_and_pay_the_bundles_send_recv_latency(tmp_
     # nor on a pipeline's first stage
     pipeline = make_scenario(tiny_topology(gpus=2), "tiny-cnn", "pipeline", 4)
     pipeline["strategy"]["pipeline"] = {"stages": 2, "micro_batches": 2, "schedule": "gpipe"}
-    staged = Simulation(pipeline, calibration=bundle)
+    staged = simulation(pipeline, calibration=bundle)
     staged.run()
     assert any(op.op.startswith("send_") for op in staged.machine.ops)
     assert not any(op.op == "h2d_input" for op in staged.machine.ops)
 
 
 def test_bundle_p2p_latency_only_from_a_gloo_send_recv_fit(tmp_path):
-    assert bundle_call_latencies(_cpu_bundle(tmp_path / "none", None)) == {}  # no collectives step
-    assert bundle_call_latencies(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl"))).get("p2p") is None
+    assert bundle_call_latencies(load_bundle(_cpu_bundle(tmp_path / "none", None))) == {}  # no collectives
+    nccl = load_bundle(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl")))
+    assert bundle_call_latencies(nccl).get("p2p") is None
     old = _send_recv(1500.0)
     old["results"] = old["results"][:1]  # a bundle from before send/recv was measured
-    assert bundle_call_latencies(_cpu_bundle(tmp_path / "old", old)).get("p2p") is None
+    assert bundle_call_latencies(load_bundle(_cpu_bundle(tmp_path / "old", old))).get("p2p") is None
     bad = _cpu_bundle(tmp_path / "bad", None)
     (tmp_path / "bad" / "bundle" / "collectives.json").write_text("{")
     with pytest.raises(TrainsimError, match="collectives.json.*not valid JSON"):
-        bundle_call_latencies(bad)
+        load_bundle(bad)
 
 
 def _gloo_calls(**latency_us) -> dict:
@@ -313,8 +341,8 @@ def test_bundle_call_latencies_name_the_simulators_ops(tmp_path):
                                                exchange=900.0))
     expected = {"allreduce": 2e-3, "reduce": 1.8e-3, "broadcast": 7e-4, "gather": 6e-4, "scatter": 4e-4,
                 "p2p": 5e-4, "halo_exchange": 9e-4}
-    assert bundle_call_latencies(bundle) == pytest.approx(expected)
-    assert bundle_call_latencies(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl"))) == {}
+    assert bundle_call_latencies(load_bundle(bundle)) == pytest.approx(expected)
+    assert bundle_call_latencies(load_bundle(_cpu_bundle(tmp_path / "nccl", _send_recv(20.0, "nccl")))) == {}
 
 
 def _ops_of(sim, name):
@@ -329,12 +357,12 @@ def test_a_measured_gloo_call_costs_the_mean_of_its_samples(tmp_path):
     measured["results"][0]["fit"]["beta_bytes_per_s"] = 1e12
     measured["results"][0]["points"] = [{"bytes": 4096, "samples_s": [fast] * 8 + [slow] * 2}]
     mean = _gloo_calls(all_reduce=(0.8 * fast + 0.2 * slow) * 1e6)  # an old bundle: only the fit's alpha
-    latency = bundle_call_latencies(_cpu_bundle(tmp_path / "samples", measured))["allreduce"]
+    latency = bundle_call_latencies(load_bundle(_cpu_bundle(tmp_path / "samples", measured)))["allreduce"]
     assert isinstance(latency, MeasuredLatency)
     assert latency.mean(4096) == pytest.approx(0.8 * fast + 0.2 * slow, rel=1e-4)
 
     def run(calls, name):
-        sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=4),
+        sim = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=4),
                          calibration=_cpu_bundle(tmp_path / name, calls))
         return sim.run().iteration_times_s
 
@@ -351,8 +379,8 @@ def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_pat
     calls["timer_tick"] = {"period_s": 4e-3, "offset_s": 2.5e-4, "dead_time_s": 1.5e-3, "stalled_calls": 40,
                            "calls": 100}
     bundle = _cpu_bundle(tmp_path, calls)
-    assert bundle_timer_tick(bundle) == TimerTick(4e-3, 2.5e-4, 1.5e-3)
-    sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=200),
+    assert bundle_timer_tick(load_bundle(bundle)) == TimerTick(4e-3, 2.5e-4, 1.5e-3)
+    sim = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=200),
                      calibration=bundle)
     charged, charge = [], sim.machine.latency._charge
 
@@ -370,7 +398,7 @@ def test_where_stalls_wait_for_the_timer_tick_a_stalled_call_ends_on_one(tmp_pat
     assert all(paid == pytest.approx(fast, rel=1e-3) for _, paid, _ in charged if paid <= 1e-3)
     # the same bundle without its tick: every call its mean
     del calls["timer_tick"]
-    plain = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=2),
+    plain = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, iterations=2),
                        calibration=_cpu_bundle(tmp_path / "plain", calls))
     assert plain.machine.latency.tick is None
     costs = {plain.machine.latency.cost(CallSite("allreduce"), 4096, now=0.0) for _ in range(20)}
@@ -388,7 +416,7 @@ def test_an_all_reduce_stalls_as_often_as_the_probe_s_calls_met_the_same_way(tmp
         calls["timer_tick"] = {**tick, "stall_together": together, "stall_apart": apart}
         scenario = make_scenario(tiny_topology(gpus=2), "tiny-cnn", name, 8, iterations=40)
         scenario["strategy"].update(options)
-        sim = Simulation(scenario, calibration=_cpu_bundle(tmp_path / f"{name}{together}{apart}", calls))
+        sim = simulation(scenario, calibration=_cpu_bundle(tmp_path / f"{name}{together}{apart}", calls))
         paid = []
 
         def recorded(latency, nbytes, now, skew_s=None, key=None, charge=sim.machine.latency._charge):
@@ -413,7 +441,7 @@ def test_every_rank_s_part_of_one_gloo_call_stalls_or_not_with_the_others(tmp_pa
         record["points"] = [{"bytes": 4096, "samples_s": [2e-4] * 5 + [5e-3] * 5}]  # half of them stall
     calls["timer_tick"] = {"period_s": 4e-3, "offset_s": 2.5e-4, "dead_time_s": 1.5e-3, "stalled_calls": 40,
                            "calls": 100}
-    sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "parameter-server", 8, iterations=40),
+    sim = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "parameter-server", 8, iterations=40),
                      calibration=_cpu_bundle(tmp_path, calls))
     parts = stalls_per_call(sim.machine)
     sim.run()
@@ -428,7 +456,7 @@ def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
     plain = _cpu_bundle(tmp_path / "plain", None)
 
     def run(strategy, bundle_dir, **extra):
-        sim = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", strategy, 8, iterations=2, **extra),
+        sim = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", strategy, 8, iterations=2, **extra),
                          calibration=bundle_dir)
         return sim, sim.run()
 
@@ -458,7 +486,7 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
 
     def bundle(name, rank_step):
         root = Path(_cpu_bundle(tmp_path / name, _gloo_calls(all_reduce=100.0)))
-        path = root / "workload-tiny-measured.json"
+        path = root / "workload-tiny-cnn.json"
         workload = load_workload(path)
         extra = {"iteration": {"plain": [[4, 0.01]]}, "rank_step": RankStepRecord.model_validate(rank_step)}
         path.write_text(workload.model_copy(update={"provenance": workload.provenance.model_copy(
@@ -472,7 +500,7 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
     def run(strategy, gpus, calibration):
         scenario = make_scenario(tiny_topology(gpus=2), "tiny-cnn", strategy, 4 * gpus, gpus=gpus,
                                  iterations=40)
-        sim = Simulation(scenario, calibration=calibration)
+        sim = simulation(scenario, calibration=calibration)
         return sim, sim.run()
 
     sim, jittered = run("ddp", 2, noisy)
@@ -498,14 +526,14 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
     assert one.ctx.jitter_spec is None  # one rank has nobody to wait for
     # a batch of 4 takes 0.4 ms longer in the loop than back to back, and x1.5 beside the other rank
     slow_data = bundle("data", {"ranks": 2, "points": [[4, 0.01, 0.01, 0.0, 0.002, 0.003, 0.0016]]})
-    two = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
+    two = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
                      calibration=slow_data, prep_s_per_sample=1e-4)
     assert two.ctx.prep_s_per_sample == pytest.approx((1e-4 + 1e-4) * 1.5)
-    single = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "single", 4, gpus=1),
+    single = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "single", 4, gpus=1),
                         calibration=slow_data, prep_s_per_sample=1e-4)
     assert single.ctx.prep_s_per_sample == pytest.approx(2e-4)
     # no pipeline given: the default one, as the rank's loop prepared it (2 ms per batch of 4 alone)
-    default = Simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
+    default = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
                          calibration=slow_data)
     assert default.ctx.prep_s_per_sample == pytest.approx(0.002 / 4 * 1.5)
     assert max(alone.iteration_times_s) - min(alone.iteration_times_s) < 1e-9
@@ -518,7 +546,7 @@ def test_a_loader_thread_in_the_ranks_process_slows_both_as_measured(tmp_path):
     def sim(**opts):
         scenario = make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 4, gpus=1,
                                  host={"data_workers": 1}, **opts)
-        return Simulation(scenario, calibration=bundle, prep_s_per_sample=1e-4, loader_overlap=overlap)
+        return simulation(scenario, calibration=bundle, prep_s_per_sample=1e-4, loader_overlap=overlap)
 
     plain, preloading = sim(), sim(optimizations={"preload": True})
     assert plain.ctx.prep_s_per_sample == pytest.approx(1e-4)  # no loader thread beside the loop

@@ -2,10 +2,10 @@
 
 import pytest
 
+from trainsim.api import simulation
 from trainsim.errors import TrainsimError
-from trainsim.scenarios.loader import load_scenario
+from trainsim.formats.scenario_loader import load_scenario
 from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
-from trainsim.sim.simulation import Simulation
 from trainsim.sim.strategies.easgd import sync_bytes_per_round, tree_order
 
 LAYER_BYTES = 2_000_000  # fp32 weights per layer
@@ -67,7 +67,7 @@ def run(tmp_path):
             "iterations": iterations,
             "warmup_iterations": 1,
         }
-        return Simulation(load_scenario(data)).run()
+        return simulation(load_scenario(data)).run()
 
     return simulate
 

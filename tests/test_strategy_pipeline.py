@@ -3,13 +3,13 @@
 import pytest
 from typer.testing import CliRunner
 
+from trainsim.api import simulation
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.scenarios.loader import load_scenario
+from trainsim.formats.scenario_loader import load_scenario
 from trainsim.sim.compute.costs import STATE_BYTES
 from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
-from trainsim.sim.simulation import Simulation
 from trainsim.sim.strategies.pipeline import balance, schedule_order
 
 F, B = 1e-3, 2e-3  # seconds per sample, per layer
@@ -91,7 +91,7 @@ def _scenario(
 
 
 def _run(*args, **kwargs):
-    return Simulation(_scenario(*args, **kwargs)).run()
+    return simulation(_scenario(*args, **kwargs)).run()
 
 
 # ---- schedules on the hand-computable case --------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_a_fixed_schedule_that_does_not_wait_for_its_sends_hides_them(workload_f
     waiting = _run(path, stages=4, micro=8, schedule=schedule, topology=topo)
     sc = _scenario(path, stages=4, micro=8, schedule=schedule, topology=topo)
     sc.strategy.pipeline.blocking_sends = False
-    going_on = Simulation(sc).run()
+    going_on = simulation(sc).run()
     free = (8 + 4 - 1) * (F + B)
     assert free < going_on.iteration_time_s < waiting.iteration_time_s
     # the first stage's forwards follow each other with no gap: its sends run beside them
@@ -311,7 +311,7 @@ def test_stage_messages_pay_the_measured_message_latency(workload_file):
     # 2 stages, 1 micro-batch: the activation and the gradient message are both on the critical path, each
     # paying the measured per-message latency (gloo send/recv on a calibrated CPU box) once
     sc = _scenario(workload_file(layers=4, out=1000), stages=2, micro=1, gpus=2, schedule="gpipe")
-    plain, gloo = Simulation(sc), Simulation(sc)
+    plain, gloo = simulation(sc), simulation(sc)
     gloo.machine.latency = GlooCallLatency({"p2p": 0.25})
     results = [s.run() for s in (plain, gloo)]
     assert results[1].iteration_time_s - results[0].iteration_time_s == pytest.approx(2 * 0.25, rel=1e-9)

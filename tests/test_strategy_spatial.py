@@ -8,11 +8,11 @@ from simtools import scenario as make_scenario
 from simtools import stalls_per_call, tiny_topology
 from typer.testing import CliRunner
 
+from trainsim.api import simulate, simulation
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.workload import Workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
-from trainsim.sim.simulation import Simulation, simulate
 from trainsim.sim.spatial.decomposition import boundary_fraction, halo_bytes, redistribution, trunk_end
 
 F32 = 4
@@ -179,7 +179,7 @@ def test_gathering_for_the_head_pays_the_measured_all_gather_latency(tmp_path):
     sc = spatial_scenario(tiny_topology(gpus=2, nvlink=False), "tiny-cnn", "spatial", 4, grid=[1, 2, 1])
     costs = []
     for allgather in (0.25, 0.5):
-        sim = Simulation(sc)
+        sim = simulation(sc)
         sim.machine.latency = GlooCallLatency({"p2p": 0.01, "allgather": allgather})
         moves = [op for op in sim.run().machine.ops if op.op == "redistribute" and op.iteration == 1]
         assert moves
@@ -318,7 +318,7 @@ def test_a_halo_pays_the_measured_message_latency_once(tmp_path, p2p):
     wl = workload([conv("c1", 8, 4, 8, 3)], tmp_path)
     topo = tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0, p2p=p2p)
     sc = spatial_scenario(topo, wl, "spatial", 2, grid=[1, 2, 1])
-    plain, gloo = Simulation(sc), Simulation(sc)
+    plain, gloo = simulation(sc), simulation(sc)
     gloo.machine.latency = GlooCallLatency({"p2p": 0.25})
     halos = [
         [op for op in s.run().machine.ops if op.stream == "p2p" and op.iteration == 1] for s in (plain, gloo)
@@ -338,7 +338,7 @@ def test_a_halo_pays_the_measured_exchange_where_the_bundle_has_one(tmp_path):
                           grid=[1, 2, 1])
     costs = {}
     for name, calls in (("p2p", {"p2p": 0.25}), ("exchange", {"p2p": 0.25, "halo_exchange": 0.75})):
-        sim = Simulation(sc)
+        sim = simulation(sc)
         sim.machine.latency = GlooCallLatency(calls)
         halos = [op for op in sim.run().machine.ops if op.op.startswith("halo_") and op.iteration == 1]
         assert {op.op for op in halos} == {"halo_forward", "halo_backward"}
@@ -352,7 +352,7 @@ def test_both_neighbours_parts_of_one_halo_swap_stall_or_not_together(tmp_path):
     from trainsim.sim.hosts.call_latency import MeasuredLatency, TimerTick
 
     wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 8, 3)], tmp_path)
-    sim = Simulation(spatial_scenario(tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0), wl, "spatial", 2,
+    sim = simulation(spatial_scenario(tiny_topology(gpus=2, nvlink=False, pcie_gbps=1.0), wl, "spatial", 2,
                                       grid=[1, 2, 1], iterations=30))
     # half of the measured swaps stalled; a stall waits for the 4 ms tick
     swap = MeasuredLatency((1e6,), ((1e-4,) * 5 + (5e-3,) * 5,))

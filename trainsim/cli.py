@@ -522,16 +522,16 @@ def simulate_cmd(
     """Simulate training iterations of a scenario: iteration time, where it goes, memory and links."""
     from rich.console import Console
 
+    from trainsim import api
     from trainsim.provenance import provenance
-    from trainsim.scenarios.loader import load_scenario
     from trainsim.sim.output import report
-    from trainsim.sim.simulation import Simulation
 
     _check_outputs(("--trace", trace_out), ("--records", records_out))
-    sc = load_scenario(scenario, overrides, variant=variant)
+    sc = api.load_scenario(scenario, overrides, variant=variant)
+    bundle = api.load_bundle(calibration) if calibration is not None else None
     err = Console(stderr=True)
     with err.status(f"simulating {sc.name}"):
-        result = Simulation(sc, calibration=calibration).run()
+        result = api.simulate(sc, calibration=bundle)
     prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
                       calibration=calibration)
     if trace_out:
@@ -573,8 +573,8 @@ def max_batch_cmd(
     samples/s at each."""
     from rich.console import Console
 
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.provenance import provenance
-    from trainsim.scenarios.loader import load_scenario
     from trainsim.sim.planning.max_batch import max_batch
 
     sc = load_scenario(scenario, overrides, variant=variant)
@@ -603,7 +603,7 @@ app.add_typer(scenarios_app, name="scenarios")
 @scenarios_app.command("list")
 def scenarios_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """List the shipped scenarios (run one with `trainsim simulate NAME`)."""
-    from trainsim.scenarios.loader import list_scenarios
+    from trainsim.formats.scenario_loader import list_scenarios
 
     found = list_scenarios()
     if as_json:
@@ -823,6 +823,7 @@ def plan_cmd(
     performance model (dynamic programming over layers), then simulate the plan and pure data parallelism."""
     from rich.console import Console
 
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.provenance import provenance
     from trainsim.sim.planning import spatial_plan
 
@@ -834,7 +835,8 @@ def plan_cmd(
         if gpus is not None:
             overrides = [*overrides, f"gpus={gpus}"]
         with err.status(f"planning {scenario}"):
-            result = spatial_plan.plan_scenario(scenario, overrides, simulate=not no_simulate)
+            sc = load_scenario(scenario, list(overrides))
+            result = spatial_plan.plan_scenario(sc, simulate=not no_simulate)
     else:
         given = (("--workload", workload), ("--topology", topology), ("--batch", batch))
         missing = [name for name, value in given if value is None]
@@ -874,7 +876,7 @@ def reproduce_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from trainsim.sim.papers.reproduce import list_papers, reproduce
+    from trainsim.scenarios.papers.reproduce import list_papers, reproduce
 
     if paper is None:
         papers = list_papers()

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from trainsim.errors import TrainsimError, unknown_name
-from trainsim.scenarios.loader import deep_merge
+from trainsim.formats.scenario_loader import apply_variant, deep_merge, read_scenario_data
 
 DEVICES = ("cpu", "cuda")
 # what the executor runs
@@ -334,14 +334,9 @@ def scenario_variants(scenario: dict) -> list[str]:
 
 
 def resolve_variant(scenario: dict, variant: str | None) -> dict:
-    """The base scenario with ``variant``'s overrides merged in (``variants`` removed)."""
-    base = {k: v for k, v in scenario.items() if k != "variants"}
-    variants = scenario.get("variants") or {}
-    if variant is None:
-        return base
-    if variant not in variants:
-        raise unknown_name("variant", variant, variants, field="variants")
-    return merge(base, variants[variant] or {})
+    """The base scenario with ``variant``'s overrides merged in (``variants`` removed): the simulator's merge
+    (`trainsim.formats.scenario_loader.apply_variant`)."""
+    return apply_variant(scenario, variant)
 
 
 def _get(mapping: Any, key: str, where: str) -> Any:
@@ -494,23 +489,4 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
 def load_scenario_dict(path: str) -> dict:
     """Parse a scenario YAML into a mapping (the executor reads more fields than the simulator's schema has).
     ``path`` may also be the name of a scenario shipped in trainsim's scenarios folder."""
-    from pathlib import Path
-
-    from trainsim.files import read_text
-    from trainsim.yamlio import parse_yaml_mapping
-
-    candidate = Path(path)
-    if not candidate.exists():
-        import trainsim.scenarios as scen_pkg
-
-        shipped = Path(scen_pkg.__file__).parent
-        for option in (shipped / path, shipped / f"{path}.yaml"):
-            if option.exists():
-                candidate = option
-                break
-        else:
-            names = sorted(p.stem for p in shipped.glob("*.yaml"))
-            raise unknown_name("scenario", path, names, field=None)
-    label = str(candidate)
-    return parse_yaml_mapping(read_text(candidate, label, "scenario file"), label, "scenario file")
-
+    return read_scenario_data(path)[0]

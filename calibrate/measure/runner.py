@@ -25,6 +25,7 @@ from pathlib import Path
 
 from trainsim.calibrate.measure import bundle as bf
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.formats.bundle import COLLECTIVES_SCHEMA, CollectiveRecord, CollectivesFile, TimerTick
 from trainsim.provenance import provenance
 
 STEPS = ("probe", "links", "collectives", "data", "layers", "rank_step")
@@ -461,12 +462,12 @@ def _step_collectives(run: _Run):
                                            model_options=run.config.model_options,
                                            progress=lambda what: run.progress("collectives", what))
     summary, notes = {}, []
-    if "timer_tick" in doc:
-        if doc["timer_tick"]["period_s"] is None:
-            notes.append(f"timer tick: {doc['timer_tick']['reason']}")
+    if doc.timer_tick is not None:
+        if doc.timer_tick.period_s is None:
+            notes.append(f"timer tick: {doc.timer_tick.reason}")
         else:
-            summary["timer_tick_ms"] = round(doc["timer_tick"]["period_s"] * 1e3, 4)
-    bf.write_json(run.out / bf.COLLECTIVES, doc)
+            summary["timer_tick_ms"] = round(doc.timer_tick.period_s * 1e3, 4)
+    bf.write_json(run.out / bf.COLLECTIVES, doc.model_dump(by_alias=True, mode="json"))
     for r in results:
         if r.skipped:
             notes.append(r.skipped)
@@ -488,9 +489,9 @@ def _step_collectives(run: _Run):
 
 
 def measure_collectives_doc(device: str, ranks: int, *, model: str, batch_sizes, quick: bool,
-                            model_options: dict | None = None, progress=None) -> tuple[dict, list]:
-    """collectives.json's document (and the results): every collective on ``ranks`` ranks and, on gloo
-    CPU ranks, the timer tick that stalled calls wake on."""
+                            model_options: dict | None = None, progress=None) -> tuple[CollectivesFile, list]:
+    """collectives.json's document (validated, `trainsim.formats.bundle.CollectivesFile`) and the results:
+    every collective on ``ranks`` ranks and, on gloo CPU ranks, the timer tick that stalled calls wake on."""
     from trainsim.calibrate.measure import collbench
 
     batches = sorted(batch_sizes)
@@ -504,20 +505,22 @@ def measure_collectives_doc(device: str, ranks: int, *, model: str, batch_sizes,
         target_s=0.003 if quick else 0.02,
         training=training if device == "cpu" else None,
     )
-    doc = {
-        "schema": "trainsim.collectives/1",
-        "provenance": provenance(timestamp=True),
-        "device": device,
-        "backend": results[0].backend,
-        "world_size": ranks,
-        "results": [r.to_json() for r in results],
-    }
+    tick = None
     if device == "cpu":  # gloo calls that stall return on the host's timer tick
         from trainsim.calibrate.measure import timer_tick
 
         if progress is not None:
             progress("timer tick probe")
-        doc["timer_tick"] = timer_tick.measure(ranks)
+        tick = TimerTick.model_validate(timer_tick.measure(ranks))
+    doc = CollectivesFile(
+        schema_=COLLECTIVES_SCHEMA,
+        provenance=provenance(timestamp=True),
+        device=device,
+        backend=results[0].backend,
+        world_size=ranks,
+        results=[CollectiveRecord.model_validate(r.to_json()) for r in results],
+        timer_tick=tick,
+    )
     return doc, results
 
 

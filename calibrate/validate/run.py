@@ -71,7 +71,7 @@ def check_bundle(calibration_dir: str | os.PathLike, *, force: bool = False, her
     """Load the bundle (one-line error if corrupt or incomplete for simulation) and check it is this box's.
 
     Returns (bundle, notes); a bundle from another machine raises TrainsimError unless ``force``."""
-    from trainsim.calibrate.measure.bundle import load_bundle
+    from trainsim.api import load_bundle
 
     bundle = load_bundle(calibration_dir)
     missing = [what for what, part in (("topology.yaml", bundle.topology), ("a workload", bundle.workload))
@@ -144,12 +144,11 @@ def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_
             loader_overlap: dict | None = None, codec_s: float | None = None,
             trace_path: Path | None = None, provenance: dict | None = None):
     """Simulate ``variant`` from the bundle; returns the Result (TrainsimError if it cannot be modelled)."""
-    from trainsim.scenarios.loader import load_scenario
-    from trainsim.sim.simulation import Simulation
+    from trainsim import api
 
     # the bundle measured the default pipeline; this variant's executor data config may cost more
-    sim = Simulation(load_scenario(scenario, variant=variant), calibration=calibration,
-                     prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap, codec_s=codec_s)
+    sim = api.simulation(scenario, variant=variant, calibration=calibration,
+                         prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap, codec_s=codec_s)
     result = sim.run()
     if trace_path is not None:
         from trainsim.sim.output.chrome_trace import write_chrome_trace
@@ -370,7 +369,7 @@ def _refresh_gloo_calls(bundle: Path) -> None:
                                      batch_sizes=config.get("batch_sizes") or [32],
                                      quick=bool(config.get("quick")),
                                      model_options=config.get("model_options"))
-    bf.write_json(bundle / bf.COLLECTIVES, doc)
+    bf.write_json(bundle / bf.COLLECTIVES, doc.model_dump(by_alias=True, mode="json"))
 
 
 def _predict_again(row: ValidationRow, scenario: str, calibration: str) -> None:

@@ -15,9 +15,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+from trainsim.formats.device import DeviceFile
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 GIB = 2**30
@@ -81,22 +82,6 @@ class DeviceSpec:
         return record
 
 
-class DeviceFile(BaseModel):
-    """The JSON form of a :class:`DeviceSpec` (``"schema": "trainsim.device/1"``)."""
-
-    # strict: no bool for a number; numbers must be finite
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
-
-    schema_: Literal["trainsim.device/1"] = Field(default="trainsim.device/1", alias="schema")
-    name: str = Field(min_length=1)
-    kind: Literal["gpu", "cpu"] = "gpu"
-    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16"], float]
-    memory_bandwidth_gbps: float = Field(gt=0)
-    memory_bytes: int = Field(gt=0)
-    sm_count: int | None = Field(default=None, ge=1)
-    source: str | None = None
-
-
 def device_from_json(data: dict, *, file: str | None = None) -> DeviceSpec:
     """A :class:`DeviceSpec` from its JSON form; bad input names the file and field."""
     try:
@@ -108,6 +93,11 @@ def device_from_json(data: dict, *, file: str | None = None) -> DeviceSpec:
             message = str(error).removeprefix(f"{file}: " if file else "").removeprefix(f"{error.field}: ")
             raise TrainsimError(message, file=file, field=field) from None
         raise error from None
+    return device_from_file(parsed, file=file)
+
+
+def device_from_file(parsed: DeviceFile, *, file: str | None = None) -> DeviceSpec:
+    """The :class:`DeviceSpec` of a validated device file (units converted); bad values name the field."""
     try:
         return DeviceSpec(name=parsed.name, kind=parsed.kind,
                           peak_flops={k: v * TERA for k, v in parsed.peak_tflops.items()},

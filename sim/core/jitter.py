@@ -17,33 +17,11 @@ cores of one host speed up and slow down together (a 2-rank loop of steps and al
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainsim.formats.scenario_options import JitterSpec
 
-class JitterSpec(BaseModel):
-    """``strategy.jitter``: noise on compute times (strategies pipeline and easgd; on a calibrated CPU box
-    every strategy gets the spread the calibration measured, see
-    `trainsim.sim.hosts.rank_step.rank_step_sigma`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    distribution: Literal["lognormal", "uniform"] = "lognormal"
-    sigma: float = Field(default=0.1, ge=0, description="lognormal: sigma of log; uniform: half-width")
-    common_sigma: float = Field(default=0.0, ge=0,
-                                description="lognormal: sigma of log of a factor every rank shares")
-    centre: Literal["mean", "median"] = Field(default="mean", description="lognormal: which is 1")
-    seed: int = Field(default=0, ge=0)
-
-    @model_validator(mode="after")
-    def _uniform_positive(self):
-        if self.distribution == "uniform" and self.sigma >= 1:
-            raise ValueError("uniform jitter needs sigma < 1 (durations must stay positive)")
-        if self.distribution == "uniform" and self.common_sigma:
-            raise ValueError("common_sigma is lognormal only")
-        return self
+__all__ = ["Jitter", "JitterSpec"]
 
 
 class Jitter:

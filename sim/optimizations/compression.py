@@ -36,51 +36,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from trainsim.formats.scenario_options import CompressionSpec
 from trainsim.sim.compute.costs import WEIGHT_BYTES
+
+__all__ = ["CompressionSpec", "Codec", "make_codec", "layer_matrices"]
 
 INDEX_BYTES = 4  # top-k: one int32 index per value sent
 # PowerSGD compresses a matrix only if it saves this factor: the executor's PowerSGDState setting
 # (calibrate/execute/strategies.py); PyTorch's default is 2
 MIN_COMPRESSION_RATE = 1.0
-
-
-class CompressionSpec(BaseModel):
-    """``param_compression:`` a method name (``fp16``) or ``{method: topk, ratio: 0.01}`` /
-    ``{method: powersgd, rank: 4}``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    method: Literal["fp16", "bf16", "int8", "topk", "powersgd"]
-    ratio: float | None = Field(default=None, gt=0, le=1, description="topk: fraction of values sent")
-    rank: int | None = Field(default=None, ge=1, description="powersgd: rank of the low-rank factors")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data):
-        return {"method": data} if isinstance(data, str) else data
-
-    @model_validator(mode="after")
-    def _parameters(self):
-        if self.method == "topk" and self.ratio is None:
-            raise ValueError("param_compression topk needs ratio (fraction of values sent, e.g. 0.01)")
-        if self.method == "powersgd" and self.rank is None:
-            raise ValueError("param_compression powersgd needs rank (e.g. 4)")
-        if self.method != "topk" and self.ratio is not None:
-            raise ValueError(f"param_compression ratio applies to method topk, not {self.method}")
-        if self.method != "powersgd" and self.rank is not None:
-            raise ValueError(f"param_compression rank applies to method powersgd, not {self.method}")
-        return self
-
-    def label(self) -> str:
-        if self.method == "topk":
-            return f"topk:{self.ratio:g}"
-        if self.method == "powersgd":
-            return f"powersgd:{self.rank}"
-        return self.method
 
 
 class WeightMatrix(NamedTuple):

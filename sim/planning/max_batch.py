@@ -29,26 +29,26 @@ def _with(scenario, batch: int, offload, **top):
     return scenario.model_copy(update={"optimizations": opts, "batch_size": batch, **top})
 
 
-def _run(scenario, calibration, record: bool = False):
+def _run(scenario, bundle, record: bool = False):
     from trainsim.sim.simulation import Simulation
 
-    return Simulation(scenario, calibration=calibration, record=record).run()
+    return Simulation(scenario, bundle=bundle, record=record).run()
 
 
-def _ranks(scenario, calibration) -> int:
+def _ranks(scenario, bundle) -> int:
     from trainsim.sim.simulation import load_inputs, resolve_gpus
 
-    topology, _workload, _devices = load_inputs(scenario, calibration)
+    topology, _workload, _devices = load_inputs(scenario, bundle)
     return 1 if scenario.strategy.name == "single" else len(resolve_gpus(scenario, topology))
 
 
-def largest_batch(scenario, offload, calibration=None) -> int:
+def largest_batch(scenario, offload, bundle=None) -> int:
     """The largest per-GPU batch whose run fits in every GPU's memory (0 if not even one sample fits)."""
-    n = _ranks(scenario, calibration)
+    n = _ranks(scenario, bundle)
 
     def fits(per_gpu: int) -> bool:
         probe = _with(scenario, per_gpu * n, offload, iterations=2, warmup_iterations=0)
-        return not _run(probe, calibration).oom
+        return not _run(probe, bundle).oom
 
     if not fits(1):
         return 0
@@ -66,11 +66,11 @@ def largest_batch(scenario, offload, calibration=None) -> int:
     return lo
 
 
-def _figures(scenario, per_gpu: int, n: int, offload, calibration) -> dict:
+def _figures(scenario, per_gpu: int, n: int, offload, bundle) -> dict:
     out: dict = {"per_gpu_batch": per_gpu, "global_batch": per_gpu * n}
     if per_gpu == 0:
         return {**out, "samples_per_s": 0.0, "iteration_s": None, "memory_peak_gib": None}
-    result = _run(_with(scenario, per_gpu * n, offload), calibration)
+    result = _run(_with(scenario, per_gpu * n, offload), bundle)
     out.update(
         samples_per_s=result.samples_per_s,
         iteration_s=result.iteration_time_s,
@@ -87,12 +87,9 @@ def _figures(scenario, per_gpu: int, n: int, offload, calibration) -> dict:
     return out
 
 
-def max_batch(scenario, *, policy: str | list[str] = "all", calibration: str | None = None) -> dict:
-    """The largest per-GPU batch without and with offload, and the samples/s at each (see the module)."""
-    from trainsim.scenarios.loader import load_scenario
-
-    if not hasattr(scenario, "strategy"):
-        scenario = load_scenario(scenario)
+def max_batch(scenario, *, policy: str | list[str] = "all", bundle=None) -> dict:
+    """The largest per-GPU batch of ``scenario`` (a validated Scenario; ``bundle``: a loaded calibration
+    bundle or None) without and with offload, and the samples/s at each (see the module)."""
     if scenario.strategy.name not in SHARDED:
         raise TrainsimError(
             f"max-batch searches the per-GPU batch of strategies {', '.join(SHARDED)}, "
@@ -102,9 +99,9 @@ def max_batch(scenario, *, policy: str | list[str] = "all", calibration: str | N
         )
     current = scenario.optimizations.offload_activations
     offload = current if current not in ("none", []) else policy
-    n = _ranks(scenario, calibration)
-    without = _figures(scenario, largest_batch(scenario, None, calibration), n, None, calibration)
-    with_ = _figures(scenario, largest_batch(scenario, offload, calibration), n, offload, calibration)
+    n = _ranks(scenario, bundle)
+    without = _figures(scenario, largest_batch(scenario, None, bundle), n, None, bundle)
+    with_ = _figures(scenario, largest_batch(scenario, offload, bundle), n, offload, bundle)
 
     def gain(key):
         return with_[key] / without[key] if without[key] else None

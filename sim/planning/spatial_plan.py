@@ -35,8 +35,6 @@ from fractions import Fraction
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.costs import RankCosts
 from trainsim.sim.compute.workload import Workload
-from trainsim.sim.strategies.ddp import assign_buckets
-
 from trainsim.sim.spatial.decomposition import (
     Grid,
     boundary_share,
@@ -48,6 +46,7 @@ from trainsim.sim.spatial.decomposition import (
     slab_costs,
     trunk_end,
 )
+from trainsim.sim.strategies.ddp import assign_buckets
 
 BUCKET_CAP = 25 * 2**20
 FIRST_BUCKET_CAP = 2**20
@@ -411,8 +410,11 @@ def choose(
     )
 
 
-def _scenario(base: dict, strategy: dict, gpus: int, batch: int) -> dict:
-    return {**base, "strategy": {**base.get("strategy", {}), **strategy}, "gpus": gpus, "batch_size": batch}
+def _scenario(base: dict, strategy: dict, gpus: int, batch: int):
+    from trainsim.formats.scenario import validate_scenario
+
+    data = {**base, "strategy": {**base.get("strategy", {}), **strategy}, "gpus": gpus, "batch_size": batch}
+    return validate_scenario(data)
 
 
 def plan(
@@ -481,18 +483,12 @@ def data_parallel_gpus(batch: int, gpus: int) -> int:
 
 
 def plan_scenario(
-    scenario, overrides=(), *, simulate: bool = True, symmetric: bool = False, simulate_dp: bool = True
+    sc, *, simulate: bool = True, symmetric: bool = False, simulate_dp: bool = True
 ) -> Plan:
-    """:func:`plan` for a scenario (name, path or Scenario): its topology, workload, batch, GPU count,
-    precision, optimizer and collectives; the GPUs are the first ``gpus`` of the topology."""
-    from trainsim.scenarios.loader import load_scenario
+    """:func:`plan` for a validated Scenario: its topology, workload, batch, GPU count, precision, optimizer
+    and collectives; the GPUs are the first ``gpus`` of the topology."""
     from trainsim.sim.simulation import load_inputs
 
-    sc = (
-        scenario
-        if hasattr(scenario, "strategy") and not overrides
-        else load_scenario(scenario, list(overrides))
-    )
     topology, workload, _ = load_inputs(sc)
     gpus = sc.gpus if isinstance(sc.gpus, int) else (len(sc.gpus) if sc.gpus else None)
     base = sc.model_dump(by_alias=True, exclude={"variants"})

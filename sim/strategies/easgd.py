@@ -33,59 +33,14 @@ original in steady state); counted over the whole run (warm-up included) into ``
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.scenario_options import VARIANTS, EasgdOptions  # noqa: F401 (re-exported)
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE
 
 from .base import Context, register
-
-VARIANTS = ("original", "async", "async-momentum", "hogwild", "sync")
-
-
-class EasgdOptions(BaseModel):
-    """``strategy.easgd``: the variant and the co-design switches of You et al. (SC17)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    variant: Literal["original", "async", "async-momentum", "hogwild", "sync"] = "sync"
-    tau: int = Field(default=1, ge=1, description="communication period: iterations between exchanges")
-    centre: Literal["host", "gpu", "replicated"] = Field(
-        default="host",
-        description="where the centre variable lives; replicated (sync): a copy on every worker, one "
-        "all-reduce per exchange",
-    )
-    centre_gpu: int = Field(default=0, ge=0, description="rank holding the centre when centre: gpu")
-    centre_socket: int = Field(default=0, ge=0, description="cpu socket holding the centre when centre: host")
-    centre_cores: int = Field(default=1, ge=1, description="host cores doing one centre update")
-    flat_buffer: bool = Field(default=True, description="one message for all layers (else one per layer)")
-    tree_reduce: bool | None = Field(
-        default=None, description="sync: binomial-tree broadcast/reduce (default) or linear (false)"
-    )
-    weights_on_gpu: bool = Field(default=True, description="else weights cross CPU<->GPU every iteration")
-    overlap: bool = Field(default=False, description="parameter communication overlapped with compute")
-
-    @model_validator(mode="after")
-    def _replicated_is_sync(self):
-        if self.centre == "replicated" and self.variant != "sync":
-            raise ValueError(
-                f"centre replicated applies to variant sync (all workers meet at once), not variant "
-                f"{self.variant}, whose workers exchange with one centre one by one"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _tree_is_sync(self):
-        if self.tree_reduce and self.variant != "sync":
-            raise ValueError(
-                f"tree_reduce applies to variant sync (its broadcast and reduce), not variant "
-                f"{self.variant}, whose workers exchange with the centre one by one"
-            )
-        return self
 
 
 class _Easgd:

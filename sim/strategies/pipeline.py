@@ -40,48 +40,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.scenario_options import SCHEDULES, PipelineOptions  # noqa: F401 (re-exported)
 from trainsim.sim.compute.costs import WEIGHT_BYTES, RankCosts
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.machine import COMM, COMPUTE
 
 from .base import Context, register, register_rank_batch
-
-SCHEDULES = ("gpipe", "1f1b", "message-driven")
-
-
-class PipelineOptions(BaseModel):
-    """``strategy.pipeline``: stages, micro-batches and schedule."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    stages: int = Field(default=2, ge=1, description="pipeline stages (GPUs = stages x data parallelism)")
-    micro_batches: int = Field(default=4, ge=1, description="micro-batches per replica per iteration")
-    schedule: Literal["gpipe", "1f1b", "message-driven"] = "1f1b"
-    stage_layers: list[int] | None = Field(
-        default=None, description="layers per stage, in order (default: balanced by compute time)"
-    )
-    blocking_sends: bool = Field(
-        default=True,
-        description="gpipe/1f1b: each send is a rendezvous the stage waits for (Megatron's p2p); false: "
-        "isend and go on, the sends waited for at the end of the iteration (message-driven never blocks)",
-    )
-
-    @model_validator(mode="after")
-    def _stage_layers(self):
-        if self.stage_layers is not None:
-            if len(self.stage_layers) != self.stages:
-                raise ValueError(
-                    f"stage_layers has {len(self.stage_layers)} entries for {self.stages} stages"
-                )
-            if any(k < 1 for k in self.stage_layers):
-                raise ValueError("every stage needs at least one layer")
-        return self
 
 
 def options(spec) -> PipelineOptions:

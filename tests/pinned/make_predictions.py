@@ -24,7 +24,7 @@ MEASURED = {"prep_s_per_sample": 2.5e-4, "loader_overlap": {"step": 1.12, "prep"
 def predictions() -> dict:
     from trainsim.calibrate.validate.run import predict
     from trainsim.errors import TrainsimError
-    from trainsim.scenarios.loader import check_variants
+    from trainsim.formats.scenario_loader import check_variants
 
     out = {}
     for variant in check_variants(SCENARIO):

@@ -26,9 +26,9 @@ def scenario_path(name: str) -> str:
 
 def memory_table() -> list[dict]:
     """One row per model: peak GPU memory and iteration time without and with vDNN_all."""
-    from trainsim.scenarios.loader import load_scenario
-    from trainsim.sim.simulation import Simulation
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.optimizations.offload import offload_stall_s
+    from trainsim.sim.simulation import Simulation
 
     rows = []
     for model, batch in MODELS.items():
@@ -59,7 +59,7 @@ def memory_table() -> list[dict]:
 
 @register_paper("vdnn", TITLE)
 def reproduce_vdnn(**_options) -> Reproduction:
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.planning.max_batch import max_batch
 
     rows = {r["model"]: r for r in memory_table()}

@@ -1,6 +1,6 @@
 """Loading scenarios: a shipped scenario name or a YAML path, plus ``--set a.b=c`` overrides and variants.
 
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
     scenario = load_scenario("ddp-resnet50-dgx-a100", ["batch_size=512", "strategy.bucket_cap_mb=50"])
 
 Overrides are applied to the parsed YAML before validation, so a bad value is reported like a bad file
@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from trainsim.errors import TrainsimError, from_validation_error, unknown_name
+from trainsim.errors import TrainsimError, unknown_name
 from trainsim.files import read_text
 from trainsim.yamlio import parse_yaml_mapping
 
-from .schema import SCHEMA, Scenario
+from .scenario import Scenario, validate_scenario
 
 
 def _scenario_dir():
@@ -49,18 +49,35 @@ def _read_yaml(text: str, label: str) -> dict:
     return parse_yaml_mapping(text, label, "scenario file")
 
 
+def _shipped_file(text: str):
+    """The shipped scenario file ``text`` names (``ddp-resnet50-dgx-a100``, ``validate-cpu.yaml``,
+    ``papers/easgd-alexnet-k80.yaml``), or None."""
+    root = _scenario_dir()
+    for candidate in (text, f"{text}.yaml"):
+        if not candidate or Path(candidate).is_absolute():
+            continue
+        entry = root.joinpath(*Path(candidate).parts)
+        if entry.name.endswith((".yaml", ".yml")) and entry.is_file():
+            return entry, candidate
+    return None
+
+
 def read_scenario_data(source: str | os.PathLike) -> tuple[dict, str, Path | None]:
-    """(parsed mapping, label for messages, folder for relative paths) of a shipped name or a YAML path."""
+    """(parsed mapping, label for messages, folder for relative paths) of a YAML path or a shipped scenario
+    (a name, or a file under trainsim's scenarios folder such as ``papers/easgd-alexnet-k80.yaml``)."""
     text = os.fspath(source)
     path = Path(text)
     if path.is_file():
         return _read_yaml(read_text(path, text, "scenario file"), text), text, path.resolve().parent
-    names = list_scenarios()
-    if text in names:
-        label = f"{text}.yaml"
-        return _read_yaml((_scenario_dir() / label).read_text(), label), label, None
+    shipped = _shipped_file(text)
+    if shipped is not None:
+        entry, label = shipped
+        label = label if label.endswith((".yaml", ".yml")) else f"{label}.yaml"
+        base = Path(str(entry)).parent if label.count("/") else None
+        return _read_yaml(entry.read_text(), label), label, base
     if path.exists():
         read_text(path, text, "scenario file")  # a folder: says so
+    names = list_scenarios()
     if text.endswith((".yaml", ".yml")) or os.sep in text:
         raise TrainsimError("file not found", file=text)
     raise unknown_name("scenario", text, names)
@@ -95,7 +112,7 @@ def set_path(data: dict, dotted: str, value: Any, *, label: str | None = None) -
     for depth, key in enumerate(parts):
         here = ".".join(parts[:depth]) or "top level"
         annotation = None
-        if model is not None and model.model_config.get("extra") != "allow":
+        if model is not None and not getattr(model, "OPEN_KEYS", False):
             keys = _keys(model)
             if key not in keys:
                 raise unknown_name(f"key at {here}", key, keys, file=label, field=dotted)
@@ -144,27 +161,24 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def validate_scenario(data: dict, *, label: str | None = None) -> Scenario:
-    if "schema" in data and data["schema"] != SCHEMA:
-        raise TrainsimError(
-            f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=label, field="schema"
-        )
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation_error(exc, file=label) from None
-
-
-def apply_variant(data: dict, variant: str, *, label: str | None = None) -> dict:
-    """The scenario with variant ``variant`` merged over it (the variants themselves dropped)."""
+def apply_variant(data: dict, variant: str | None, *, label: str | None = None) -> dict:
+    """The scenario mapping with variant ``variant`` deep-merged over it and ``variants`` dropped; the name
+    becomes ``name[variant]``. ``None``: the base scenario. The one variant merge of trainsim: the simulator
+    and the executor (calibrate/execute/config.py) both apply variants through it."""
+    base = {k: v for k, v in data.items() if k != "variants"}
+    if variant is None:
+        return copy.deepcopy(base)
     variants = data.get("variants") or {}
+    if not isinstance(variants, dict):
+        raise TrainsimError("variants must be a mapping of name -> overrides", file=label, field="variants")
     if variant not in variants:
         raise unknown_name("variant", variant, variants, file=label, field="variants")
-    if not isinstance(variants[variant], dict):
+    over = variants[variant] if variants[variant] is not None else {}
+    if not isinstance(over, dict):
         raise TrainsimError(
             "a variant must be a mapping of overrides", file=label, field=f"variants.{variant}"
         )
-    merged = deep_merge({k: v for k, v in data.items() if k != "variants"}, variants[variant])
+    merged = deep_merge(base, over)
     merged["name"] = f"{data.get('name', 'scenario')}[{variant}]"
     return merged
 

@@ -33,7 +33,7 @@ def bytes_per_parameter(result) -> float:
 
 @register_paper("axonn", "AxoNN (Singh & Bhatele): optimizer-state offload in a message-driven pipeline")
 def reproduce_axonn(**_options) -> Reproduction:
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.simulation import Simulation
 
     path = scenario_path()

@@ -25,7 +25,7 @@ def scenario_path(system: str) -> str:
 
 def savings(system: str, models=MODELS) -> list[dict]:
     """One row per model: baseline and ScaleDNN iteration times, the saving, and where the time went."""
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.simulation import Simulation
 
     rows = []
@@ -51,7 +51,7 @@ def savings(system: str, models=MODELS) -> list[dict]:
 
 @register_paper("scalednn", TITLE)
 def reproduce_scalednn(**_options) -> Reproduction:
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
 
     figures, table = [], []
     for system in SYSTEMS:

@@ -5,18 +5,35 @@ JSON path, or ``{name: resnet50, image_size: 32}`` for an analytic model with co
 strategy with its options, the global batch size, which GPUs, how many iterations (warm-up excluded from the
 figures), the optimizer, the precision, the host's data pipeline, an ``optimizations:`` block (the
 switches of TECHNIQUES.md) and optional named ``variants`` (partial scenarios merged over this one).
+
+Reading a file, overrides and variants: `trainsim.formats.scenario_loader`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from trainsim.sim.core.jitter import JitterSpec
-from trainsim.sim.optimizations.compression import CompressionSpec
-from trainsim.sim.strategies.easgd import EasgdOptions
-from trainsim.sim.strategies.pipeline import PipelineOptions
+from trainsim.errors import TrainsimError, from_validation_error
+
+from .scenario_options import (
+    CompressionSpec,
+    EasgdOptions,
+    JitterSpec,
+    PipelineOptions,
+    check_combinations,
+    normalise,
+)
 
 SCHEMA = "trainsim.scenario/1"
 STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd")
@@ -33,16 +50,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
 
 
-class WorkloadRef(BaseModel):
-    """A built-in analytic model with config overrides: ``{name: resnet50, image_size: 32}``."""
+class WorkloadRef(_Strict):
+    """A built-in analytic model with config overrides: ``{name: resnet50, image_size: 32}``. In the file
+    the overrides sit beside ``name``; here they are ``config`` (any key: the analytic model checks them)."""
 
-    model_config = ConfigDict(extra="allow")
+    #: the loader's ``--set workload.<key>=...`` accepts any key under this model
+    OPEN_KEYS: ClassVar[bool] = True
 
     name: str = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect(cls, data):
+        if isinstance(data, dict):
+            return {"name": data.get("name"), "config": {k: v for k, v in data.items() if k != "name"}}
+        return data
+
+    @model_serializer
+    def _flat(self) -> dict[str, Any]:
+        return {"name": self.name, **self.config}
 
     @property
     def overrides(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        return dict(self.config)
 
 
 class StrategySpec(_Strict):
@@ -163,8 +194,6 @@ class Optimizations(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _executor_spellings(cls, data):
-        from trainsim.sim.optimizations.data_movement import normalise
-
         return normalise(data)
 
 
@@ -236,7 +265,17 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _data_movement(self):
-        from trainsim.sim.optimizations.data_movement import check_combinations
-
         check_combinations(self)
         return self
+
+
+def validate_scenario(data: dict, *, label: str | None = None) -> Scenario:
+    """A `Scenario` from a mapping; a bad field is a one-line TrainsimError naming ``label`` and the field."""
+    if "schema" in data and data["schema"] != SCHEMA:
+        raise TrainsimError(
+            f"unsupported schema {data['schema']!r}; expected {SCHEMA!r}", file=label, field="schema"
+        )
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, file=label) from None

@@ -10,7 +10,7 @@ Two strong-scaling sets, each a scenario of ``scenarios/papers/`` (assumptions w
 mini-batch on 8, 16, ... GPUs; at each count `trainsim plan`'s model chooses every layer's grid and the
 simulator times that plan and pure data parallelism (on the most GPUs the batch divides over). The mesh
 model is defined below (an assumption: the paper's exact network is not given here) and shipped as
-``scenarios/papers/dryden-meshcnn.json`` (regenerate with ``python -m trainsim.sim.papers.dryden``).
+``scenarios/papers/dryden-meshcnn.json`` (regenerate with ``python -m trainsim.scenarios.papers.dryden``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def mesh_cnn(image_size: int = MESH_SIZE, channels: int = MESH_CHANNELS) -> Work
             device="analytic",
             device_spec=None,
             tool="trainsim",
-            generator="trainsim.sim.papers.dryden.mesh_cnn",
+            generator="trainsim.scenarios.papers.dryden.mesh_cnn",
             config={"image_size": image_size, "channels": channels},
         ),
     )
@@ -80,7 +80,7 @@ SETS = (
 
 def strong_scaling(scenario_file: str | Path) -> list[dict]:
     """One row per variant (GPU count) of a scenario: data parallel vs the planned hybrid decomposition."""
-    from trainsim.scenarios.loader import load_scenario, read_scenario_data
+    from trainsim.formats.scenario_loader import load_scenario, read_scenario_data
     from trainsim.sim.planning.spatial_plan import data_parallel_gpus, plan_scenario
 
     data, _, _ = read_scenario_data(str(scenario_file))
@@ -117,7 +117,7 @@ def strong_scaling(scenario_file: str | Path) -> list[dict]:
 
 @register_paper("dryden", "Spatial/hybrid decomposition (Dryden et al., IPDPS 2019)")
 def reproduce_dryden() -> Reproduction:
-    from trainsim.scenarios.loader import read_scenario_data
+    from trainsim.formats.scenario_loader import read_scenario_data
 
     figures, tables, assumptions = [], {}, []
     for key, file, label in SETS:
@@ -170,7 +170,7 @@ def reproduce_dryden() -> Reproduction:
 
 def _allreduce_floor(scenario_file, gpus: int) -> float:
     """Seconds of one all-reduce of all the model's gradients over ``gpus`` GPUs (analytic)."""
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.collectives.ops import collective_time
     from trainsim.sim.compute.costs import WEIGHT_BYTES
     from trainsim.sim.simulation import load_inputs
@@ -182,7 +182,7 @@ def _allreduce_floor(scenario_file, gpus: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Regenerate the shipped mesh workload: ``python -m trainsim.sim.papers.dryden [--out FILE]``."""
+    """Regenerate the shipped mesh workload: ``python -m trainsim.scenarios.papers.dryden [--out FILE]``."""
     from trainsim.sim.compute.workload import save_workload
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -1,7 +1,7 @@
 """Paper reproductions: each seed paper's claims, simulated on the closest machine it describes.
 
-A reproduction is a function registered under the paper's short name. It runs the scenarios of
-``scenarios/papers/`` (whose YAML files state every assumption the paper does not) and returns our figures
+A reproduction is a function registered under the paper's short name, in a module of this package beside
+the scenarios it runs (whose YAML files state every assumption the paper does not) and returns our figures
 next to the published ones. A figure that lands far from the paper is a finding to explain, not a number
 to tune toward: the ``note`` of a figure says which assumption drives it.
 """
@@ -52,15 +52,15 @@ def register_paper(key: str, title: str):
 
 
 def _load_all() -> None:
-    # Importing a paper's module registers it; modules are named paper_<key>.py in this package.
+    # Importing a paper's module registers it: every module of this package but this one.
     import importlib
     import pkgutil
 
-    import trainsim.sim as pkg
+    import trainsim.scenarios.papers as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("paper_"):
-            importlib.import_module(f"trainsim.sim.{info.name}")
+        if info.name != "reproduce":
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
 
 
 def list_papers() -> dict[str, str]:

@@ -28,7 +28,7 @@ def communication_share(result) -> float:
 
 @register_paper("easgd", "EASGD co-design (You, Buluç, Demmel, SC17): original vs Sync EASGD on 8x K80")
 def reproduce_easgd(**_options) -> Reproduction:
-    from trainsim.scenarios.loader import load_scenario
+    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.sim.simulation import Simulation
 
     path = scenario_path()

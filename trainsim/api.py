@@ -1,0 +1,61 @@
+"""The library's front door: load a scenario (and a calibration bundle), then simulate.
+
+    from trainsim import api
+    result = api.simulate("ddp-resnet50-dgx-a100", overrides=["batch_size=512"])
+    result = api.simulate("validate-cpu", calibration="bundle-dir", variant="ddp")
+    bundle = api.load_bundle("bundle-dir")          # validated; workloads as the simulator's Workload
+
+The simulator (`trainsim.sim.simulation.Simulation`) takes only validated objects; reading files is here and
+in `trainsim.formats`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from trainsim.formats import bundle as bundle_format
+from trainsim.formats.bundle import Bundle
+from trainsim.formats.scenario import Scenario
+from trainsim.formats.scenario_loader import load_scenario
+from trainsim.sim.compute.workload import parse_workload
+from trainsim.sim.core.result import Result
+from trainsim.sim.simulation import Simulation
+
+__all__ = ["Bundle", "Scenario", "load_bundle", "load_scenario", "simulation", "simulate"]
+
+
+def load_bundle(path: str | os.PathLike | Bundle) -> Bundle:
+    """The calibration bundle in folder ``path``, every file validated (its workloads as `Workload`s); a
+    one-line TrainsimError naming the file and field if not. A Bundle is returned as it is."""
+    if isinstance(path, Bundle):
+        return path
+    return bundle_format.load_bundle(path, read_workload=parse_workload)
+
+
+def simulation(
+    scenario: str | os.PathLike | dict | Scenario,
+    *,
+    calibration: str | os.PathLike | Bundle | None = None,
+    overrides: Sequence[str] = (),
+    variant: str | None = None,
+    **options,
+) -> Simulation:
+    """A `Simulation` of ``scenario`` (a shipped name, a YAML path, a mapping or a Scenario) with
+    ``overrides`` (``key.path=value``) and ``variant`` applied, on the calibration bundle ``calibration`` (a
+    folder or a loaded Bundle) if given; ``options`` are Simulation's keyword arguments."""
+    if not isinstance(scenario, Scenario) or overrides or variant is not None:
+        scenario = load_scenario(scenario, list(overrides), variant=variant)
+    bundle = load_bundle(calibration) if calibration is not None else None
+    return Simulation(scenario, bundle=bundle, **options)
+
+
+def simulate(
+    scenario: str | os.PathLike | dict | Scenario,
+    *,
+    calibration: str | os.PathLike | Bundle | None = None,
+    overrides: Sequence[str] = (),
+    variant: str | None = None,
+) -> Result:
+    """Load ``scenario`` (and the calibration bundle), simulate it, return the Result."""
+    return simulation(scenario, calibration=calibration, overrides=overrides, variant=variant).run()

@@ -1,0 +1,24 @@
+"""The device file format ``trainsim.device/1``: one GPU or CPU rank's peak FLOP/s per precision, memory
+bandwidth and capacity (the simulator's `trainsim.sim.core.devices.DeviceSpec` in file units)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DeviceFile(BaseModel):
+    """The JSON form of a :class:`DeviceSpec` (``"schema": "trainsim.device/1"``)."""
+
+    # strict: no bool for a number; numbers must be finite
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
+
+    schema_: Literal["trainsim.device/1"] = Field(default="trainsim.device/1", alias="schema")
+    name: str = Field(min_length=1)
+    kind: Literal["gpu", "cpu"] = "gpu"
+    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16"], float]
+    memory_bandwidth_gbps: float = Field(gt=0)
+    memory_bytes: int = Field(gt=0)
+    sm_count: int | None = Field(default=None, ge=1)
+    source: str | None = None

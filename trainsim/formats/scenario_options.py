@@ -1,0 +1,249 @@
+"""The option blocks a scenario carries: ``strategy.pipeline``, ``strategy.easgd``, ``strategy.jitter``,
+``optimizations.param_compression``, and the rules that reject optimizations that make no sense together.
+
+They are part of the scenario file format (`trainsim.formats.scenario`); the simulator's strategies and
+optimizations read them (sim/strategies/pipeline.py, sim/strategies/easgd.py, sim/core/jitter.py,
+sim/optimizations/compression.py, sim/optimizations/data_movement.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class JitterSpec(BaseModel):
+    """``strategy.jitter``: noise on compute times (strategies pipeline and easgd; on a calibrated CPU box
+    every strategy gets the spread the calibration measured, see
+    `trainsim.sim.hosts.rank_step.rank_step_sigma`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    distribution: Literal["lognormal", "uniform"] = "lognormal"
+    sigma: float = Field(default=0.1, ge=0, description="lognormal: sigma of log; uniform: half-width")
+    common_sigma: float = Field(default=0.0, ge=0,
+                                description="lognormal: sigma of log of a factor every rank shares")
+    centre: Literal["mean", "median"] = Field(default="mean", description="lognormal: which is 1")
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _uniform_positive(self):
+        if self.distribution == "uniform" and self.sigma >= 1:
+            raise ValueError("uniform jitter needs sigma < 1 (durations must stay positive)")
+        if self.distribution == "uniform" and self.common_sigma:
+            raise ValueError("common_sigma is lognormal only")
+        return self
+
+
+# ---- strategy.easgd ----------------------------------------------------------------------------------------
+
+VARIANTS = ("original", "async", "async-momentum", "hogwild", "sync")
+
+
+class EasgdOptions(BaseModel):
+    """``strategy.easgd``: the variant and the co-design switches of You et al. (SC17)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: Literal["original", "async", "async-momentum", "hogwild", "sync"] = "sync"
+    tau: int = Field(default=1, ge=1, description="communication period: iterations between exchanges")
+    centre: Literal["host", "gpu", "replicated"] = Field(
+        default="host",
+        description="where the centre variable lives; replicated (sync): a copy on every worker, one "
+        "all-reduce per exchange",
+    )
+    centre_gpu: int = Field(default=0, ge=0, description="rank holding the centre when centre: gpu")
+    centre_socket: int = Field(default=0, ge=0, description="cpu socket holding the centre when centre: host")
+    centre_cores: int = Field(default=1, ge=1, description="host cores doing one centre update")
+    flat_buffer: bool = Field(default=True, description="one message for all layers (else one per layer)")
+    tree_reduce: bool | None = Field(
+        default=None, description="sync: binomial-tree broadcast/reduce (default) or linear (false)"
+    )
+    weights_on_gpu: bool = Field(default=True, description="else weights cross CPU<->GPU every iteration")
+    overlap: bool = Field(default=False, description="parameter communication overlapped with compute")
+
+    @model_validator(mode="after")
+    def _replicated_is_sync(self):
+        if self.centre == "replicated" and self.variant != "sync":
+            raise ValueError(
+                f"centre replicated applies to variant sync (all workers meet at once), not variant "
+                f"{self.variant}, whose workers exchange with one centre one by one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tree_is_sync(self):
+        if self.tree_reduce and self.variant != "sync":
+            raise ValueError(
+                f"tree_reduce applies to variant sync (its broadcast and reduce), not variant "
+                f"{self.variant}, whose workers exchange with the centre one by one"
+            )
+        return self
+
+
+# ---- strategy.pipeline -------------------------------------------------------------------------------------
+
+SCHEDULES = ("gpipe", "1f1b", "message-driven")
+
+
+class PipelineOptions(BaseModel):
+    """``strategy.pipeline``: stages, micro-batches and schedule."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stages: int = Field(default=2, ge=1, description="pipeline stages (GPUs = stages x data parallelism)")
+    micro_batches: int = Field(default=4, ge=1, description="micro-batches per replica per iteration")
+    schedule: Literal["gpipe", "1f1b", "message-driven"] = "1f1b"
+    stage_layers: list[int] | None = Field(
+        default=None, description="layers per stage, in order (default: balanced by compute time)"
+    )
+    blocking_sends: bool = Field(
+        default=True,
+        description="gpipe/1f1b: each send is a rendezvous the stage waits for (Megatron's p2p); false: "
+        "isend and go on, the sends waited for at the end of the iteration (message-driven never blocks)",
+    )
+
+    @model_validator(mode="after")
+    def _stage_layers(self):
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.stages:
+                raise ValueError(
+                    f"stage_layers has {len(self.stage_layers)} entries for {self.stages} stages"
+                )
+            if any(k < 1 for k in self.stage_layers):
+                raise ValueError("every stage needs at least one layer")
+        return self
+
+
+# ---- optimizations.param_compression -----------------------------------------------------------------------
+
+class CompressionSpec(BaseModel):
+    """``param_compression:`` a method name (``fp16``) or ``{method: topk, ratio: 0.01}`` /
+    ``{method: powersgd, rank: 4}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["fp16", "bf16", "int8", "topk", "powersgd"]
+    ratio: float | None = Field(default=None, gt=0, le=1, description="topk: fraction of values sent")
+    rank: int | None = Field(default=None, ge=1, description="powersgd: rank of the low-rank factors")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data):
+        return {"method": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _parameters(self):
+        if self.method == "topk" and self.ratio is None:
+            raise ValueError("param_compression topk needs ratio (fraction of values sent, e.g. 0.01)")
+        if self.method == "powersgd" and self.rank is None:
+            raise ValueError("param_compression powersgd needs rank (e.g. 4)")
+        if self.method != "topk" and self.ratio is not None:
+            raise ValueError(f"param_compression ratio applies to method topk, not {self.method}")
+        if self.method != "powersgd" and self.rank is not None:
+            raise ValueError(f"param_compression rank applies to method powersgd, not {self.method}")
+        return self
+
+    def label(self) -> str:
+        if self.method == "topk":
+            return f"topk:{self.ratio:g}"
+        if self.method == "powersgd":
+            return f"powersgd:{self.rank}"
+        return self.method
+
+
+# ---- combinations of optimizations -------------------------------------------------------------------------
+
+#: strategies whose ranks run the shared input copy / forward / backward of sim/strategies/base.py
+INPUT_COPY_STRATEGIES = ("single", "ddp", "dp-gpu0", "parameter-server", "spatial", "hybrid")
+PASS_STRATEGIES = ("single", "ddp", "dp-gpu0", "parameter-server")
+COMPRESSION_STRATEGIES = ("dp-gpu0", "ddp")
+SPLIT_STRATEGIES = ("dp-gpu0", "ddp", "parameter-server")  # ddp/parameter-server ranks already load shards
+
+
+def normalise(block):
+    """Accept the executor's spellings (calibrate/execute/config.py) of the same switches, so one scenario
+    file serves both: ``preload: true`` / ``{depth: k}``, ``param_compression: none`` /
+    ``{name: powersgd, rank}``, ``offload_activations: save_on_cpu`` (offload all, no prefetch ahead:
+    distance 0) / ``prefetch`` (all, with ``prefetch_distance``) / ``{mode: prefetch, distance: k}``."""
+    if not isinstance(block, dict):
+        return block
+    out = dict(block)
+    preload = out.get("preload")
+    if isinstance(preload, bool):
+        out["preload"] = 1 if preload else 0  # double buffering
+    elif isinstance(preload, dict):
+        out["preload"] = preload.get("depth", 1) if preload.get("enabled", True) else 0
+    comp = out.get("param_compression")
+    if comp in ("none", False):
+        out["param_compression"] = None
+    elif isinstance(comp, dict) and "name" in comp and "method" not in comp:
+        out["param_compression"] = {("method" if k == "name" else k): v for k, v in comp.items()}
+    off = out.get("offload_activations")
+    if isinstance(off, dict):
+        if "distance" in off:
+            out.setdefault("prefetch_distance", off["distance"])
+        off = off.get("mode", "prefetch")
+    if off is False:
+        off = "none"
+    if off == "save_on_cpu":  # torch's save_on_cpu unpacks on demand: no prefetch ahead
+        out.setdefault("prefetch_distance", 0)
+        off = "all"
+    elif off == "prefetch":
+        off = "all"
+    if off is not None:
+        out["offload_activations"] = off
+    return out
+
+
+def _offload_on(policy) -> bool:
+    return policy not in (None, "none") and policy != []
+
+
+def check_combinations(scenario) -> None:
+    """Raise ValueError (one line, naming both switches) for combinations that make no physical sense."""
+    opts, strategy = scenario.optimizations, scenario.strategy.name
+    if opts.cpu_batch_split and strategy not in SPLIT_STRATEGIES:
+        raise ValueError(
+            f"optimizations.cpu_batch_split splits the batch over several GPUs; strategy.name {strategy} "
+            f"does not (use it with {', '.join(SPLIT_STRATEGIES)})"
+        )
+    if opts.preload and strategy not in INPUT_COPY_STRATEGIES:
+        raise ValueError(
+            f"optimizations.preload is modelled for strategy.name {', '.join(INPUT_COPY_STRATEGIES)}, "
+            f"not {strategy}"
+        )
+    if opts.param_compression is not None:
+        if strategy not in COMPRESSION_STRATEGIES:
+            raise ValueError(
+                f"optimizations.param_compression is modelled for strategy.name "
+                f"{' and '.join(COMPRESSION_STRATEGIES)}, not {strategy}"
+            )
+        method = opts.param_compression.method
+        if method in ("fp16", "bf16") and scenario.precision in ("fp16", "bf16"):
+            raise ValueError(
+                f"optimizations.param_compression {method} with precision {scenario.precision}: "
+                "the gradients are already 2 bytes per value"
+            )
+    offload = _offload_on(opts.offload_activations)
+    if offload and strategy not in PASS_STRATEGIES:
+        raise ValueError(
+            f"optimizations.offload_activations is modelled for strategy.name {', '.join(PASS_STRATEGIES)}, "
+            f"not {strategy}"
+        )
+    if offload and scenario.host.memory_gib == 0:
+        raise ValueError("optimizations.offload_activations needs pinned host memory; host.memory_gib is 0")
+    if not offload:
+        if opts.contention_aware:
+            raise ValueError(
+                "optimizations.contention_aware staggers offload/prefetch transfers; "
+                "optimizations.offload_activations is off"
+            )
+        if opts.prefetch_distance != 1:
+            raise ValueError(
+                "optimizations.prefetch_distance applies to offloaded activations; "
+                "optimizations.offload_activations is off"
+            )
+
+
