@@ -254,10 +254,6 @@ def _machine_cores(root: Path):
     machine.write_text(json.dumps(data))
 
 
-bundle_xfail = pytest.mark.xfail(reason="bundle validation: formats helper", strict=False)
-
-
-@bundle_xfail
 @pytest.mark.parametrize("breaker, expected", [
     (_break_meta("missing"), "meta.json"), (_break_meta("corrupt"), "meta.json"),
     (_break_meta("empty"), "meta.json"), (_break_meta("schema"), "trainsim.calibration/2"),
@@ -270,7 +266,6 @@ def test_broken_bundles(tmp_path, breaker, expected):
     fails(["simulate", "validate-cpu", "--calibration", root, "--set", "iterations=1"], expected)
 
 
-@bundle_xfail
 def test_bundle_of_another_workload(tmp_path):
     root = _bundle(tmp_path)
     fails(["simulate", "validate-cpu", "--calibration", root, "--set", "workload=resnet50"], "resnet50",

@@ -5,8 +5,16 @@
     topo.route("gpu0", "gpu1")                # [("gpu0", "nvsw0"), ("nvsw0", "gpu1")]
 """
 
-from .generators import cluster, nvlink_mesh, nvswitch_system, pcie_tree
-from .loader import list_presets, load_spec, load_topology, save_topology
+from .loader import (
+    cluster,
+    list_presets,
+    load_spec,
+    load_topology,
+    nvlink_mesh,
+    nvswitch_system,
+    pcie_tree,
+    save_topology,
+)
 from .schema import SCHEMA, TopologySpec
 from .topology import Topology
 

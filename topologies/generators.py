@@ -5,7 +5,7 @@ goes through the same checks as a hand-written file. From YAML: ``generator: pci
 parameters at the top level of the file (besides ``schema``, ``name``, ``description``, ``sources``).
 From Python::
 
-    from trainsim.topologies.generators import pcie_tree
+    from trainsim.topologies import pcie_tree
     spec = pcie_tree(gpus=8, gpus_per_switch=2, generation=3, sockets=2, gpu="V100")
     topo = load_topology(spec)                 # or load_topology({"generator": "pcie_tree", ...})
 """
@@ -207,10 +207,10 @@ def build_nvswitch(p: NvswitchParams) -> TopologySpec:
                  f"{p.nvlink_generation} per GPU, {_pcie_words(p)}", p.p2p)
 
 
-def build_cluster(p: ClusterParams, *, base_dir: Path | None = None) -> TopologySpec:
-    from .loader import load_spec  # the node may be any topology, loaded the usual way
-
-    node_spec, _ = load_spec(p.node, base_dir=base_dir)
+def build_cluster(p: ClusterParams, *, load_node, base_dir: Path | None = None) -> TopologySpec:
+    """``load_node(source, base_dir=...) -> (TopologySpec, label)``: the node may be any topology, loaded the
+    usual way (the loader passes its own)."""
+    node_spec, _ = load_node(p.node, base_dir=base_dir)
     nodes: list[dict] = []
     links: list[dict] = []
     switch = "netsw0"
@@ -245,8 +245,10 @@ GENERATORS = {"pcie_tree": (PcieTreeParams, build_pcie_tree),
               "cluster": (ClusterParams, build_cluster)}
 
 
-def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None) -> TopologySpec:
-    """Run the generator named by ``data["generator"]`` on the rest of ``data``."""
+def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None,
+           load_node=None) -> TopologySpec:
+    """Run the generator named by ``data["generator"]`` on the rest of ``data``; ``load_node`` loads the node
+    topology a cluster names (`loader.load_spec`, which passes itself)."""
     name = data.get("generator")
     if name not in GENERATORS:
         raise unknown_name("generator", str(name), GENERATORS, file=file, field="generator")
@@ -257,7 +259,7 @@ def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None)
         raise validation_error(exc, file=file) from None
     try:
         if name == "cluster":
-            return build(params, base_dir=base_dir)
+            return build(params, base_dir=base_dir, load_node=load_node)
         return build(params)
     except TrainsimError as exc:
         if exc.file is None:
@@ -265,23 +267,3 @@ def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None)
         raise
     except ValidationError as exc:
         raise validation_error(exc, file=file) from None
-
-
-def pcie_tree(**params) -> TopologySpec:
-    """A PCIe tree machine (see `PcieTreeParams` for the parameters)."""
-    return expand({"generator": "pcie_tree", **params})
-
-
-def nvlink_mesh(links: list[list[int]], **params) -> TopologySpec:
-    """A machine with direct NVLink sets from a link-count matrix (see `NvlinkMeshParams`)."""
-    return expand({"generator": "nvlink_mesh", "links": links, **params})
-
-
-def nvswitch_system(**params) -> TopologySpec:
-    """A machine whose GPUs meet in NVSwitch fabrics (see `NvswitchParams`)."""
-    return expand({"generator": "nvswitch", **params})
-
-
-def cluster(node: str | dict, nodes: int, **params) -> TopologySpec:
-    """``nodes`` machines like ``node`` on one network switch (see `ClusterParams`)."""
-    return expand({"generator": "cluster", "node": node, "nodes": nodes, **params})

@@ -69,7 +69,7 @@ def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, st
 def spec_from_dict(data: dict, *, file: str | None, base_dir: Path | None = None) -> TopologySpec:
     """Validate a parsed file: explicit nodes/links, or a generator call expanded to them."""
     if "generator" in data:
-        return expand(data, file=file, base_dir=base_dir)
+        return expand(data, file=file, base_dir=base_dir, load_node=load_spec)
     try:
         return TopologySpec.model_validate(data)
     except ValidationError as exc:
@@ -89,21 +89,7 @@ def _gpu_attrs(node, field: str, file) -> dict:
     if memory is None:
         raise TrainsimError(f"GPU spec {node.spec!r} has no default memory; give memory_gib",
                             file=file, field=f"{field}.memory_gib")
-    check_gpu_spec(node.spec, file=file, field=f"{field}.spec")
     return {"spec": node.spec, "memory": int(memory * GIB)}
-
-
-def check_gpu_spec(spec: str, *, file=None, field: str | None = None) -> None:
-    """A GPU node's spec must name a device the simulator knows (`trainsim device list`), ``cpu`` (a
-    calibrated CPU rank), or a GPU whose memory the schema knows."""
-    from trainsim.sim.core.devices import get_device, list_devices
-
-    if spec.lower() == "cpu" or spec.upper() in DEFAULT_GPU_MEMORY_GIB:
-        return
-    try:
-        get_device(spec)
-    except TrainsimError:
-        raise unknown_name("GPU spec", spec, [*list_devices(), "cpu"], file=file, field=field) from None
 
 
 def _dram(node) -> phys.LinkFigures:
@@ -214,3 +200,26 @@ def save_topology(spec: TopologySpec, path: str | os.PathLike) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+# ---- generators as functions (they live here so that a cluster can load its node topology)
+
+
+def pcie_tree(**params) -> TopologySpec:
+    """A PCIe tree machine (see `PcieTreeParams` for the parameters)."""
+    return expand({"generator": "pcie_tree", **params})
+
+
+def nvlink_mesh(links: list[list[int]], **params) -> TopologySpec:
+    """A machine with direct NVLink sets from a link-count matrix (see `NvlinkMeshParams`)."""
+    return expand({"generator": "nvlink_mesh", "links": links, **params})
+
+
+def nvswitch_system(**params) -> TopologySpec:
+    """A machine whose GPUs meet in NVSwitch fabrics (see `NvswitchParams`)."""
+    return expand({"generator": "nvswitch", **params})
+
+
+def cluster(node: str | dict, nodes: int, **params) -> TopologySpec:
+    """``nodes`` machines like ``node`` on one network switch (see `ClusterParams`)."""
+    return expand({"generator": "cluster", "node": node, "nodes": nodes, **params}, load_node=load_spec)

@@ -134,6 +134,16 @@ topo_app = _app(help="Built-in and generated topologies: list them, show one, ro
 app.add_typer(topo_app, name="topo")
 
 
+def _load_checked_topology(source):
+    """A topology for the topo commands: loaded, and every GPU's spec known to the device library."""
+    from trainsim.sim.core.devices import check_topology_devices
+    from trainsim.topologies import load_topology
+
+    topo = load_topology(source)
+    check_topology_devices(topo)
+    return topo
+
+
 @topo_app.command("list")
 def topo_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """List the built-in topologies with their GPU count, GPU type and a one-line description."""
@@ -154,12 +164,11 @@ def topo_show(
     png: str | None = typer.Option(None, "--png", help="Also draw the topology to this PNG file."),
 ):
     """Nodes, links, per-GPU injection and bisection bandwidth, and the kinds of path between GPUs."""
-    from trainsim.topologies import load_topology
     from trainsim.topologies.analysis import describe, draw_png
     from trainsim.topologies.report import show_lines
 
     _check_outputs(("--png", png))
-    topo = load_topology(topology)
+    topo = _load_checked_topology(topology)
     desc = describe(topo)
     if png:
         try:
@@ -182,11 +191,10 @@ def topo_route(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """The links a transfer from SRC to DST uses (per leg when staged through host memory)."""
-    from trainsim.topologies import load_topology
     from trainsim.topologies.analysis import route_report
     from trainsim.topologies.report import route_lines
 
-    report = route_report(load_topology(topology), src, dst)
+    report = route_report(_load_checked_topology(topology), src, dst)
     if as_json:
         print_json(report)
     else:
@@ -213,12 +221,11 @@ def topo_bench(
     from rich.progress import Progress
 
     from trainsim.sim.collectives import ops as coll
-    from trainsim.topologies import load_topology
 
     methods = coll.METHODS if method == "both" else (method,)
     if method != "both" and method not in coll.METHODS:
         raise TrainsimError(f"unknown method {method!r}; valid choices: both, flow, analytic", field="method")
-    topo = load_topology(topology)
+    topo = _load_checked_topology(topology)
     size_list = coll.parse_sizes(sizes)
     group = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
     with Progress(console=Console(stderr=True), transient=True) as bar:

@@ -215,3 +215,19 @@ def match_cuda_name(cuda_name: str, memory_bytes: int | None = None) -> DeviceSp
                 return min((DEVICES[c] for c in candidates), key=lambda s: abs(s.memory_bytes - memory_bytes))
             return DEVICES[candidates[0]]
     return None
+
+
+def check_topology_devices(topology) -> None:
+    """Every GPU node of ``topology`` names a device this library knows (`trainsim device list`), ``cpu`` (a
+    calibrated CPU rank, whose spec the bundle carries), or a GPU whose memory the topology schema knows;
+    else one line naming the topology file and the node's field, with the valid names."""
+    from trainsim.topologies.schema import DEFAULT_GPU_MEMORY_GIB
+
+    for i, node in enumerate(topology.spec.nodes):
+        if node.kind != "gpu" or node.spec.lower() == "cpu" or node.spec.upper() in DEFAULT_GPU_MEMORY_GIB:
+            continue
+        try:
+            get_device(node.spec)
+        except TrainsimError:
+            raise unknown_name("GPU spec", node.spec, [*list_devices(), "cpu"], file=topology.source,
+                               field=f"nodes[{i}].spec") from None
