@@ -199,21 +199,16 @@ class Simulation:
         bundle: Bundle | None = None,
         machine: Machine | None = None,
         record: bool = True,
-        prep_s_per_sample: float | None = None,
-        loader_overlap: dict | None = None,
-        codec_s: float | None = None,
-        measurements: RunMeasurements | None = None,
     ):
-        """``measurements``: what validation measured for this run on the box (`RunMeasurements`); the
-        keyword arguments ``prep_s_per_sample``, ``loader_overlap`` and ``codec_s`` are its fields.
-        ``bundle``: a loaded calibration bundle (`trainsim.api.load_bundle`); its topology, its workload of
-        the scenario's model and its measured device replace the scenario's."""
+        """``bundle``: a loaded calibration bundle (`trainsim.api.load_bundle`); its topology, its workload of
+        the scenario's model and its measured device replace the scenario's, and what validation measured for
+        this run (``bundle.run``, `RunMeasurements`) applies."""
         if not isinstance(scenario, Scenario):
             raise TypeError(
                 "Simulation takes a validated Scenario (trainsim.api.load_scenario), "
                 f"not {type(scenario).__name__}"
             )
-        measured = measurements or RunMeasurements(prep_s_per_sample, loader_overlap, codec_s)
+        measured = (bundle.run if bundle is not None else None) or RunMeasurements()
 
         self.scenario = scenario
         sc = self.scenario
@@ -303,7 +298,8 @@ class Simulation:
         )
         from trainsim.sim.optimizations.data_movement import prepare
 
-        # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates variants)
+        # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates
+        # variants)
         prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, bundle=bundle, record=False).run())
         if measured.codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on box
             self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)

@@ -1,4 +1,5 @@
-"""sim/optimizations/compression.py by hand: PowerSGD's per-bucket phases (uncompressed, P and Q bytes, matmuls, error
+"""sim/optimizations/compression.py by hand: PowerSGD's per-bucket phases (uncompressed, P and Q bytes,
+matmuls, error
 feedback) and the weight matrices read from a workload."""
 
 from types import SimpleNamespace

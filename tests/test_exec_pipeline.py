@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from trainsim.calibrate import zoo  # noqa: E402
 from trainsim.calibrate.execute.config import ExecConfig, PipelineConfig  # noqa: E402
-from trainsim.calibrate.execute.pipeline import (
+from trainsim.calibrate.execute.pipeline import (  # noqa: E402
     balanced_cuts,
     cuts_from_stage_layers,
     leaf_count,

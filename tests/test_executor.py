@@ -10,7 +10,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainsim.calibrate.execute.config import EasgdConfig, ExecConfig, OptimizationsConfig, PipelineConfig
+from trainsim.calibrate.execute.config import (  # noqa: E402
+    EasgdConfig,
+    ExecConfig,
+    OptimizationsConfig,
+    PipelineConfig,
+)
 from trainsim.calibrate.execute.executor import run_many, run_variant  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
 

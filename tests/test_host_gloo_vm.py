@@ -93,12 +93,24 @@ def test_a_version_1_rank_step_reads_as_named_fields():
     assert short.points[0].together_s is None and short.points[0].data_alone_s is None
 
 
-def test_run_measurements_are_the_keyword_arguments_as_one_object():
+def test_run_measurements_travel_with_the_bundle():
+    from trainsim.api import load_bundle
+    from trainsim.errors import TrainsimError
+
     scenario = _bundle_scenario()
-    by_keywords = simulation(scenario, calibration=str(BUNDLE), prep_s_per_sample=2.5e-4)
-    by_object = simulation(scenario, calibration=str(BUNDLE), measurements=RunMeasurements(2.5e-4))
-    assert by_keywords.ctx.prep_s_per_sample == pytest.approx(by_object.ctx.prep_s_per_sample)
-    assert by_keywords.ctx.prep_s_per_sample > 2.5e-4  # the loop's cold start and sharing on top
+    measured = RunMeasurements(prep_s_per_sample=2.5e-4)
+    through_api = simulation(scenario, calibration=str(BUNDLE), measurements=measured)
+    carried = load_bundle(str(BUNDLE)).with_run(measured)
+    assert carried.run == measured
+    by_bundle = simulation(scenario, calibration=carried)
+    assert through_api.ctx.prep_s_per_sample == pytest.approx(by_bundle.ctx.prep_s_per_sample)
+    assert by_bundle.ctx.prep_s_per_sample > 2.5e-4  # the loop's cold start and sharing on top
+    plain = simulation(scenario, calibration=str(BUNDLE))
+    assert plain.ctx.prep_s_per_sample != pytest.approx(by_bundle.ctx.prep_s_per_sample)
+    with pytest.raises(TrainsimError, match="calibration bundle"):
+        simulation(scenario, measurements=measured)
+    with pytest.raises(ValueError):
+        RunMeasurements(codec_s=-1.0)
 
 
 def _with_rank_step(wl, points, ranks=2, plain=None, device_spec="cpu"):

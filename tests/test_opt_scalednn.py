@@ -2,6 +2,7 @@
 
 import json
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 import yaml
@@ -257,16 +258,16 @@ def test_incompatible_switches_are_one_line_naming_both(tmp_path, strategy, extr
     assert len(lines) == 1 and all(word in lines[0] for word in words), result.output
 
 
-def test_a_measured_hook_cost_is_what_each_rank_spends_in_the_codec(tmp_path):
-    from trainsim.api import simulation
+def test_a_measured_hook_cost_is_what_each_rank_spends_in_the_codec():
+    from trainsim.api import RunMeasurements, simulation
 
-    topo = tiny_topology(gpus=2)
-    wl = write(tmp_path, tiny_workload(LAYERS, batch=8, step_s=STEP))
-    spec = {"method": "powersgd", "rank": 4}
-    scenario = make_scenario(topo, wl, "ddp", 16, optimizations={"param_compression": spec})
-    result = simulation(scenario, codec_s=0.003).run()
+    # a hook's cost is measured by validate on a calibrated box, so it travels with that box's bundle
+    bundle = Path(__file__).parent / "data" / "bundle-cpu-2rank"
+    measured = RunMeasurements(codec_s=0.003)
+    result = simulation("validate-cpu", variant="ddp-2-powersgd", calibration=str(bundle),
+                        measurements=measured).run()
     codec = ("encode_grads", "encode_q_grads", "decode_grads")
     for gpu in ("gpu0", "gpu1"):
         spent = sum(op.duration for op in result.machine.ops
-                    if op.op in codec and op.resource == gpu and op.iteration == 1)
+                    if op.op in codec and op.resource == gpu and op.iteration == result.warmup_iterations)
         assert spent == pytest.approx(0.003)

@@ -11,6 +11,7 @@ from simtools import stalls_per_call, tiny_topology, tiny_workload
 
 from trainsim.api import load_bundle, simulate, simulation
 from trainsim.errors import TrainsimError
+from trainsim.formats.bundle import RunMeasurements
 from trainsim.sim.collectives.ops import run_collective
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.sim.core.latency import CallSite
@@ -527,10 +528,10 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
     # a batch of 4 takes 0.4 ms longer in the loop than back to back, and x1.5 beside the other rank
     slow_data = bundle("data", {"ranks": 2, "points": [[4, 0.01, 0.01, 0.0, 0.002, 0.003, 0.0016]]})
     two = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
-                     calibration=slow_data, prep_s_per_sample=1e-4)
+                     calibration=slow_data, measurements=RunMeasurements(prep_s_per_sample=1e-4))
     assert two.ctx.prep_s_per_sample == pytest.approx((1e-4 + 1e-4) * 1.5)
     single = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "single", 4, gpus=1),
-                        calibration=slow_data, prep_s_per_sample=1e-4)
+                        calibration=slow_data, measurements=RunMeasurements(prep_s_per_sample=1e-4))
     assert single.ctx.prep_s_per_sample == pytest.approx(2e-4)
     # no pipeline given: the default one, as the rank's loop prepared it (2 ms per batch of 4 alone)
     default = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
@@ -546,7 +547,8 @@ def test_a_loader_thread_in_the_ranks_process_slows_both_as_measured(tmp_path):
     def sim(**opts):
         scenario = make_scenario(tiny_topology(gpus=1), "tiny-cnn", "single", 4, gpus=1,
                                  host={"data_workers": 1}, **opts)
-        return simulation(scenario, calibration=bundle, prep_s_per_sample=1e-4, loader_overlap=overlap)
+        return simulation(scenario, calibration=bundle,
+                          measurements=RunMeasurements(prep_s_per_sample=1e-4, loader_overlap=overlap))
 
     plain, preloading = sim(), sim(optimizations={"preload": True})
     assert plain.ctx.prep_s_per_sample == pytest.approx(1e-4)  # no loader thread beside the loop

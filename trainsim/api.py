@@ -14,15 +14,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from trainsim.errors import TrainsimError
 from trainsim.formats import bundle as bundle_format
-from trainsim.formats.bundle import Bundle
+from trainsim.formats.bundle import Bundle, RunMeasurements
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.sim.compute.workload import parse_workload
 from trainsim.sim.core.result import Result
 from trainsim.sim.simulation import Simulation
 
-__all__ = ["Bundle", "Scenario", "load_bundle", "load_scenario", "simulation", "simulate"]
+__all__ = ["Bundle", "RunMeasurements", "Scenario", "load_bundle", "load_scenario", "simulation", "simulate"]
 
 
 def load_bundle(path: str | os.PathLike | Bundle) -> Bundle:
@@ -39,14 +40,21 @@ def simulation(
     calibration: str | os.PathLike | Bundle | None = None,
     overrides: Sequence[str] = (),
     variant: str | None = None,
+    measurements: RunMeasurements | None = None,
     **options,
 ) -> Simulation:
     """A `Simulation` of ``scenario`` (a shipped name, a YAML path, a mapping or a Scenario) with
     ``overrides`` (``key.path=value``) and ``variant`` applied, on the calibration bundle ``calibration`` (a
-    folder or a loaded Bundle) if given; ``options`` are Simulation's keyword arguments."""
+    folder or a loaded Bundle) if given, carrying ``measurements`` (what validation measured for this run;
+    they need the bundle); ``options`` are Simulation's keyword arguments."""
     if not isinstance(scenario, Scenario) or overrides or variant is not None:
         scenario = load_scenario(scenario, list(overrides), variant=variant)
     bundle = load_bundle(calibration) if calibration is not None else None
+    if measurements is not None:
+        if bundle is None:
+            raise TrainsimError("measurements of a run need the calibration bundle they complete",
+                                field="calibration")
+        bundle = bundle.with_run(measurements)
     return Simulation(scenario, bundle=bundle, **options)
 
 

@@ -301,7 +301,7 @@ def calibrate_run(
         typer.echo(f"  note: {note}")
 
 
-# ---- trainsim calibrate describe / layers: the model zoo, read by torch (calibrate/measure/describe.py, ...) ----
+# ---- trainsim calibrate describe / layers: the model zoo, read by torch (calibrate/measure/describe.py, ...)
 _MODEL_SET_HELP = "Model option KEY=VALUE (repeatable): image_size, num_classes; GPT: n_layer, n_head, ..."
 
 
@@ -386,7 +386,7 @@ def calibrate_layers(
     _print_workload(workload, path, as_json, extra)
 
 
-# ---- trainsim workload / device: per-layer workloads, device specs, roofline (sim/compute/workload.py, ...) ----
+# ---- trainsim workload / device: per-layer workloads, device specs, roofline (sim/compute/workload.py, ...)
 workload_app = _app(help="Per-layer workloads: list the built-ins, show or generate one, time one.")
 app.add_typer(workload_app, name="workload")
 
@@ -621,7 +621,7 @@ def scenarios_list(as_json: bool = typer.Option(False, "--json", help="Print JSO
         typer.echo(f"{name:<{width}}  {description}")
 
 
-# ---- trainsim execute: the real PyTorch executor (calibrate/execute/executor.py) ----------------------------------
+# ---- trainsim execute: the real PyTorch executor (calibrate/execute/executor.py) ---------------------------
 
 @app.command("execute")
 def execute_cmd(
@@ -674,7 +674,7 @@ def execute_cmd(
         raise typer.Exit(1)
 
 
-# ---- trainsim validate / quickstart: predicted vs measured (calibrate/validate/run.py, report.py, quickstart.py)
+# ---- trainsim validate / quickstart: predicted vs measured (calibrate/validate/run.py, report.py, quickstart
 
 def _print_validation(result, files: dict | None, as_json: bool, extra: dict | None = None) -> None:
     from rich.console import Console
@@ -806,7 +806,7 @@ def quickstart_cmd(
                       {"scenario_run": done.scenario})
 
 
-# ---- plan: per-layer spatial/hybrid decomposition (logic in trainsim.sim.planning.spatial_plan) -------------------
+# ---- plan: per-layer spatial/hybrid decomposition (logic in trainsim.sim.planning.spatial_plan) ------------
 
 @app.command("plan")
 def plan_cmd(

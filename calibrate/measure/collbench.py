@@ -33,7 +33,8 @@ calibrated CPU boxes.
 
 ``exchange`` is the spatial halo exchange: every rank swaps S bytes with its partner (rank r with r xor 1)
 at once, ``isend`` and ``irecv`` both ways then wait, as the executor's halo exchange does
-(`trainsim.calibrate.execute.spatial`). On gloo it is timed between barriers like the collectives. Both neighbours arrive together and each waits for
+(`trainsim.calibrate.execute.spatial`). On gloo it is timed between barriers like the collectives. Both
+neighbours arrive together and each waits for
 the other's rows, so on gloo it stalls as the collectives do, not as a message to a waiting receiver."""
 
 from __future__ import annotations

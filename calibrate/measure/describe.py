@@ -15,7 +15,8 @@ and even GPT-2 at full size takes seconds. While one runs, ``LayerHooks`` says w
   attributed by the forward hooks and backward by the autograd-node hooks: a layer whose input needs no
   gradient (the first conv) has backward FLOPs equal to its forward FLOPs, the others twice;
 - memory traffic (for the roofline, excluding parameters): the compulsory bytes each op reads and writes,
-  by the same per-kind rules as :mod:`trainsim.sim.compute.analytic_models` (so a described and a built-in workload
+  by the same per-kind rules as :mod:`trainsim.sim.compute.analytic_models` (so a described and a built-in
+  workload
   are timed alike), fed with the measured tensor sizes.
 
 The step runs at two batch sizes (2 and 4: batch norm refuses one sample on a 1x1 map): the difference gives

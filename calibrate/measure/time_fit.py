@@ -3,7 +3,8 @@
 The default is affine, t = a + b·batch: a fixed cost (kernel launches, reading the weights) plus a cost per
 sample. On a GPU, small batches leave the device under-used and time grows slower than linearly at first;
 there a power law t = a + b·batch^c describes the points better. We fit both (scipy, on relative error, via
-:func:`trainsim.sim.compute.workload.fit_time`) and keep the power law only when the data demand it: at least four
+:func:`trainsim.sim.compute.workload.fit_time`) and keep the power law only when the data demand it: at least
+four
 batch sizes, affine off by more than 5 % RMS, and the power law at least halving that error. The fit dict
 records its own relative RMS error (``rel_rms``) so a reader can judge it.
 """

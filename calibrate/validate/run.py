@@ -143,12 +143,15 @@ def input_prep_seconds(cfg, batches: int = 6) -> float:
 def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_sample: float | None = None,
             loader_overlap: dict | None = None, codec_s: float | None = None,
             trace_path: Path | None = None, provenance: dict | None = None):
-    """Simulate ``variant`` from the bundle; returns the Result (TrainsimError if it cannot be modelled)."""
+    """Simulate ``variant`` from the bundle, which carries what was measured for this variant here (its input
+    pipeline, the preload thread's interference, the hook's cost); returns the Result (TrainsimError if it
+    cannot be modelled)."""
     from trainsim import api
 
     # the bundle measured the default pipeline; this variant's executor data config may cost more
-    sim = api.simulation(scenario, variant=variant, calibration=calibration,
-                         prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap, codec_s=codec_s)
+    measured = api.RunMeasurements(prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap,
+                                   codec_s=codec_s)
+    sim = api.simulation(scenario, variant=variant, calibration=calibration, measurements=measured)
     result = sim.run()
     if trace_path is not None:
         from trainsim.sim.output.chrome_trace import write_chrome_trace

@@ -251,7 +251,8 @@ class Provenance(BaseModel):
     """Where the numbers come from.
 
     ``device`` is "analytic" or the measured device's name; ``device_spec`` the name of its spec in
-    :mod:`trainsim.sim.core.devices` (or of a CPU spec stored with the calibration). Other keys (tool versions,
+    :mod:`trainsim.sim.core.devices` (or of a CPU spec stored with the calibration). Other keys (tool
+    versions,
     command line, generator config) are kept as they are.
     """
 

@@ -19,28 +19,14 @@ measurements, and holds for any CPU rank.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from trainsim.formats.bundle import LoaderOverlap
 from trainsim.sim.compute.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 from trainsim.sim.core.jitter import JitterSpec
 
 from . import rank_step
 from .call_latency import GlooCallLatency, Latency, TimerTick
-
-
-@dataclass(frozen=True)
-class RunMeasurements:
-    """What validation measured for one run configuration on the box, beside the bundle.
-
-    ``prep_s_per_sample``: the run's input pipeline per sample, timed back to back (None: the default
-    pipeline). ``loader_overlap``: with a preload thread in the rank's process, how much longer the step
-    (``step``) and a batch (``prep``) take while both run. ``codec_s``: a compression hook's measured cost
-    per step."""
-
-    prep_s_per_sample: float | None = None
-    loader_overlap: dict | None = None
-    codec_s: float | None = None
 
 
 class GlooVmHost:
@@ -87,11 +73,11 @@ class GlooVmHost:
             return None
         return JitterSpec(distribution="lognormal", sigma=own, common_sigma=shared, centre="median")
 
-    def share_process_with_loader(self, ctx, overlap: dict) -> None:
+    def share_process_with_loader(self, ctx, overlap: LoaderOverlap) -> None:
         """A CPU rank whose batches a thread of its own process prepares ahead shares the interpreter's GIL
-        and the socket's cache with it: while both run the step takes ``overlap["step"]`` times longer and a
-        batch ``overlap["prep"]`` times longer (calibrate.execute.rank_step.measure_loader_overlap)."""
-        step, prep = float(overlap.get("step", 1.0)), float(overlap.get("prep", 1.0))
+        and the socket's cache with it: while both run the step takes ``overlap.step`` times longer and a
+        batch ``overlap.prep`` times longer (calibrate.execute.rank_step.measure_loader_overlap)."""
+        step, prep = overlap.step, overlap.prep
         ctx.prep_s_per_sample *= prep
         for gpu, c in ctx.costs.items():
             if ctx.machine.gpus[gpu].device.kind == "cpu":

@@ -84,7 +84,8 @@ class Codec:
 
     def fit_to(self, measured_s: float, grad_bytes_per_layer: list[float]) -> None:
         """Scale every pass so that one rank's codec work per iteration takes ``measured_s``, as measured on
-        the box (calibrate/execute/codec_cost.py): on a CPU rank a hook's small tensor ops cost their dispatch, not
+        the box (calibrate/execute/codec_cost.py): on a CPU rank a hook's small tensor ops cost their
+        dispatch, not
         their FLOPs or bytes, which the roofline would charge in microseconds. Passes keep their shares."""
         layers = [i for i, g in enumerate(grad_bytes_per_layer) if g > 0]
         self.scale = 1.0

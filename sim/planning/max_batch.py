@@ -1,6 +1,7 @@
 """The largest batch that fits in GPU memory, with and without activation offload, and the throughput at each.
 
-Out of memory is a simulation result (sim/core/memory.py), so "fits" is a simulated run whose memory peak stays
+Out of memory is a simulation result (sim/core/memory.py), so "fits" is a simulated run whose memory peak
+stays
 within every GPU's capacity. The per-GPU batch is doubled until a run does not fit, then bisected: about
 2 log2(batch) short runs (no warm-up, two iterations, nothing recorded). The throughput at each batch is a
 full run of the scenario (its iterations and warm-up) at that batch.

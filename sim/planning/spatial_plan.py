@@ -3,7 +3,8 @@ model.
 
 As Dryden et al. do, the model is per-layer compute plus alpha-beta communication, and a dynamic program over
 the layers picks the grid of each layer minimising the sum of layer costs and of the redistribution costs
-between consecutive layers. The pieces are the simulator's own (sim/spatial/decomposition.py): the same slab compute times,
+between consecutive layers. The pieces are the simulator's own (sim/spatial/decomposition.py): the same slab
+compute times,
 the same halo and redistribution bytes; links come from the topology: a point-to-point transfer takes the
 route's latency plus bytes over its bottleneck bandwidth (staged legs one after the other without P2P).
 

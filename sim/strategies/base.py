@@ -70,7 +70,8 @@ class Context:
     preload_depth: int = 0
     cpu_batch_split: bool = False
     preloaders: dict[str, Any] = field(default_factory=dict)
-    offloader: Any = None  # sim/optimizations/offload.py Offloader when optimizations.offload_activations is on
+    # sim/optimizations/offload.py Offloader when optimizations.offload_activations is on
+    offloader: Any = None
     codec: Any = None  # sim/optimizations/compression.py Codec when optimizations.param_compression is set
     # the spread of a rank's passes (sim/core/jitter.py JitterSpec): the scenario's strategy.jitter, else on a
     # calibrated CPU box the measured one; None: every pass takes its nominal time
@@ -129,7 +130,8 @@ class Context:
     def input_copy(self, gpu: str, iteration: int, nbytes: float | None = None):
         """The rank's input batch from its host memory to the GPU (pinned or pageable); none on a CPU rank."""
         nbytes = self.costs[gpu].input_bytes if nbytes is None else nbytes
-        if self.preload_depth:  # ScaleDNN pre-loading: the copy ran ahead on the H2D engine (sim/optimizations/preload.py)
+        # ScaleDNN pre-loading: the copy ran ahead on the H2D engine (sim/optimizations/preload.py)
+        if self.preload_depth:
             if gpu not in self.preloaders:
                 from trainsim.sim.optimizations.preload import Preloader
 

@@ -93,7 +93,8 @@ def _codec_pass(ctx: Context, op: str, seconds: float, it: int, b: int):
 
 
 def _compressed_allreduce(ctx: Context, layers: list[int], it: int, b: int, skew_s: float):
-    """``param_compression``: encode, all-reduce the compressed bytes, decode (sim/optimizations/compression.py); PowerSGD
+    """``param_compression``: encode, all-reduce the compressed bytes, decode
+    (sim/optimizations/compression.py); PowerSGD
     is three chained all-reduces instead. Each rank encodes as soon as its bucket is ready, so the ranks
     meet the first all-reduce as far apart as they filled the bucket (``skew_s``)."""
     codec = ctx.codec

@@ -1,4 +1,5 @@
-"""`spatial` and `hybrid`: each GPU computes its slab of every layer (sim/spatial/decomposition.py has the geometry).
+"""`spatial` and `hybrid`: each GPU computes its slab of every layer (sim/spatial/decomposition.py has the
+geometry).
 
 Per rank and iteration: its samples' slab of the input from host memory; forward layer by layer, where a
 convolution split along an axis sends its halo to each neighbour as a point-to-point flow (no stream held:

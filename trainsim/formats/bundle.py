@@ -17,6 +17,7 @@ naming the file and field. A partial bundle (interrupted run) loads with what it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -211,6 +212,25 @@ def read_file(path: Path, model: type[BaseModel] | None = None):
         raise from_validation_error(exc, file=label) from None
 
 
+class LoaderOverlap(_Strict):
+    """With a preload thread in a CPU rank's own process: how many times longer the step (``step``) and one
+    batch's preparation (``prep``) take while both run."""
+
+    step: float = Field(default=1.0, gt=0)
+    prep: float = Field(default=1.0, gt=0)
+
+
+class RunMeasurements(_Strict):
+    """What validation measured on the box for one run configuration, beside the calibration: the run's
+    input pipeline per sample timed back to back (None: the default pipeline the calibration measured), the
+    preload thread's interference, and a compression hook's cost per step. A bundle carries them for the
+    run it is handed to (`Bundle.with_run`)."""
+
+    prep_s_per_sample: float | None = Field(default=None, ge=0)
+    loader_overlap: LoaderOverlap | None = None
+    codec_s: float | None = Field(default=None, ge=0)
+
+
 @dataclass
 class Bundle:
     """A loaded, validated calibration bundle; parts of an interrupted run that never finished are None.
@@ -228,6 +248,11 @@ class Bundle:
     links: LinksFile | None = None
     collectives: CollectivesFile | None = None
     workloads: dict[str, Any] = field(default_factory=dict)
+    run: RunMeasurements | None = None  # measured for the one run this bundle is handed to, if any
+
+    def with_run(self, run: RunMeasurements | None) -> Bundle:
+        """This bundle, carrying ``run``: what validation measured for one run configuration."""
+        return dataclasses.replace(self, run=run)
 
     @property
     def complete(self) -> bool:
