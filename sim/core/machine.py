@@ -169,6 +169,11 @@ class Machine:
         self.ops.append(op)
         return op
 
+    def record_since(self, start: float, resource: str, stream: str, op: str, iteration: int, **fields) -> Op:
+        """Record work on ``resource``'s ``stream`` that ran from ``start`` until now."""
+        return self.record(iteration=iteration, resource=resource, stream=stream, op=op, start=start,
+                           end=self.env.now, **fields)
+
     # ---- work -----------------------------------------------------------------------------------------
     def run(
         self,
@@ -188,17 +193,7 @@ class Machine:
             start = self.env.now
             if duration > 0:
                 yield self.env.timeout(duration)
-            self.record(
-                iteration=iteration,
-                resource=gpu,
-                stream=stream,
-                op=op,
-                start=start,
-                end=self.env.now,
-                category=category,
-                layer=layer,
-                args=args,
-            )
+            self.record_since(start, gpu, stream, op, iteration, category=category, layer=layer, args=args)
 
     def transfer(
         self,
@@ -231,30 +226,11 @@ class Machine:
                                               tag=tag or f"it{iteration}:{op}:{gpu}")
             if core is not None:
                 host.cores.release(core)
-                self.record(
-                    iteration=iteration,
-                    resource=host.name,
-                    stream="cores",
-                    op=f"{op}_staging",
-                    start=start,
-                    end=self.env.now,
-                    category=None,
-                    nbytes=nbytes,
-                )
+                self.record_since(start, host.name, "cores", f"{op}_staging", iteration, category=None,
+                                  nbytes=nbytes)
             route = tuple(edge for leg in legs for edge in leg)
-            self.record(
-                iteration=iteration,
-                resource=gpu,
-                stream=stream,
-                op=op,
-                start=start,
-                end=self.env.now,
-                category=category,
-                nbytes=nbytes,
-                route=route,
-                peer=peer,
-                args={"pinned": pinned} if host is not None else {},
-            )
+            self.record_since(start, gpu, stream, op, iteration, category=category, nbytes=nbytes,
+                              route=route, peer=peer, args={"pinned": pinned} if host is not None else {})
 
     def h2d(self, gpu: str, nbytes: float, *, iteration: int, op: str = "h2d_input", pinned: bool = True,
             src: str | None = None, category: str = TRANSFER, call: CallSite | None = None):
@@ -362,8 +338,8 @@ class Machine:
             ])
         for req in requests:
             host.cores.release(req)
-        self.record(iteration=iteration, resource=host.name, stream="cores", op=op, start=start,
-                    end=self.env.now, category=None, nbytes=total, args={"cores": cores, **args})
+        self.record_since(start, host.name, "cores", op, iteration, category=None, nbytes=total,
+                          args={"cores": cores, **args})
 
     def host_work(self, host: Host, duration: float, *, cores: int = 1, op: str, iteration: int, **args):
         """``duration`` seconds of CPU work holding ``cores`` cores of ``host``."""
@@ -374,16 +350,8 @@ class Machine:
             yield self.env.timeout(duration)
         for req in requests:
             host.cores.release(req)
-        self.record(
-            iteration=iteration,
-            resource=host.name,
-            stream="cores",
-            op=op,
-            start=start,
-            end=self.env.now,
-            category=None,
-            args={"cores": len(requests), **args},
-        )
+        self.record_since(start, host.name, "cores", op, iteration, category=None,
+                          args={"cores": len(requests), **args})
 
 
 def build_machine(topology, env: simpy.Environment | None = None, **kwargs) -> Machine:

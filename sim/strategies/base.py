@@ -116,15 +116,7 @@ class Context:
         start = self.env.now
         yield from loader.get()
         if self.env.now > start:
-            self.machine.record(
-                iteration=iteration,
-                resource=gpu,
-                stream="data",
-                op="data_wait",
-                start=start,
-                end=self.env.now,
-                category=DATA,
-            )
+            self.machine.record_since(start, gpu, "data", "data_wait", iteration, category=DATA)
 
     # ---- the model's passes ---------------------------------------------------------------------------
     def input_copy(self, gpu: str, iteration: int, nbytes: float | None = None):

@@ -120,19 +120,10 @@ class _Easgd:
             for leg, latency in zip(legs, latencies, strict=True):
                 yield ctx.machine.net.transfer(leg, nbytes, latency=latency, tag=f"it{it}:{op}:{gpu}")
         other = dst if src == gpu else src
-        ctx.machine.record(
-            iteration=it,
-            resource=gpu,
-            stream="comm",
-            op=op,
-            start=start,
-            end=ctx.env.now,
-            category=COMM,
-            nbytes=self.weight_bytes,
-            peer=other if other in ctx.machine.gpus else None,
-            route=tuple(e for leg in legs for e in leg),
-            args={"messages": len(self.messages)},
-        )
+        ctx.machine.record_since(start, gpu, "comm", op, it, category=COMM, nbytes=self.weight_bytes,
+                                 peer=other if other in ctx.machine.gpus else None,
+                                 route=tuple(e for leg in legs for e in leg),
+                                 args={"messages": len(self.messages)})
 
     def update(self, where: str, traffic: float, it: int, op: str, host=None, cores: int = 1):
         """A memory-bound update moving ``traffic`` bytes: on a GPU's compute stream, or on host cores as

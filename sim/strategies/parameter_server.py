@@ -36,8 +36,7 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
         waiting = ctx.env.now
         yield pulled(it)
         if ctx.env.now > waiting:  # the exchange is not over until the server has updated: communication
-            ctx.machine.record(iteration=it, resource=gpu, stream="wait", op="wait_parameter_server",
-                               start=waiting, end=ctx.env.now, category=COMM)
+            ctx.machine.record_since(waiting, gpu, "wait", "wait_parameter_server", it, category=COMM)
         yield from ctx.machine.h2d(
             gpu, ctx.costs[gpu].param_bytes, iteration=it, op="pull_params", src=dram, category=COMM,
             call=CallSite("broadcast", ("pull", it)),  # one gloo broadcast from the server rank

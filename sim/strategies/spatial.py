@@ -48,19 +48,8 @@ def _send(ctx: Context, src: int, dst: int, nbytes: float, event, *, iteration: 
     for leg, latency in zip(legs, machine.message_latencies(legs, nbytes, call), strict=True):
         yield from machine.rank_transfer([a, b], leg, nbytes, latency=latency,
                                          tag=f"it{iteration}:{op}:{layer}:{a}->{b}")
-    machine.record(
-        iteration=iteration,
-        resource=a,
-        stream="p2p",
-        op=op,
-        start=start,
-        end=env.now,
-        category=COMM,
-        layer=layer,
-        nbytes=nbytes,
-        route=tuple(e for leg in legs for e in leg),
-        peer=b,
-    )
+    machine.record_since(start, a, "p2p", op, iteration, category=COMM, layer=layer, nbytes=nbytes,
+                         route=tuple(e for leg in legs for e in leg), peer=b)
     event.succeed()
 
 
