@@ -80,9 +80,10 @@ def main(path: str) -> None:
             f"layers: {len(bundle.workload.layers)} layers; spread (IQR / median) per layer and batch: "
             f"median {p50:.0f} %, p90 {p90:.0f} %, max {pmax:.0f} %"
         )
-        iteration = (bundle.workload.provenance.model_dump().get("iteration") or {}).get("plain") or []
-        for batch, median, spread in iteration:
-            print(f"  iteration at batch {batch}: {median * 1e3:.2f} ms (IQR {spread * 1e3:.2f} ms)")
+        iteration = bundle.workload.provenance.iteration
+        for point in iteration.plain if iteration else []:
+            print(f"  iteration at batch {point.batch}: {point.s * 1e3:.2f} ms "
+                  f"(IQR {(point.iqr_s or 0.0) * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -39,15 +39,16 @@ def main() -> None:
                             threads=args.threads, prep_samples=32, **cfg)
         profile_s = time.perf_counter() - start
         prov = wl.provenance.model_extra
-        it = prov["iteration"]
+        it = wl.provenance.iteration
         print(f"{name} {cfg} on {wl.provenance.device} ({prov['torch_device']}, {prov['threads']} threads): "
               f"describe {describe_s:.2f} s, profile {profile_s:.1f} s, "
               f"prep {wl.input.prep_s_per_sample * 1e6:.1f} us/sample")
         print(f"  {'batch':>5} {'plain ms':>9} {'layers ms':>10} {'optim ms':>9} {'unattr ms':>10} "
               f"{'unattr %':>9} {'hooked ms':>10} {'hook cost %':>11} {'median IQR/median %':>20}")
-        rows = zip(it["plain"], it["layers_sum"], it["optimizer"], it["unattributed"], it["hooked"],
-                   strict=True)
-        for (b, plain, _), (_, layers), (_, opt), (_, rest), (_, hooked, _) in rows:
+        rows = zip(it.plain, it.layers_sum, it.optimizer, it.unattributed, it.hooked, strict=True)
+        for point, layer_sum, opt_step, rest_of, hooked_point in rows:
+            b, plain, layers, opt, rest, hooked = (point.batch, point.s, layer_sum.s, opt_step.s, rest_of.s,
+                                                   hooked_point.s)
             spreads = [p[2] / p[1] for layer in wl.layers for tm in (layer.forward, layer.backward)
                        for p in tm.points if p[0] == b]
             spreads.sort()

@@ -52,10 +52,11 @@ def test_unattributed_time_of_a_calibrated_workload():
     from types import SimpleNamespace
 
     from trainsim.sim.compute.costs import unattributed_s
+    from trainsim.sim.compute.provenance import IterationRecord
 
     def wl(points):
-        extra = {"iteration": {"unattributed": points}} if points is not None else {}
-        return SimpleNamespace(provenance=SimpleNamespace(model_extra=extra))
+        iteration = IterationRecord(unattributed=points) if points is not None else None
+        return SimpleNamespace(provenance=SimpleNamespace(iteration=iteration))
 
     points = [[16, -0.001], [32, 0.002], [64, 0.004]]
     assert unattributed_s(wl(points), 48) == pytest.approx(0.003)  # linear between measured sizes

@@ -10,7 +10,7 @@ from simtools import tiny_topology
 
 from trainsim.api import simulation
 from trainsim.sim.compute.costs import rank_costs
-from trainsim.sim.compute.provenance import RankStepRecord
+from trainsim.sim.compute.provenance import IterationRecord, RankStepRecord
 from trainsim.sim.compute.workload import load_workload, parse_workload
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.latency import CallSite, RouteLatency
@@ -116,7 +116,7 @@ def test_run_measurements_travel_with_the_bundle():
 def _with_rank_step(wl, points, ranks=2, plain=None, device_spec="cpu"):
     """``points``: [batch, alone_s, together_s]; ``plain``: the profile's plain step per batch."""
     plain = plain or [[b, 0.010] for b, *_ in points]
-    extra = {**(wl.provenance.model_extra or {}), "iteration": {"plain": plain},
+    extra = {"iteration": IterationRecord(plain=plain),
              "rank_step": RankStepRecord.model_validate({"ranks": ranks, "points": points})}
     provenance = wl.provenance.model_copy(update={**extra, "device_spec": device_spec})
     return wl.model_copy(update={"provenance": provenance})

@@ -38,9 +38,10 @@ def test_every_layer_timed_at_every_batch(tiny):
 
 
 def test_iteration_is_accounted_for(tiny):
-    it = tiny.provenance.model_extra["iteration"]
-    for (b, plain, _), (_, layers), (_, opt), (_, rest) in zip(it["plain"], it["layers_sum"], it["optimizer"],
-                                                                it["unattributed"], strict=True):
+    it = tiny.provenance.iteration
+    for p, layer_sum, opt_step, rest_of in zip(it.plain, it.layers_sum, it.optimizer, it.unattributed,
+                                              strict=True):
+        b, plain, layers, opt, rest = p.batch, p.s, layer_sum.s, opt_step.s, rest_of.s
         assert layers + opt + rest == pytest.approx(plain, rel=1e-9, abs=1e-12)
         assert layers > 0 and opt > 0
         summed = sum(layer.forward.at(b) + layer.backward.at(b) for layer in tiny.layers)
@@ -83,8 +84,8 @@ def test_batch_that_does_not_fit_is_skipped(monkeypatch):
     wl = profile_layers("tiny-cnn", "cpu", [2, 64, 128], repeats=1, warmup=0, threads=1, prep_samples=0)
     prov = wl.provenance.model_extra
     assert prov["batch_sizes_measured"] == [2] and prov["largest_batch_that_fits"] == 2
-    assert [s["batch"] for s in prov["skipped"]] == [64, 128]
-    assert "GiB" in prov["skipped"][0]["reason"]
+    assert [s.batch for s in wl.provenance.skipped] == [64, 128]
+    assert "GiB" in wl.provenance.skipped[0].reason
     monkeypatch.setattr(layer_profile, "memory_available_bytes", lambda: 1000)
     with pytest.raises(TrainsimError, match="no batch size fits"):
         profile_layers("tiny-cnn", "cpu", [2], repeats=1, warmup=0, prep_samples=0)
@@ -100,8 +101,8 @@ def test_out_of_memory_during_a_run_is_skipped(monkeypatch):
 
     monkeypatch.setattr(layer_profile, "_measure_batch", flaky)
     wl = profile_layers("tiny-cnn", "cpu", [2, 3, 4], repeats=1, warmup=0, threads=1, prep_samples=0)
-    skipped = wl.provenance.model_extra["skipped"]
-    assert [s["batch"] for s in skipped] == [3, 4] and "out of memory" in skipped[0]["reason"]
+    skipped = wl.provenance.skipped
+    assert [s.batch for s in skipped] == [3, 4] and "out of memory" in skipped[0].reason
 
 
 def test_is_oom():

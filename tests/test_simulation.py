@@ -482,14 +482,15 @@ def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
 
 
 def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_path):
-    from trainsim.sim.compute.provenance import RankStepRecord
+    from trainsim.sim.compute.provenance import IterationRecord, RankStepRecord
     from trainsim.sim.compute.workload import load_workload
 
     def bundle(name, rank_step):
         root = Path(_cpu_bundle(tmp_path / name, _gloo_calls(all_reduce=100.0)))
         path = root / "workload-tiny-cnn.json"
         workload = load_workload(path)
-        extra = {"iteration": {"plain": [[4, 0.01]]}, "rank_step": RankStepRecord.model_validate(rank_step)}
+        extra = {"iteration": IterationRecord(plain=[[4, 0.01]]),
+                 "rank_step": RankStepRecord.model_validate(rank_step)}
         path.write_text(workload.model_copy(update={"provenance": workload.provenance.model_copy(
             update=extra)}).model_dump_json())
         return str(root)

@@ -377,12 +377,12 @@ def calibrate_layers(
         workload = profile_layers(model, device, parse_batch_sizes(batch_sizes), repeats=repeats,
                                   warmup=warmup, optimizer=optimizer, threads=threads,
                                   progress=status.update, **parse_overrides(settings))
-    for item in workload.provenance.model_extra.get("skipped", []):
-        console.print(f"note: batch {item['batch']} not measured: {item['reason']}")
+    for item in workload.provenance.skipped or []:
+        console.print(f"note: batch {item.batch} not measured: {item.reason}")
     path = save_workload(workload, out) if out else None
-    iteration = workload.provenance.model_extra["iteration"]
-    extra = {"iteration_s": {b: round(t, 6) for b, t, _ in iteration["plain"]},
-             "unattributed_s": {b: round(t, 6) for b, t in iteration["unattributed"]}}
+    iteration = workload.provenance.iteration
+    extra = {"iteration_s": {p.batch: round(p.s, 6) for p in iteration.plain},
+             "unattributed_s": {p.batch: round(p.s, 6) for p in iteration.unattributed}}
     _print_workload(workload, path, as_json, extra)
 
 

@@ -49,6 +49,7 @@ from trainsim.calibrate.measure.time_fit import time_model
 from trainsim.calibrate.sampling import median_spread
 from trainsim.errors import TrainsimError, unknown_name
 from trainsim.provenance import provenance
+from trainsim.sim.compute.provenance import BatchTime, IterationRecord
 from trainsim.sim.compute.workload import Layer, Provenance, Workload
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -383,14 +384,14 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
 
     prep = data_prep.measure_prep(canonical, prep_samples, **cfg) if prep_samples > 0 else None
     device_name, device_spec = _device_names(dev)
-    iteration = {
-        "plain": [[bt.batch, *bt.iteration] for bt in measured],
-        "hooked": [[bt.batch, *bt.iteration_hooked] for bt in measured],
-        "layers_sum": [[bt.batch, sum(m for m, _ in bt.layers.values())] for bt in measured],
-        "optimizer": [[bt.batch, bt.optimizer[0]] for bt in measured],
-        "unattributed": [[bt.batch, bt.unattributed_s] for bt in measured],
-        "note": "plain = layers_sum + optimizer + unattributed (medians, s); hooked - plain = hook cost",
-    }
+    iteration = IterationRecord(
+        plain=[BatchTime(batch=bt.batch, s=bt.iteration[0], iqr_s=bt.iteration[1]) for bt in measured],
+        hooked=[BatchTime(batch=bt.batch, s=bt.iteration_hooked[0], iqr_s=bt.iteration_hooked[1])
+                for bt in measured],
+        layers_sum=[BatchTime(batch=bt.batch, s=sum(m for m, _ in bt.layers.values())) for bt in measured],
+        optimizer=[BatchTime(batch=bt.batch, s=bt.optimizer[0]) for bt in measured],
+        unattributed=[BatchTime(batch=bt.batch, s=bt.unattributed_s) for bt in measured],
+    )
     extra = {
         "device": device_name, "device_spec": device_spec, "torch_device": str(dev),
         "generator": "trainsim.calibrate.measure.layer_profile", "config": cfg,

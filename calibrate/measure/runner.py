@@ -599,8 +599,7 @@ def _step_rank_step(run: _Run):
                                          window_s=0.25 if quick else 0.5, threads_per_rank=threads,
                                          options=run.config.model_options)
     record = rank_step.rank_step_record(points, run.ranks, threads)
-    facts = {**(workload.provenance.model_extra or {}), "rank_step": record}
-    provenance = workload.provenance.model_copy(update=facts)
+    provenance = workload.provenance.model_copy(update={"rank_step": record})
     save_workload(workload.model_copy(update={"provenance": provenance}), path)
     results = {"ranks": run.ranks, "alone_s": {p.batch: p.alone_s for p in points}}
     if run.ranks > 1:

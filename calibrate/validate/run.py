@@ -340,14 +340,13 @@ def refresh_bundle(calibration: str, into: Path) -> str | None:
     if len(files) != 1:
         return None
     workload = load_workload(files[0])
-    extra = workload.provenance.model_extra or {}
     record = workload.provenance.rank_step
     if not record or not record.points:
         return None
     batches = [p.batch for p in record.points]
     ranks, threads = record.ranks, record.threads_per_rank
     points = measure_rank_step(workload.name, batches, ranks, threads_per_rank=threads,
-                               options=dict(extra.get("config") or {}))
+                               options=dict(workload.provenance.config or {}))
     shutil.copytree(calibration, into)
     record = rank_step_record(points, ranks, threads)
     provenance = workload.provenance.model_copy(update={"rank_step": record})

@@ -140,8 +140,8 @@ def unattributed_s(workload: Workload, batch: int) -> float:
     """Seconds of a calibrated iteration outside every layer and the optimizer step at ``batch`` (the
     calibration's ``provenance.iteration.unattributed``): linear between its batch sizes, proportional to
     the batch beyond them, 0 without it; never negative (a negative figure is the hooks' own cost)."""
-    iteration = (workload.provenance.model_extra or {}).get("iteration") or {}
-    points = sorted((float(b), float(t)) for b, t, *_ in iteration.get("unattributed") or [])
+    iteration = workload.provenance.iteration
+    points = sorted((float(p.batch), p.s) for p in (iteration.unattributed if iteration else []))
     if not points:
         return 0.0
     if batch <= points[0][0]:

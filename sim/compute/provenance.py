@@ -1,5 +1,11 @@
 """Named records a calibration keeps in a workload's provenance (`Workload.provenance`).
 
+``iteration`` (written by `trainsim.calibrate.measure.layer_profile`): per batch size, the whole iteration
+without hooks (``plain``) and with them (``hooked``), the layers' sum, the optimizer step and what no layer
+accounts for (``unattributed``). ``skipped``: the batch sizes the profile could not run, and why.
+``trainsim.workload/1`` files stored each of those points as an unnamed list ``[batch, seconds(, iqr)]``;
+reading converts them to the named form that ``trainsim.workload/2`` writes.
+
 ``rank_step`` (written by `trainsim.calibrate.execute.rank_step`): the whole training step of a pinned CPU
 rank, as the runs run it, per batch size. ``trainsim.workload/1`` files stored each point as an unnamed list
 ``[batch, alone_s, together_s, sigma_log, data_alone_s, data_together_s, data_warm_s, sigma_rank_log]``
@@ -9,6 +15,54 @@ rank, as the runs run it, per batch size. ``trainsim.workload/1`` files stored e
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class BatchTime(BaseModel):
+    """Seconds at one batch size (a median), with its interquartile range where measured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch: int = Field(ge=1)
+    s: float
+    iqr_s: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_v1_list(cls, data):
+        if isinstance(data, list | tuple):
+            if not 2 <= len(data) <= 3:
+                raise ValueError("a /1 point is [batch, seconds] or [batch, seconds, iqr]")
+            data = dict(zip(("batch", "s", "iqr_s"), data, strict=False))
+        return data
+
+
+class IterationRecord(BaseModel):
+    """``provenance.iteration``: plain = layers_sum + optimizer + unattributed (medians); hooked - plain is
+    what the per-layer hooks cost."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plain: list[BatchTime] = Field(default_factory=list)
+    hooked: list[BatchTime] = Field(default_factory=list)
+    layers_sum: list[BatchTime] = Field(default_factory=list)
+    optimizer: list[BatchTime] = Field(default_factory=list)
+    unattributed: list[BatchTime] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_v1_note(cls, data):
+        if isinstance(data, dict) and "note" in data:  # /1 described its lists in words
+            data = {k: v for k, v in data.items() if k != "note"}
+        return data
+
+
+class SkippedBatch(BaseModel):
+    """A batch size the profile did not measure, and why (out of memory, a smaller one did not fit)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch: int = Field(ge=1)
+    reason: str
 
 #: the order of a ``trainsim.workload/1`` point's entries
 POINT_FIELDS_V1 = ("batch", "alone_s", "together_s", "sigma_log", "data_alone_s", "data_together_s",

@@ -40,7 +40,7 @@ from pydantic import (
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 from trainsim.files import read_text
 
-from .provenance import RankStepRecord
+from .provenance import IterationRecord, RankStepRecord, SkippedBatch
 
 SCHEMA = "trainsim.workload/2"
 #: the versions read (a /1 file's unnamed provenance lists are converted, see `provenance`)
@@ -251,9 +251,9 @@ class Provenance(BaseModel):
     """Where the numbers come from.
 
     ``device`` is "analytic" or the measured device's name; ``device_spec`` the name of its spec in
-    :mod:`trainsim.sim.core.devices` (or of a CPU spec stored with the calibration). Other keys (tool
-    versions,
-    command line, generator config) are kept as they are.
+    :mod:`trainsim.sim.core.devices` (or of a CPU spec stored with the calibration). What the simulator and
+    the tools read has a named field (`trainsim.sim.compute.provenance`); other keys (tool versions, command
+    line, timing method) describe the run and are kept as they are.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -261,6 +261,9 @@ class Provenance(BaseModel):
     device: str = Field(min_length=1)
     device_spec: str | None = None
     rank_step: RankStepRecord | None = None  # a calibrated CPU rank's whole step (`provenance`)
+    iteration: IterationRecord | None = None  # the calibrated whole iteration per batch (`provenance`)
+    skipped: list[SkippedBatch] | None = None  # batch sizes the calibration could not measure
+    config: dict[str, Any] | None = None  # the model's configuration (zoo or analytic generator options)
 
 
 class Workload(_Strict):

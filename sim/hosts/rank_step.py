@@ -48,8 +48,8 @@ def rank_step_scale(workload: Workload, batch: int, sharing: int = 1) -> float:
     nearest one beyond them. For another number of ranks than measured, the excess scales with the other
     ranks, (s - 1)(sharing - 1)/(measured - 1): each extra rank takes about the same share of cache and
     memory bandwidth. Never faster together than alone: a ratio under 1 is noise."""
-    extra = workload.provenance.model_extra or {}
-    plain = {int(b): float(t) for b, t, *_ in (extra.get("iteration") or {}).get("plain") or []}
+    iteration = workload.provenance.iteration
+    plain = {p.batch: p.s for p in (iteration.plain if iteration else [])}
     record, measured_ranks = _record(workload)
     points = sorted((p.batch, p.alone_s, p.together_s) for p in record
                     if p.batch in plain and plain[p.batch] > 0 and p.alone_s > 0)
