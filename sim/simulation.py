@@ -14,6 +14,9 @@ latency from that collective's measured calls in ``collectives.json`` and every 
 from the measured send/recv messages (`bundle_call_latencies`): fast, or stalled until the timer tick the
 bundle found (`bundle_timer_tick`), else their mean. What such a host measured is one plug-in
 (`trainsim.sim.hosts`), chosen from the bundle's contents; without one the plain GPU model runs.
+
+It stays one module: it composes the parts (inputs, machine, host plug-in, costs, strategy) into one
+run and turns the run into a Result.
 """
 
 from __future__ import annotations

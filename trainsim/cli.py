@@ -2,6 +2,9 @@
 
 Every command has `--help`; commands that print results take `--json`. Bad input raises
 `TrainsimError` somewhere below; the group class here turns it into one line on stderr and exit code 2.
+
+It stays one module: each command is its options, one library call and its printing, and the command
+table reads as the product's surface in one place.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ base scenario and reads the fields the executor needs:
 Fields the executor has no use for (topology, description, the simulator's collective options) are ignored.
 Strategies, EASGD variants and optimizations the simulator knows but the executor does not run map onto a
 config that `infeasible_reason` reports, so the variant is skipped with the reason.
+
+It stays one module: the executor's configuration, validated field by field, and its mapping from a
+scenario must change together.
 """
 
 from __future__ import annotations

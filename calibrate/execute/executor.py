@@ -14,6 +14,9 @@ Memory: on CUDA, ``torch.cuda.max_memory_allocated`` over the measured iteration
 On the CPU, torch's allocator is invisible to tracemalloc, so it is the peak resident set (``VmHWM``, reset
 through ``/proc/self/clear_refs`` after the model is built) minus the resident set at that moment: the
 memory training added (activations, gradients, optimizer state, batches) as the OS saw it.
+
+It stays one module: a rank's training loop, the launch of every rank and the summary of their
+timings are one run, and the variants' table is its output.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@
 
 Every strategy times its phases on a `Clock`: ``forward``, ``backward``, ``comm`` (explicit collectives)
 and ``optimizer``; DDP's all-reduce overlaps backward inside DDP and is counted in ``backward``.
+
+It stays one module: the data-parallel strategies share their base class's flat parameters and
+clock.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ unattributed comes out negative (it is then the hooks' error, stated rather than
 Batch sizes are tried in increasing order. One that does not fit (CUDA out-of-memory, ``MemoryError``, or on
 the CPU an estimate above the memory available, to stay clear of the kernel's OOM killer) is reported with
 the largest that fits, and larger ones are skipped.
+
+It stays one module: the hooks, the interleaved plain iterations and the fits are one measurement.
 """
 
 from __future__ import annotations

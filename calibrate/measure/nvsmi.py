@@ -17,6 +17,9 @@ inter-socket link. Rows also give each GPU's CPU and NUMA affinity. From that we
 ``NV#`` hides the PCIe relation of a GPU pair, so where NVLink exists the switch grouping comes from the NICs.
 PCIe generation and width, GPU names, memory and P2P status are not in the matrix: they come from NVML when it
 is available, otherwise from the caller (``probe`` passes torch's device properties).
+
+It stays one module: the ``nvidia-smi topo -m`` parser and the NVML reader produce the same probe
+result.
 """
 
 from __future__ import annotations

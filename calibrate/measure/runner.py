@@ -12,6 +12,9 @@ Steps (each writes its files atomically, then records itself in meta.json):
 ``resume=True`` skips the steps meta.json lists as done (their files must still be there) provided the
 bundle was made with the same options. Ctrl-C (KeyboardInterrupt) stops after writing meta.json with
 status "partial": what finished is a usable bundle and ``--resume`` picks up from there.
+
+It stays one module: the calibration steps share one run's state (the bundle folder, the steps done,
+resume and Ctrl-C), and each step is a short function over its measuring module.
 """
 
 from __future__ import annotations

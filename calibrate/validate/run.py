@@ -14,6 +14,9 @@ A variant the box cannot run is *skipped* (the executor's reason); one the simul
 another machine (device names or cores in its meta/machine files differ from this box's) is refused unless
 ``force``. With ``report_dir``, the rows so far are written after every variant (``validation.json``), so an
 interrupted run keeps them.
+
+It stays one module: per variant it measures, predicts, compares and writes the partial result, and
+the bundle checks that gate the loop belong to it.
 """
 
 from __future__ import annotations

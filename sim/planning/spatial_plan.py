@@ -25,6 +25,9 @@ sharing a PCIe switch, redistribution flows crossing the network), the all-reduc
 the final figures (:func:`plan` with ``simulate=True``) come from simulating the chosen plan and pure data
 parallelism.
 Memory is not a constraint of the search; the simulated peak of the chosen plan is reported.
+
+It stays one module: the fast per-layer cost model and the dynamic programme over the layers that
+uses it are one planner; comparing the plan with its simulation is a thin end.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ The replay engine asks an ``op_time`` hook for each GPU op's duration; :class:`W
 The checks compare, op by op, the simulation on the topology the trace ran on with the measurement: every
 NCCL kernel of known size, simulated alone, against its measured duration; every memcpy against its link
 (host copies) or the GPU's memory (on-device copies, which read and write every byte).
+
+It stays one module: each hook changes one resource (collectives, host copies, compute) of the same
+replay, and they compose.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ stepped on the GPU and streamed back (D2H engine). The GPU then holds only the 1
 (mixed-precision Adam: 16 -> 4 bytes per parameter, REFERENCE "Memory accounting") plus the two buffers.
 
 ``strategy.jitter`` multiplies each stage's compute of one micro-batch by a reproducible random factor.
+
+It stays one module: the three schedules (gpipe, 1f1b, message-driven) share the stage and
+micro-batch bookkeeping.
 """
 
 from __future__ import annotations
