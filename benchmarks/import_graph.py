@@ -68,6 +68,10 @@ def imports(mods: dict[str, tuple[Path, bool]]) -> list[tuple[str, str, str]]:
 
 
 def package_of(module: str, mods: dict) -> str:
+    """The node a module belongs to: its package, except the modules at the top of ``trainsim`` (cli, api,
+    errors, ...), each a node of its own since everything stands on some of them."""
+    if not mods[module][1] and module.count(".") == 1 and module.startswith("trainsim."):
+        return module
     return module if mods[module][1] else module.rpartition(".")[0]
 
 
