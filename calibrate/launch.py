@@ -172,6 +172,10 @@ def launch(
                     OMP_NUM_THREADS=str(ctx.threads),
                     TRAINSIM_LAUNCH_DIR=workdir,
                 )
+                if device == "cpu":
+                    # CPU ranks see no GPU: torch's PowerSGD hook synchronizes "the" CUDA device whenever
+                    # one is visible, and fails on the CPU tensors of a gloo rank
+                    env["CUDA_VISIBLE_DEVICES"] = ""
                 with open(os.path.join(workdir, f"rank{ctx.rank}.stderr"), "wb") as log:
                     procs.append(
                         subprocess.Popen(

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainsim.calibrate.execute.config import DataConfig  # noqa: E402
-from trainsim.calibrate.execute.datapipe import Prefetcher, SyntheticSource  # noqa: E402
+from trainsim.calibrate.execute.datapipe import Prefetcher, SyntheticSource, loader_batches  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
 
 
@@ -86,3 +86,16 @@ def test_prefetcher_workers_run_on_the_given_cores():
     cores = tuple(sorted(os.sched_getaffinity(0)))[-1:]
     with Prefetcher(lambda it: tuple(sorted(os.sched_getaffinity(0))), 2, depth=1, cores=cores) as pre:
         assert [pre.get(0), pre.get(1)] == [cores, cores]
+
+
+def test_loader_processes_hand_back_every_batch_in_order():
+    source = SyntheticSource("tiny-cnn", {"image_size": 16}, DataConfig())
+
+    def make(it):
+        return source.batch(it, range(4), 4)
+
+    got = list(loader_batches(make, 5, workers=2, pin=False))
+    assert len(got) == 5
+    for it, (inputs, targets) in enumerate(got):
+        want = make(it)
+        assert torch.equal(inputs, want[0]) and torch.equal(targets, want[1])

@@ -170,3 +170,26 @@ def test_bad_offload_input_is_one_line(tmp_path, strategy, extra, words):
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and all(word in lines[0] for word in words), result.output
+
+
+def test_blocking_copies_add_the_whole_copy_to_each_pass(tmp_path):
+    # torch save_on_cpu: the copy out follows the layer in the stream's order, the copy back comes when
+    # backward reaches the layer; nothing overlaps, even where a copy engine would have hidden it
+    topo = tiny_topology(gpus=1, nvlink=False, pcie_gbps=10)
+    base = run(tmp_path, topo)
+    overlapped = run(tmp_path, topo, offload_activations=["a"], prefetch_distance=0)
+    blocking = run(tmp_path, topo, offload_activations="save_on_cpu")
+    d2h, h2d = copy_time(topo, A_BYTES, "d2h"), copy_time(topo, A_BYTES, "h2d")
+    assert overlapped.iteration_time_s == pytest.approx(base.iteration_time_s + h2d, rel=1e-9)
+    # save_on_cpu offloads every layer that saves something: a, b and c
+    moved = sum(op.duration for op in blocking.machine.ops
+                if op.iteration == 1 and op.op in ("offload_activations", "prefetch_activations"))
+    assert moved > d2h + h2d
+    assert blocking.iteration_time_s == pytest.approx(base.iteration_time_s + moved, rel=1e-9)
+    assert blocking.extra["offload"]["copies"] == "blocking"
+
+
+def test_blocking_copies_refuse_a_prefetch_distance(tmp_path):
+    topo = tiny_topology(gpus=1, nvlink=False, pcie_gbps=10)
+    with pytest.raises(TrainsimError, match="blocking offload copies"):
+        run(tmp_path, topo, offload_activations="all", offload_copies="blocking", prefetch_distance=2)

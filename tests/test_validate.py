@@ -173,12 +173,16 @@ def test_rounds_run_every_variant_round_robin_and_pool_the_iterations(scenario, 
     from trainsim.calibrate.validate.run import validate
 
     order, times = [], {"single": iter([[0.010, 0.012], [0.020, 0.030]]), "ddp-2": iter([[0.5], [0.7]])}
+    peaks = iter([[3 << 20], [5 << 20, 4 << 20], [2 << 20], [6 << 20, 1 << 20]])
 
     def fake_run(cfg):
         name = "single" if cfg.ranks == 1 else "ddp-2"
         order.append(name)
         seconds = next(times[name])
-        return SimpleNamespace(iteration_s=seconds, breakdown_s={"forward": seconds[0]})
+        # single reads as a CUDA peak, ddp-2 as CPU ranks' resident-set growth
+        measure = "cuda.max_memory_allocated" if name == "single" else "cpu.peak_rss_delta"
+        return SimpleNamespace(iteration_s=seconds, breakdown_s={"forward": seconds[0]},
+                               peak_memory_bytes=next(peaks), memory_measure=measure)
 
     monkeypatch.setattr(executor, "run", fake_run)
     result = validate(str(scenario), bundle_dir, ["single", "ddp-2"], rounds=2)
@@ -189,6 +193,13 @@ def test_rounds_run_every_variant_round_robin_and_pool_the_iterations(scenario, 
     assert single.measured_s == pytest.approx(0.018) and ddp.measured_s == pytest.approx(0.6)
     assert single.measured_iqr_s == pytest.approx(0.0225 - 0.0115)
     assert single.measured_breakdown_s == {"forward": pytest.approx(0.015)}  # the mean over the rounds
+    # peak memory: the largest rank of the largest round, compared with the simulation on CUDA only
+    assert single.measured_peak_memory_bytes == 3 << 20 and ddp.measured_peak_memory_bytes == 6 << 20
+    assert single.predicted_peak_memory_bytes > 0
+    assert single.memory_error_pct == pytest.approx(
+        100 * (single.predicted_peak_memory_bytes - (3 << 20)) / (3 << 20))
+    assert ddp.memory_error_pct is None
+    assert result.accuracy()["memory_compared"] == 1
     with pytest.raises(TrainsimError, match="rounds"):
         validate(str(scenario), bundle_dir, ["single"], rounds=0)
 

@@ -636,6 +636,9 @@ def execute_cmd(
                                           help="Override the measured iterations."),
     warmup: int | None = typer.Option(None, "--warmup", min=0, help="Override the warm-up iterations."),
     out: str | None = typer.Option(None, "--out", metavar="FILE.json", help="Also write the measurements."),
+    profile: str | None = typer.Option(None, "--profile", metavar="DIR",
+                                       help="Also record a torch.profiler trace of each variant's last "
+                                       "warm-up iteration: DIR/VARIANT.rankR.json."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Run a scenario's variants for real with PyTorch on this box and print what was measured.
@@ -659,7 +662,8 @@ def execute_cmd(
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     err = Console(stderr=True)
     with err.status(f"executing {scenario}") as status:
-        outcomes = run_scenario(data, variants or None, file=scenario, progress=status.update, **overrides)
+        outcomes = run_scenario(data, variants or None, file=scenario, progress=status.update,
+                                profile_dir=profile, **overrides)
     prov = provenance(scenario=scenario, variants=list(variants), **overrides)
     doc = execution_report(outcomes, provenance=prov)
     if out:

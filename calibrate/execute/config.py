@@ -12,7 +12,8 @@ base scenario and reads the fields the executor needs:
   ``micro_batches``, ``schedule``, ``stage_layers``, ``blocking_sends``) -> strategy options
 - ``batch_size`` (global), ``gpus`` (a count or a list of indices) -> ranks
 - ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
-- ``host.pinned``, ``host.data_workers`` -> pinned host batches, prefetch threads
+- ``host.pinned``, ``host.data_workers`` -> pinned host batches; prefetch threads with preload, else on
+  CUDA ranks DataLoader worker processes (CPU ranks prepare in the loop without preload)
 - ``optimizations.preload`` (bool or ``{depth: 1}``; true = one batch ahead, double buffering, as in the
   simulator), ``cpu_batch_split`` (bool), ``param_compression``
   (none|fp16|bf16|powersgd or ``{name: powersgd, rank: 2}``), ``offload_activations``
@@ -72,12 +73,14 @@ class DataConfig:
     source_size: int | None = None  # stored uint8 image side; default: the model's image size + 8
     pool_size: int = 64  # distinct stored samples, cycled (their content is the same on every rank)
     compress: bool = True  # samples are stored zlib-compressed and decoded per sample, like JPEG files
-    workers: int = 1  # background threads preparing batches when preload is on
+    # preload: background threads preparing batches; without preload, on CUDA ranks: DataLoader worker
+    # processes (0: the training loop prepares each batch itself, as CPU ranks always do without preload)
+    workers: int = 1
 
     def __post_init__(self):
         _positive_int(self.augment_repeats, "data.augment_repeats")
         _positive_int(self.pool_size, "data.pool_size")
-        _positive_int(self.workers, "data.workers")
+        _positive_int(self.workers, "data.workers", minimum=0)
         if self.source_size is not None:
             _positive_int(self.source_size, "data.source_size")
 
@@ -450,9 +453,15 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
                                                                  if k in pipe_block}})
         data_values = dict(executor.get("data") or {})
         workers = _get(s.get("host"), "data_workers", "host")
-        if workers is not None and "workers" not in data_values:
-            # 0 (the loop prepares its own batches) is what the executor does without preload anyway
-            data_values["workers"] = max(1, workers) if isinstance(workers, int) else workers
+        if workers is None:  # the scenario's default, which the simulator reads too
+            from trainsim.formats.scenario import HostSpec
+
+            workers = HostSpec.model_fields["data_workers"].default
+        if "workers" not in data_values:
+            preload = (s.get("optimizations") or {}).get("preload") if isinstance(s.get("optimizations"),
+                                                                                   dict) else None
+            # preload needs a thread to prepare with; without it 0 is the loop preparing its own batches
+            data_values["workers"] = max(1, workers) if isinstance(workers, int) and preload else workers
         values: dict[str, Any] = dict(
             model=model, model_cfg=model_cfg,
             device=executor.get("device", "cpu"),

@@ -110,6 +110,30 @@ class SyntheticSource:
         return inputs, targets
 
 
+class _Iterations(torch.utils.data.Dataset):
+    """Item ``i`` is ``make(i)``: whole batches, so the DataLoader's workers each prepare one batch."""
+
+    def __init__(self, make: Callable[[int], object], total: int):
+        self.make, self.total = make, total
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __getitem__(self, it: int):
+        return self.make(it)
+
+
+def loader_batches(make: Callable[[int], object], total: int, *, workers: int, pin: bool):
+    """An iterator over ``make(0) .. make(total - 1)`` prepared by a torch DataLoader's ``workers`` worker
+    processes, two batches ahead each (its default prefetch), pinned by its pin thread when ``pin``.
+
+    ``make`` runs in forked workers: it must not touch CUDA. A worker runs torch with one thread."""
+    loader = torch.utils.data.DataLoader(_Iterations(make, total), batch_size=None, shuffle=False,
+                                         num_workers=workers, pin_memory=pin, prefetch_factor=2,
+                                         persistent_workers=False)
+    return iter(loader)
+
+
 class Prefetcher:
     """Background threads calling ``make(iteration)`` ahead of the consumer, at most ``depth`` batches ahead.
 

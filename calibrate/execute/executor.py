@@ -21,6 +21,8 @@ timings are one run, and the variants' table is its output.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -120,29 +122,35 @@ def _reset_peak_rss() -> bool:
 class DeviceFeeder:
     """Batches for the training loop, per iteration, on the rank's device.
 
-    No preload: the batch is prepared when asked for and copied (from pageable memory unless ``pinned``).
+    No preload: on CUDA with ``loader_processes`` > 0, a torch DataLoader's worker processes prepare batches
+    ahead (two each, in pageable memory; its pin thread pins them when ``pinned``) and the training loop
+    copies each on its own stream when it asks, as a PyTorch script with ``num_workers`` does; otherwise the
+    batch is prepared when asked for and copied (from pageable memory unless ``pinned``).
     preload: `datapipe.Prefetcher` threads prepare batches ``depth`` ahead in host memory. On CUDA the same
     threads copy each prepared batch from pinned memory on their own side stream and record an event, so
     preparation and H2D copy both overlap the training loop's compute (double buffering and more); the
     consumer's stream waits on that batch's event only.
     """
 
-    def __init__(self, make_host: Callable[[int], object], total: int, device, *, preload: int, workers: int,
-                 loader_cores: tuple[int, ...] = ()):
+    def __init__(self, make_host: Callable[[int, bool], object], total: int, device, *, preload: int,
+                 workers: int, pinned: bool, loader_cores: tuple[int, ...] = ()):
         import torch
 
-        from trainsim.calibrate.execute.datapipe import Prefetcher
+        from trainsim.calibrate.execute.datapipe import Prefetcher, loader_batches
 
         self.torch = torch
         self.device = device
         self.cuda = device.type == "cuda"
-        self.make_host = make_host
+        self.make_host = lambda it: make_host(it, pinned)
         self._streams: dict[int, object] = {}
         self._lock = threading.Lock()
         self.prefetcher = None
+        self.loader = None
         if preload:
-            make = self._prepare_on_device if self.cuda else make_host
+            make = self._prepare_on_device if self.cuda else self.make_host
             self.prefetcher = Prefetcher(make, total, depth=preload, workers=workers, cores=loader_cores)
+        elif self.cuda and workers > 0:  # worker processes never touch CUDA: they make pageable batches
+            self.loader = loader_batches(lambda it: make_host(it, False), total, workers=workers, pin=pinned)
 
     def _prepare_on_device(self, it: int):
         """In a prefetch thread: prepare batch ``it``, start its H2D copy on this thread's side stream."""
@@ -167,10 +175,10 @@ class DeviceFeeder:
 
     def get(self, it: int):
         if self.prefetcher is None:
-            host = self.make_host(it)
+            host = next(self.loader) if self.loader is not None else self.make_host(it)
             if host is None or not self.cuda:
                 return host
-            return tuple(None if t is None else t.to(self.device) for t in host)
+            return tuple(None if t is None else t.to(self.device, non_blocking=t.is_pinned()) for t in host)
         item = self.prefetcher.get(it)
         if not self.cuda or item is None:
             return item
@@ -185,6 +193,7 @@ class DeviceFeeder:
     def close(self) -> None:
         if self.prefetcher:
             self.prefetcher.close()
+        self.loader = None  # the DataLoader's iterator shuts its workers down when collected
 
 
 def _free_cores(ctx, cfg: ExecConfig) -> tuple[int, ...]:
@@ -238,11 +247,11 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
     pin = device.type == "cuda" and (cfg.pinned or cfg.optimizations.preload > 0)
     total = cfg.warmup + cfg.iterations
 
-    def make_host(it: int):
+    def make_host(it: int, pin: bool):
         return strategy.host_batch(source, it, pin)
 
     feeder = DeviceFeeder(make_host, total, device, preload=cfg.optimizations.preload,
-                          workers=cfg.data.workers, loader_cores=_free_cores(ctx, cfg))
+                          workers=cfg.data.workers, pinned=pin, loader_cores=_free_cores(ctx, cfg))
     cuda = device.type == "cuda"
     rss_base = _rss_bytes("VmRSS")
     rss_reset = _reset_peak_rss() if not cuda else False
@@ -256,14 +265,18 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
                     torch.cuda.reset_peak_memory_stats(device)
                 torch.distributed.barrier()  # measured iterations start together
             profiler = _start_profiler(cfg, it, cuda)
+            # the traced iteration is a ProfilerStep#N span, as torch.profiler's schedule marks each step
+            span = (torch.profiler.record_function(f"ProfilerStep#{it}") if profiler is not None
+                    else contextlib.nullcontext())
             t0 = time.perf_counter()
-            clock.start()
-            batch = feeder.get(it)
-            data_s = time.perf_counter() - t0
-            clock.lap("data")
-            loss = strategy.step(batch, clock)
-            if cuda:
-                torch.cuda.synchronize(device)
+            with span:
+                clock.start()
+                batch = feeder.get(it)
+                data_s = time.perf_counter() - t0
+                clock.lap("data")
+                loss = strategy.step(batch, clock)
+                if cuda:
+                    torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
             if profiler is not None:
                 profiler.stop()
@@ -400,11 +413,22 @@ def run_variant(scenario: dict, variant: str | None = None, *, file: str | None 
 
 
 def run_scenario(scenario: dict, variants: list[str] | None = None, *, file: str | None = None,
-                 progress: Callable[[str], None] | None = None, **overrides) -> list[VariantOutcome]:
+                 progress: Callable[[str], None] | None = None, profile_dir: str | None = None,
+                 **overrides) -> list[VariantOutcome]:
     """Every variant (or the base scenario when it has none), in order, each in its own launch; variants this
-    box cannot run are marked skipped, variants whose run failed are marked failed, the rest measured."""
+    box cannot run are marked skipped, variants whose run failed are marked failed, the rest measured.
+
+    ``profile_dir``: each variant also writes a torch.profiler trace of its last warm-up iteration there,
+    ``<variant>.rank<R>.json`` (the base scenario's is ``scenario.rank<R>.json``)."""
+    import dataclasses
+
     names: list[str | None] = list(variants) if variants else (scenario_variants(scenario) or [None])
     configs = [(name, exec_config_from_scenario(scenario, name, file=file, **overrides)) for name in names]
+    if profile_dir:
+        os.makedirs(profile_dir, exist_ok=True)
+        configs = [(name, dataclasses.replace(cfg, profile_trace=os.path.join(profile_dir,
+                                                                              name or "scenario")))
+                   for name, cfg in configs]
     outcomes = []
     for name, cfg in configs:  # every config validated before anything runs
         if progress:

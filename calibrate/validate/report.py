@@ -55,6 +55,10 @@ def headline_lines(result: ValidationResult) -> list[str]:
         side = f"on the wrong side of 1.0: {', '.join(wrong)}" if wrong else "all on the right side of 1.0"
         worst = acc["max_abs_speedup_error_pp"]
         lines.append(f"speedups over {result.baseline}: worst error {worst:.1f} pp; {side}")
+    if acc["memory_compared"]:
+        lines.append(f"peak GPU memory (simulated vs torch.cuda.max_memory_allocated): median |error| "
+                     f"{acc['median_abs_memory_error_pct']:.1f} % over {acc['memory_compared']} variant(s); "
+                     f"worst {acc['worst_memory_error_pct']:+.1f} % ({acc['worst_memory_variant']})")
     if acc["measured_round_spread_pct"] is not None:
         line = (f"the measurement against itself (median over the variants): a round's mean up to "
                 f"{acc['measured_round_spread_pct']:.1f} % from the other rounds'")

@@ -58,6 +58,12 @@ class ValidationRow:
     codec_s: float | None = None  # CPU ranks: what the DDP comm hook costs per step, measured here
     predicted_breakdown_s: dict = field(default_factory=dict)
     measured_breakdown_s: dict = field(default_factory=dict)
+    # peak device memory, the largest rank's: simulated, and measured over the measured iterations (the
+    # largest round's) with how (cuda.max_memory_allocated, or a CPU rank's resident-set growth)
+    predicted_peak_memory_bytes: int | None = None
+    measured_peak_memory_bytes: int | None = None
+    memory_measure: str | None = None
+    memory_error_pct: float | None = None  # against cuda.max_memory_allocated only
     sim_trace: str | None = None  # relative to the report folder
     real_trace: str | None = None
 
@@ -124,6 +130,8 @@ def accuracy(rows: list[ValidationRow], baseline: str | None = None) -> dict:
         # the prediction says faster (>1) and it is slower, or the reverse; exactly 1.0 counts as either side
         return (r.predicted_speedup - 1.0) * (r.measured_speedup - 1.0) < 0
 
+    memory = [r for r in rows if r.memory_error_pct is not None]
+    worst_memory = max(memory, key=lambda r: abs(r.memory_error_pct), default=None)
     spreads = [r.measured_round_spread_pct for r in compared if r.measured_round_spread_pct is not None]
     ranges = [r.measured_speedup_range_pp for r in speedups if r.measured_speedup_range_pp is not None]
     return {
@@ -137,6 +145,12 @@ def accuracy(rows: list[ValidationRow], baseline: str | None = None) -> dict:
         # the measurement against itself (two rounds or more): medians over the variants
         "measured_round_spread_pct": statistics.median(spreads) if spreads else None,
         "measured_speedup_range_pp": statistics.median(ranges) if ranges else None,
+        # peak GPU memory, simulated vs torch.cuda.max_memory_allocated
+        "memory_compared": len(memory),
+        "median_abs_memory_error_pct": statistics.median(abs(r.memory_error_pct) for r in memory)
+        if memory else None,
+        "worst_memory_error_pct": worst_memory.memory_error_pct if worst_memory else None,
+        "worst_memory_variant": worst_memory.variant if worst_memory else None,
     }
 
 

@@ -38,6 +38,7 @@ from trainsim.calibrate.validate.results import (
     ValidationResult,
     ValidationRow,
     compare,
+    percent_error,
 )
 from trainsim.errors import TrainsimError, unknown_name
 from trainsim.sim.hosts.rank_step import rank_data_in_loop_s
@@ -131,6 +132,8 @@ def input_prep_seconds(cfg, batches: int = 6) -> float:
     threads = torch.get_num_threads()
     if cfg.device == "cpu" and cfg.cores_per_rank:
         torch.set_num_threads(cfg.cores_per_rank)  # a rank's torch ops get its cores' threads, no more
+    elif cfg.device == "cuda" and cfg.data.workers and not cfg.optimizations.preload:
+        torch.set_num_threads(1)  # a DataLoader worker process runs torch with one thread
     try:
         source.batch(0, range(size), size)  # first-touch warm-up
         times = []
@@ -403,6 +406,12 @@ def _measure(row: ValidationRow, cfg, execute_config) -> None:
     row.measured_breakdown_s = {phase: (row.measured_breakdown_s.get(phase, 0.0) * k + seconds) / (k + 1)
                                 for phase, seconds in measured.breakdown_s.items()}
     row.measured_rounds = k + 1
+    peak = max(measured.peak_memory_bytes, default=None)
+    if peak is not None and (row.measured_peak_memory_bytes is None or peak > row.measured_peak_memory_bytes):
+        row.measured_peak_memory_bytes = int(peak)
+    row.memory_measure = measured.memory_measure
+    if measured.memory_measure == "cuda.max_memory_allocated":
+        row.memory_error_pct = percent_error(row.predicted_peak_memory_bytes, row.measured_peak_memory_bytes)
 
 
 def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: Path | None,
@@ -420,6 +429,7 @@ def _one_variant(row: ValidationRow, scenario: str, calibration: str, cfg, out: 
         row.predicted_iterations_s = list(predicted.iteration_times_s)
         row.predicted_s = float(np.mean(predicted.iteration_times_s))
         row.predicted_breakdown_s = dict(predicted.breakdown_s)
+        row.predicted_peak_memory_bytes = int(max((g.memory_peak_bytes for g in predicted.gpus), default=0))
         row.sim_trace = str(sim_trace) if sim_trace else None
     except TrainsimError as exc:
         row.not_simulated = str(exc)

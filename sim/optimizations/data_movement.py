@@ -27,7 +27,8 @@ def prepare(ctx, scenario, rerun=None) -> None:
     distance = opts.prefetch_distance
     if distance == "auto":
         distance = resolve_auto_distance(scenario, len(ctx.workload.layers), rerun)
-    ctx.offloader = Offloader(ctx, layers, distance, opts.contention_aware)
+    ctx.offloader = Offloader(ctx, layers, distance, opts.contention_aware,
+                              blocking=opts.offload_copies == "blocking")
     ctx.extra["offload"]["policy"] = (
         opts.offload_activations if isinstance(opts.offload_activations, str) else "layers"
     )

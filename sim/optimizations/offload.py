@@ -5,6 +5,9 @@ and prefetched back during backward.
   pinned host memory on the GPU's D2H copy engine while the layer computes, and freed from GPU memory when
   the copy is done; the next layer waits for that copy (vDNN synchronises there, so the memory is released
   before more is allocated): forward pays max(compute, copy) per offloaded layer.
+- **Blocking copies** (``offload_copies: blocking``, torch's ``save_on_cpu``): each copy is issued in the
+  compute stream's order and the host waits for it, so nothing overlaps: forward pays the layer, then its
+  copy out; backward (distance 0) pays each copy back when it reaches the layer.
 - **Prefetch.** Backward visits the layers in reverse; before computing position p it issues the prefetch
   (H2D engine, into a buffer allocated then) of every offloaded layer up to ``prefetch_distance`` = k
   positions ahead (k = 0: a layer's own backward issues it). A prefetch can start only once that layer's
@@ -92,10 +95,12 @@ def contention_tokens(machine, ranks: list[str]) -> dict[tuple, simpy.Resource]:
 class Offloader:
     """Per-run offload state: which layers, how far ahead to prefetch, events per (rank, iteration, layer)."""
 
-    def __init__(self, ctx, layers: list[int], distance: int, contention_aware: bool):
+    def __init__(self, ctx, layers: list[int], distance: int, contention_aware: bool, *,
+                 blocking: bool = False):
         self.ctx = ctx
         self.layers = set(layers)
         self.distance = distance
+        self.blocking = blocking
         self.tokens = contention_tokens(ctx.machine, ctx.ranks) if contention_aware else {}
         self._offloaded: dict[tuple, simpy.Event] = {}
         self._queues: dict[tuple, simpy.Resource] = {}
@@ -109,6 +114,7 @@ class Offloader:
             ),
             "prefetch_distance": distance,
             "contention_aware": contention_aware,
+            "copies": "blocking" if blocking else "overlapped",
             "stall_s_by_iteration": self.stall_s,
             "offload_wait_s_by_iteration": self.wait_s,
         }
@@ -167,7 +173,8 @@ class Offloader:
 
     def forward(self, gpu: str, iteration: int):
         """vDNN's forward: an offloaded layer's saved tensors (its input) start copying out as the layer
-        starts, and the next layer waits for that copy (so the memory is free before more is allocated)."""
+        starts, and the next layer waits for that copy (so the memory is free before more is allocated).
+        Blocking copies start when the layer is done instead."""
         ctx = self.ctx
         costs = ctx.costs[gpu]
         n = len(costs.layer_names)
@@ -177,8 +184,11 @@ class Offloader:
                 if segment:
                     yield from ctx._segment(gpu, iteration, "forward", segment, costs.forward_s, +1)
                     segment = []
-                ctx.env.process(self._offload(gpu, iteration, i))
+                if not self.blocking:
+                    ctx.env.process(self._offload(gpu, iteration, i))
                 yield from ctx._segment(gpu, iteration, "forward", [i], costs.forward_s, +1)
+                if self.blocking:
+                    ctx.env.process(self._offload(gpu, iteration, i))
                 start = ctx.env.now
                 yield self._event(self._offloaded, (gpu, iteration, i))
                 if ctx.env.now > start:

@@ -190,6 +190,12 @@ class Optimizations(_Strict):
     contention_aware: bool = Field(
         default=False, description="stagger offload/prefetch copies of GPUs sharing a link"
     )
+    offload_copies: Literal["overlapped", "blocking"] = Field(
+        default="overlapped",
+        description="offloaded activations: copies on a copy engine beside compute (vDNN), or blocking "
+        "copies in the compute stream's order (torch save_on_cpu: the layer, then its copy out; "
+        "backward's copy back when it needs the tensor)",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -165,8 +165,9 @@ SPLIT_STRATEGIES = ("dp-gpu0", "ddp", "parameter-server")  # ddp/parameter-serve
 def normalise(block):
     """Accept the executor's spellings (calibrate/execute/config.py) of the same switches, so one scenario
     file serves both: ``preload: true`` / ``{depth: k}``, ``param_compression: none`` /
-    ``{name: powersgd, rank}``, ``offload_activations: save_on_cpu`` (offload all, no prefetch ahead:
-    distance 0) / ``prefetch`` (all, with ``prefetch_distance``) / ``{mode: prefetch, distance: k}``."""
+    ``{name: powersgd, rank}``, ``offload_activations: save_on_cpu`` (offload all, blocking copies, no
+    prefetch ahead: distance 0) / ``prefetch`` (all, with ``prefetch_distance``) /
+    ``{mode: prefetch, distance: k}``."""
     if not isinstance(block, dict):
         return block
     out = dict(block)
@@ -187,8 +188,9 @@ def normalise(block):
         off = off.get("mode", "prefetch")
     if off is False:
         off = "none"
-    if off == "save_on_cpu":  # torch's save_on_cpu unpacks on demand: no prefetch ahead
+    if off == "save_on_cpu":  # torch's save_on_cpu copies in the compute stream's order, on demand back
         out.setdefault("prefetch_distance", 0)
+        out.setdefault("offload_copies", "blocking")
         off = "all"
     elif off == "prefetch":
         off = "all"
@@ -245,5 +247,11 @@ def check_combinations(scenario) -> None:
                 "optimizations.prefetch_distance applies to offloaded activations; "
                 "optimizations.offload_activations is off"
             )
+        if opts.offload_copies != "overlapped":
+            raise ValueError("optimizations.offload_copies applies to offloaded activations; "
+                             "optimizations.offload_activations is off")
+    elif opts.offload_copies == "blocking" and opts.prefetch_distance != 0:
+        raise ValueError("optimizations.prefetch_distance: blocking offload copies come back when backward "
+                         f"needs them (distance 0), got {opts.prefetch_distance}")
 
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Ground truth on one CUDA GPU in one go (issue 21): the CUDA tests, the single-GPU validation with
+# peak memory, the two issue models validated and traced, the traces replayed with --gpu what-ifs, then
+# the whole test suite with what time is left.
+#
+#   benchmarks/gpu_session.sh OUT [SECONDS] [STEPS]
+#
+# OUT gets one log per step (STEP.log), summary.txt (each step's exit status and time, then the figures)
+# and the bundles, reports and traces. SECONDS (default 560) bounds the whole session: each step has its
+# own limit and the test suite gets what is left. STEPS (default: all) is a comma list of
+# env,cuda-tests,accuracy,resnet50,gpt2-small,replay,suite. Assumes trainsim is installed (README).
+set -u
+out=${1:?usage: gpu_session.sh OUT [SECONDS] [STEPS]}
+budget=${2:-560}
+steps=${3:-env,cuda-tests,accuracy,resnet50,gpt2-small,replay,suite}
+mkdir -p "$out"
+summary="$out/summary.txt"
+began=$(date +%s)
+export PYTHONUNBUFFERED=1
+
+wanted() { [[ ",$steps," == *",$1,"* ]]; }
+
+# step NAME LIMIT_S COMMAND...: run, log to OUT/NAME.log, note status and time in the summary
+step() {
+    local name=$1 limit=$2
+    shift 2
+    wanted "$name" || return 0
+    local left=$((budget - ($(date +%s) - began)))
+    ((limit > left)) && limit=$left
+    if ((limit < 10)); then
+        echo "$name: not run (no time left)" | tee -a "$summary"
+        return 0
+    fi
+    local t0=$(date +%s)
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "$name: exit $rc in $(($(date +%s) - t0)) s (limit $limit s)" | tee -a "$summary"
+    tail -n 25 "$out/$name.log"
+}
+
+py=${PYTHON:-python3}
+single=single,single-pinned,preload,single-bf16,offload-save-on-cpu,offload-prefetch-1,offload-prefetch-3
+single=$single,single-alexnet
+
+step env 30 bash -c "nvidia-smi; $py -c 'import torch, sys; print(sys.version); print(torch.__version__, \
+torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)'"
+step cuda-tests 150 $py -m pytest -q -p no:cacheprovider -rs tests/test_offload.py tests/test_linkbench.py \
+    tests/test_layer_profile.py tests/test_calibrate_cli.py tests/test_exec_config.py tests/test_datapipe.py
+step accuracy 200 $py benchmarks/validate_accuracy.py --scenario validate-gpu --repeats 1 --rounds 1 \
+    --variants "$single" --out "$out/accuracy" --results "$out/accuracy.txt"
+for model in resnet50 gpt2-small; do
+    step "$model" 150 $py benchmarks/validate_accuracy.py --scenario "benchmarks/gpu/$model.yaml" \
+        --repeats 1 --rounds 1 --out "$out/$model" --results "$out/$model.txt"
+done
+replay() {
+    local trace
+    for trace in "$out"/resnet50/report-0/traces/*.torch.rank0.json "$out"/gpt2-small/report-0/traces/*.torch.rank0.json; do
+        [[ -e $trace ]] || continue
+        echo "## $trace"
+        $py -m trainsim.cli replay "$trace"
+        for gpu in h100-sxm a100-80gb v100-32gb; do
+            echo "## $trace --gpu $gpu"
+            $py -m trainsim.cli replay "$trace" --gpu "$gpu"
+        done
+    done
+}
+wanted replay && step replay 90 bash -c "$(declare -f replay); out='$out'; py='$py'; replay"
+# the whole suite, on 8 workers where pytest-xdist is installed
+parallel=$($py -c 'import xdist' 2>/dev/null && echo "-n 8")
+step suite 600 $py -m pytest -q -p no:cacheprovider -rs $parallel
+echo "session: $(($(date +%s) - began)) s" | tee -a "$summary"
