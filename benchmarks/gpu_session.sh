@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Ground truth on one CUDA GPU in one go (issue 21): the CUDA tests, the single-GPU validation with
-# peak memory, the two issue models validated and traced, the traces replayed with --gpu what-ifs, then
-# the whole test suite with what time is left.
+# Ground truth on one CUDA GPU in one go (issue 21): the CUDA tests, the two issue models validated (fp32
+# and bf16) and traced, their traces replayed with --gpu what-ifs, the single-GPU validation scenario with
+# peak memory, then the whole test suite with what time is left.
 #
 #   benchmarks/gpu_session.sh OUT [SECONDS] [STEPS]
 #
-# OUT gets one log per step (STEP.log), summary.txt (each step's exit status and time, then the figures)
-# and the bundles, reports and traces. SECONDS (default 560) bounds the whole session: each step has its
-# own limit and the test suite gets what is left. STEPS (default: all) is a comma list of
-# env,cuda-tests,accuracy,resnet50,gpt2-small,replay,suite. Assumes trainsim is installed (README).
+# OUT gets one log per step (STEP.log), summary.txt (each step's exit status and time) and the figures,
+# bundles, reports and traces. SECONDS (default 560) bounds the whole session: each step has its own limit
+# and the last ones get what is left. STEPS (default: all) is a comma list of
+# env,cuda-tests,resnet50,gpt2-small,replay,accuracy,suite. ACCURACY_REPEATS (2: validate-gpu, each with
+# its own calibration) and MODEL_ROUNDS (2: real runs per variant of the two models) size the validations.
+# Assumes trainsim is installed (README).
 set -u
 out=${1:?usage: gpu_session.sh OUT [SECONDS] [STEPS]}
 budget=${2:-560}
-steps=${3:-env,cuda-tests,accuracy,resnet50,gpt2-small,replay,suite}
+steps=${3:-env,cuda-tests,resnet50,gpt2-small,replay,accuracy,suite}
 mkdir -p "$out"
 summary="$out/summary.txt"
 began=$(date +%s)
@@ -39,6 +41,8 @@ step() {
 }
 
 py=${PYTHON:-python3}
+accuracy_repeats=${ACCURACY_REPEATS:-2}  # validate-gpu, each repeat with its own calibration
+model_rounds=${MODEL_ROUNDS:-2}  # the two models' variants, each run this many times round-robin
 single=single,single-pinned,preload,single-bf16,offload-save-on-cpu,offload-prefetch-1,offload-prefetch-3
 single=$single,single-alexnet
 
@@ -46,11 +50,9 @@ step env 30 bash -c "nvidia-smi; $py -c 'import torch, sys; print(sys.version); 
 torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)'"
 step cuda-tests 150 $py -m pytest -q -p no:cacheprovider -rs tests/test_offload.py tests/test_linkbench.py \
     tests/test_layer_profile.py tests/test_calibrate_cli.py tests/test_exec_config.py tests/test_datapipe.py
-step accuracy 200 $py benchmarks/validate_accuracy.py --scenario validate-gpu --repeats 1 --rounds 1 \
-    --variants "$single" --out "$out/accuracy" --results "$out/accuracy.txt"
 for model in resnet50 gpt2-small; do
     step "$model" 150 $py benchmarks/validate_accuracy.py --scenario "benchmarks/gpu/$model.yaml" \
-        --repeats 1 --rounds 1 --out "$out/$model" --results "$out/$model.txt"
+        --repeats 1 --rounds "$model_rounds" --out "$out/$model" --results "$out/$model.txt"
 done
 replay() {
     local trace
@@ -65,6 +67,9 @@ replay() {
     done
 }
 wanted replay && step replay 90 bash -c "$(declare -f replay); out='$out'; py='$py'; replay"
+# last, as it is the longest: what it prints is kept line by line, so a cut-off run keeps its first repeats
+step accuracy 400 $py benchmarks/validate_accuracy.py --scenario validate-gpu --repeats "$accuracy_repeats" \
+    --rounds 1 --variants "$single" --out "$out/accuracy" --results "$out/accuracy.txt"
 # the whole suite, on 8 workers where pytest-xdist is installed
 parallel=$($py -c 'import xdist' 2>/dev/null && echo "-n 8")
 step suite 600 $py -m pytest -q -p no:cacheprovider -rs $parallel

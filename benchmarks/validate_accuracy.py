@@ -53,7 +53,12 @@ def provenance() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from trainsim.calibrate.measure import runner
-    from trainsim.calibrate.validate.quickstart import LAYER_REPEATS, _scenario_model, calibration_batch_sizes
+    from trainsim.calibrate.validate.quickstart import (
+        LAYER_REPEATS,
+        _scenario_model,
+        calibration_batch_sizes,
+        calibration_precisions,
+    )
     from trainsim.calibrate.validate.report import write_report
     from trainsim.calibrate.validate.run import validate
 
@@ -83,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         config = runner.CalibrationConfig(model=model, model_options=options, out=out / f"calibration-{k}",
                                           device=device, ranks=min(2, runner.default_ranks(device)),
                                           quick=True, repeats=LAYER_REPEATS,
-                                          batch_sizes=calibration_batch_sizes(args.scenario, variants))
+                                          batch_sizes=calibration_batch_sizes(args.scenario, variants),
+                                          precisions=calibration_precisions(args.scenario, variants))
         path = str(runner.run_calibration(config))
         print(f"\ncalibrated in {time.perf_counter() - began:.0f} s -> {path}")
         return path

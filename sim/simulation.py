@@ -147,12 +147,15 @@ def bundle_devices(bundle: Bundle | None) -> dict[str, DeviceSpec]:
 
 
 def bundle_workload(bundle: Bundle, scenario) -> Workload:
-    """The bundle's workload of the scenario's model; an error naming the bundle's models if it has not it."""
+    """The bundle's workload of the scenario's model, measured in the scenario's precision where the bundle
+    has that (else in fp32, which the roofline rescales); an error naming the bundle's models if it has not
+    the model."""
     wanted = scenario.workload if isinstance(scenario.workload, str) else scenario.workload.name
-    workload = bundle.workload_for(wanted)
+    workload = bundle.workload_for(wanted, scenario.precision)
     if isinstance(workload, Workload):
         return workload
-    return parse_workload(workload, file=str(bundle.path / workload_file(wanted)))
+    measured_in = scenario.precision if f"{wanted}.{scenario.precision}" in bundle.workloads else "fp32"
+    return parse_workload(workload, file=str(bundle.path / workload_file(wanted, measured_in)))
 
 
 def load_inputs(scenario, bundle: Bundle | None = None):

@@ -100,7 +100,7 @@ def test_tiny_cnn_saved_activations_by_hand(workloads):
     assert saved["relu1"] == 16 * 32 * 32 * 4  # its output
     assert saved["pool1"] == 16 * 16 * 16 * 8  # input already kept by relu1: only the int64 indices
     assert saved["conv2"] == 16 * 16 * 16 * 4
-    assert saved["fc"] == 32 * 8 * 8 * 4
+    assert saved["fc"] == 32 * 8 * 8 * 4 + 10 * 4 + 8  # its input; the loss's log-softmax and target
     assert wl.layer("conv2").output_bytes_per_sample == 32 * 16 * 16 * 4
 
 
@@ -291,11 +291,14 @@ def test_tiny_cnn_and_small_gpt_agree_with_torch_autograd():
             storage = t.untyped_storage()
             if storage.data_ptr() not in params and storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())
-                saved[stack[-1]] = saved.get(stack[-1], 0) + storage.nbytes()
+                layer = stack[-1] if stack else order[-1]  # the loss's count with the last layer
+                saved[layer] = saved.get(layer, 0) + storage.nbytes()
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(x)
+            out = model(x)
+            targets = torch.zeros(out.shape[:-1], dtype=torch.long)
+            torch.nn.functional.cross_entropy(out.flatten(0, -2), targets.flatten())
         for handle in handles:
             handle.remove()
         return order, saved

@@ -36,7 +36,8 @@ def test_tiny_cnn_saved_bytes_by_hand():
     # maxpool's input is relu1's output, already saved: only the int64 indices are new
     assert layers["pool1"].saved_activation_bytes_per_sample == 16 * 16 * 16 * I64
     assert layers["conv2"].saved_activation_bytes_per_sample == 16 * 16 * 16 * F32
-    assert layers["fc"].saved_activation_bytes_per_sample == 32 * 8 * 8 * F32  # flatten is a view
+    # flatten is a view; the loss keeps the log-softmax of the 10 logits and the int64 target
+    assert layers["fc"].saved_activation_bytes_per_sample == 32 * 8 * 8 * F32 + 10 * F32 + 8
     assert layers["pool2"].output_bytes_per_sample == 32 * 8 * 8 * F32
 
 

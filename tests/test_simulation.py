@@ -71,10 +71,15 @@ def test_memory_peak_is_params_grads_state_and_activations_at_the_turn(tmp_path)
     params = sum(layer["params"] for layer in LAYERS)
     # alive at the turn: every layer's saved tensors and the input batch the training loop still holds
     alive = 8 * sum(layer["saved"] for layer in LAYERS) + 8 * 1_000_000
+    # ... and as the last layer's backward starts, the loss's two gradients of its output (the log-softmax's
+    # and the logits'), then one of them and the gradient of its input
+    out = [8 * layer.get("output", 1000) for layer in LAYERS]  # the tiny workload's default output
+    grads = max(2 * out[-1], out[-1] + out[-2])
     # fp32: weights 4 B, gradients 4 B, momentum 4 B per parameter -> 3 x the parameter bytes
-    assert result.gpus[0].memory_peak_bytes == pytest.approx(3 * params + alive, rel=1e-12)
+    assert result.gpus[0].memory_peak_bytes == pytest.approx(3 * params + alive + grads, rel=1e-12)
     at_peak = result.gpus[0].memory_at_peak
     assert at_peak["activations"] + at_peak["input"] == pytest.approx(alive)
+    assert at_peak["activation_grads"] == pytest.approx(grads)
     assert at_peak["params"] == at_peak["grads"] == at_peak["optimizer_state"] == pytest.approx(params)
     assert not result.oom
 

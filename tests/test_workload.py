@@ -119,7 +119,8 @@ def test_derived_figures():
     wl = build_analytic("tiny-cnn")
     assert wl.num_params == 448 + 4640 + 20490
     assert wl.param_bytes == 4 * wl.num_params
-    assert wl.saved_activation_bytes(10) == 10 * wl.saved_activation_bytes_per_sample
+    # per sample, plus what is kept once per batch (the loss's total weight)
+    assert wl.saved_activation_bytes(10) == 10 * wl.saved_activation_bytes_per_sample + 4
     assert wl.layer("conv2").kind == "conv2d"
     with pytest.raises(TrainsimError, match="valid choices: conv1"):
         wl.layer("conv9")

@@ -257,6 +257,8 @@ def calibrate_run(
     model: str = typer.Option(None, "--model", "-m", help="Model from the zoo, e.g. tiny-cnn, resnet18."),
     device: str = typer.Option("auto", "--device", help="cuda, cpu, or auto (cuda when a GPU is visible)."),
     batch_sizes: str = typer.Option("8,16,32", "--batch-sizes", help="Per-device batch sizes to profile."),
+    precisions: str = typer.Option("fp32", "--precisions", help="Measure the layers in each of these too "
+                                   "(fp32, bf16, fp16: autocast), e.g. fp32,bf16; a workload file each."),
     ranks: int = typer.Option(None, "--ranks", help="Ranks for collectives (default: GPUs, or CPU cores)."),
     out: str = typer.Option("calibration", "--out", "-o", help="Bundle folder to write."),
     quick: bool = typer.Option(False, "--quick", help="Short sweeps, few repeats (about a minute on CPU)."),
@@ -276,7 +278,8 @@ def calibrate_run(
     from trainsim.calibrate.measure import runner
 
     config = runner.CalibrationConfig(model=model, out=out, device=device, ranks=ranks, quick=quick,
-                                      resume=resume, batch_sizes=runner.parse_batch_sizes(batch_sizes))
+                                      resume=resume, batch_sizes=runner.parse_batch_sizes(batch_sizes),
+                                      precisions=tuple(p.strip() for p in precisions.split(",") if p.strip()))
     runner.validate(config)  # bad input fails here, before the progress bar
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn())

@@ -9,7 +9,7 @@ and even GPT-2 at full size takes seconds. While one runs, ``LayerHooks`` says w
   by storage across the whole model (a storage counts whole, once, for the first layer that saved it),
   parameters excluded. Buffers autograd keeps (batch norm's running statistics, beside its save_mean and
   save_invstd) count, as fixed bytes, as the analytic generator counts them. The loss's saved tensors
-  belong to no layer;
+  count with the last layer (its backward comes right after the loss's);
 - output bytes: the layer's output tensors;
 - FLOPs: ``torch.utils.flop_counter``'s formulas (a multiply-add = 2 FLOPs; conv/linear/matmul only), forward
   attributed by the forward hooks and backward by the autograd-node hooks: a layer whose input needs no
@@ -241,12 +241,16 @@ def describe_layers(name: str, device: str = "meta", **cfg) -> list[Layer]:
     with torch.device(device):
         model = zoo.build_model(name, **merged)
     try:
-        small, _ = step_facts(model, name, DESCRIBE_BATCHES[0], device, **merged)
-        large, _ = step_facts(model, name, DESCRIBE_BATCHES[1], device, **merged)
+        small, loss_small = step_facts(model, name, DESCRIBE_BATCHES[0], device, **merged)
+        large, loss_large = step_facts(model, name, DESCRIBE_BATCHES[1], device, **merged)
     except (RuntimeError, ValueError) as exc:  # shapes torch refuses, e.g. an image too small for the model
         options = ", ".join(f"{k}={v}" for k, v in merged.items())
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TrainsimError(f"{name} does not run with {options}: {first}", field="model options") from None
+    # the loss saves its input's softmax (GPT-2: batch x tokens x vocabulary) for its backward, which runs
+    # just before the last layer's: counted with the last layer
+    small[-1].saved_bytes += loss_small
+    large[-1].saved_bytes += loss_large
     layers = []
     for s, g in zip(small, large, strict=True):
         saved = _per_sample(s.saved_bytes, g.saved_bytes)

@@ -33,6 +33,7 @@ It stays one module: the hooks, the interleaved plain iterations and the fits ar
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import platform
@@ -222,15 +223,26 @@ class BatchTimes:
         return self.iteration[0] - sum(m for m, _ in self.layers.values()) - self.optimizer[0]
 
 
+#: autocast dtype of each precision the layers can be measured in (fp32: none)
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device, clock, repeats: int,
-                   warmup: int, cfg: dict, progress: Progress) -> BatchTimes:
+                   warmup: int, cfg: dict, progress: Progress, precision: str = "fp32") -> BatchTimes:
     generator = torch.Generator().manual_seed(batch)
     inputs, targets = zoo.example_batch(name, batch, device, generator=generator, **cfg)
+    dtype = AUTOCAST[precision]
+
+    def loss():
+        # as the executor runs it: the forward under autocast, the loss on the fp32 output
+        with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
+            output = model(inputs)
+        return zoo.loss_fn(name, output.float(), targets)
 
     def plain() -> float:
         start = clock.mark()
         optimizer.zero_grad(set_to_none=True)
-        zoo.loss_fn(name, model(inputs), targets).backward()
+        loss().backward()
         optimizer.step()
         end = clock.mark()
         clock.sync()
@@ -241,7 +253,7 @@ def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device
         with LayerHooks(model, [spans]):
             start = clock.mark()
             optimizer.zero_grad(set_to_none=True)
-            zoo.loss_fn(name, model(inputs), targets).backward()
+            loss().backward()
             before_step = clock.mark()
             optimizer.step()
             end = clock.mark()
@@ -307,13 +319,16 @@ def _check_batches(batch_sizes: Sequence[int]) -> list[int]:
 
 def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: Sequence[int] = (8, 16, 32),
                    repeats: int = 10, warmup: int = 3, *, optimizer: str = "sgd", threads: int | None = None,
-                   prep_samples: int = 64, progress: Progress | None = None, **model_cfg) -> Workload:
+                   prep_samples: int = 64, progress: Progress | None = None, precision: str = "fp32",
+                   **model_cfg) -> Workload:
     """Measure zoo model ``name`` on ``device`` at each batch size and return a measured workload.
 
     Static per-layer figures (bytes, FLOPs, shapes) come from :func:`describe`; this adds forward/backward
     :class:`TimeModel`s per layer, the optimizer step, the input preparation time, and in
     ``provenance["iteration"]`` the whole-iteration and unattributed times. ``threads`` sets
     ``torch.set_num_threads`` for the run (default: torch's choice); the value used is recorded.
+    ``precision`` bf16/fp16: the forward runs under autocast to it, as the executor runs it (no loss scaling);
+    byte counts stay fp32's and ``provenance.precision`` says what the times were measured in.
     """
     progress = progress or (lambda text: None)
     canonical = zoo.canonical_name(name)
@@ -328,6 +343,8 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
         raise unknown_name("optimizer", optimizer, OPTIMIZERS, field="optimizer")
     if threads is not None and threads < 1:
         raise TrainsimError(f"threads must be >= 1, got {threads}", field="threads")
+    if precision not in AUTOCAST:
+        raise unknown_name("precision", precision, AUTOCAST, field="precision")
 
     progress("describing layers")
     static = describe_layers(canonical, **cfg)
@@ -355,7 +372,7 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
             oom = None
             try:
                 measured.append(_measure_batch(model, opt, canonical, batch, dev, clock, repeats, warmup, cfg,
-                                               progress))
+                                               progress, precision))
             except Exception as exc:
                 if not _is_oom(exc):
                     raise
@@ -402,7 +419,7 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
         "threads": threads_used, "cores_available": data_prep.cores_available(),
         "batch_sizes_requested": batches, "batch_sizes_measured": [bt.batch for bt in measured],
         "largest_batch_that_fits": measured[-1].batch if measured else None,
-        "skipped": skipped, "iteration": iteration,
+        "skipped": skipped, "iteration": iteration, "precision": precision,
     }
     if dev.type == "cuda":
         extra.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),

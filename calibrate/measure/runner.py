@@ -35,6 +35,8 @@ STEPS = ("probe", "links", "collectives", "data", "layers", "rank_step")
 DEVICES = ("auto", "cpu", "cuda")
 # Options that change what a step measures: a resumed run must use the same ones.
 _RESUME_KEYS = ("model", "device", "ranks", "quick", "batch_sizes")
+#: precisions the layers can be measured in (the executor's autocast dtypes)
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 Progress = Callable[[str, str], None]  # (step, detail)
 
@@ -65,6 +67,8 @@ class CalibrationConfig:
     steps: tuple[str, ...] = STEPS
     repeats: int | None = None  # per-layer timing repeats (None: the profiler's default for quick/full)
     model_options: dict = field(default_factory=dict)  # zoo options of the model, e.g. {"image_size": 128}
+    # the layers are measured in each (fp32 always first; bf16/fp16 under autocast, a workload file each)
+    precisions: tuple[str, ...] = ("fp32",)
 
     def __post_init__(self):
         self.out = Path(self.out)
@@ -80,6 +84,10 @@ class CalibrationConfig:
         for step in self.steps:
             if step not in STEPS:
                 raise unknown_name("step", step, STEPS, field="steps")
+        for precision in self.precisions:
+            if precision not in PRECISIONS:
+                raise unknown_name("precision", precision, PRECISIONS, field="--precisions")
+        self.precisions = ("fp32",) + tuple(p for p in dict.fromkeys(self.precisions) if p != "fp32")
 
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
@@ -557,21 +565,28 @@ def _step_layers(run: _Run):
         # A CPU "device" is one rank: time the layers with the threads one rank has.
         kwargs["threads"] = max(1, len(os.sched_getaffinity(0)) // run.ranks)
     prep = run.step_results("data").get("prep_s_per_sample")
-    workload = layer_profile.profile_layers(
-        run.config.model,
-        run.device,
-        list(run.config.batch_sizes),
-        prep_samples=0 if prep is not None else 64,
-        progress=lambda text: run.progress("layers", str(text)),
-        **kwargs,
-        **run.config.model_options,
-    )
-    if prep is not None and workload.input.prep_s_per_sample is None:
-        workload = workload.model_copy(
-            update={"input": workload.input.model_copy(update={"prep_s_per_sample": prep})}
+    names = []
+    for precision in run.config.precisions:
+        profiled = layer_profile.profile_layers(
+            run.config.model,
+            run.device,
+            list(run.config.batch_sizes),
+            prep_samples=0 if prep is not None else 64,
+            progress=lambda text, p=precision: run.progress("layers", f"{p}: {text}"),
+            precision=precision,
+            **kwargs,
+            **run.config.model_options,
         )
-    name = bf.workload_file(run.config.model)
-    save_workload(workload, run.out / name)
+        if prep is None:
+            prep = profiled.input.prep_s_per_sample
+        if prep is not None and profiled.input.prep_s_per_sample is None:
+            profiled = profiled.model_copy(
+                update={"input": profiled.input.model_copy(update={"prep_s_per_sample": prep})}
+            )
+        names.append(bf.workload_file(run.config.model, precision))
+        save_workload(profiled, run.out / names[-1])
+        if precision == "fp32":
+            workload = profiled
     facts = workload.provenance.model_dump()
     measured = facts.get("batch_sizes_measured") or sorted(
         {p[0] for layer in workload.layers if layer.forward for p in layer.forward.points}
@@ -579,7 +594,8 @@ def _step_layers(run: _Run):
     notes = [f"batch size {s['batch']} skipped: {s['reason']}" for s in facts.get("skipped") or []]
     if notes:
         notes.append(f"largest batch size that fits: {max(measured)}")
-    return [name], {"batch_sizes_measured": measured, "threads": facts.get("threads")}, notes
+    return names, {"batch_sizes_measured": measured, "threads": facts.get("threads"),
+                   "precisions": list(run.config.precisions)}, notes
 
 
 def _step_rank_step(run: _Run):

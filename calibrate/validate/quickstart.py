@@ -59,6 +59,27 @@ def calibration_batch_sizes(scenario: str, variants: list[str] | None = None) ->
     return tuple(sorted(sizes))
 
 
+def calibration_precisions(scenario: str, variants: list[str] | None = None) -> tuple[str, ...]:
+    """The precisions the scenario's variants run its own model in (fp32 first), so the bundle measures the
+    layers in each rather than leave the simulator to rescale fp32 times by a roofline."""
+    from trainsim.calibrate.execute.config import (
+        exec_config_from_scenario,
+        load_scenario_dict,
+        scenario_variants,
+    )
+
+    data = load_scenario_dict(scenario)
+    base = exec_config_from_scenario(data, None, file=scenario)
+    wanted = {"fp32"}
+    for name in variants or scenario_variants(data) or [None]:
+        cfg = exec_config_from_scenario(data, name, file=scenario)
+        if (cfg.model, cfg.model_cfg) == (base.model, base.model_cfg):
+            wanted.add(cfg.precision)
+    from trainsim.calibrate.measure.runner import PRECISIONS
+
+    return ("fp32",) + tuple(sorted(p for p in wanted if p in PRECISIONS and p != "fp32"))
+
+
 def quickstart(out: str | os.PathLike = DEFAULT_OUT, *, device: str = "auto",
                variants: list[str] | None = None, resume: bool = False,
                calibration_progress: Callable[[str, str], None] | None = None,
@@ -78,6 +99,7 @@ def quickstart(out: str | os.PathLike = DEFAULT_OUT, *, device: str = "auto",
         model=model, model_options=options, out=out / "calibration", device=resolved, quick=True,
         resume=resume, repeats=LAYER_REPEATS,
         batch_sizes=calibration_batch_sizes(scenario, variants),
+        precisions=calibration_precisions(scenario, variants),
         ranks=min(2, runner.default_ranks(resolved)))
     runner.validate(config)
     bundle = runner.run_calibration(config, progress=calibration_progress)

@@ -30,6 +30,9 @@ unless the dtype says otherwise):
   copies (3·T·C) and the softmax output (n_head·T·T); the second ``bmm`` reuses the softmax output's storage;
   ``masked_fill`` keeps the causal bool mask (T·T bytes, once per batch). Dropout is 0, so nothing else.
 
+- the loss (cross entropy): the log-softmax of the last layer's output, the int64 targets and the NLL's
+  total weight (one fp32 per batch), counted with the last layer.
+
 A layer whose input is a storage already saved earlier (a conv after a relu, the branches of an inception
 block reading the same concat) saves nothing new. Functional ops between modules (residual add, flatten,
 concat) are not layers; their (small) traffic is not counted.
@@ -543,13 +546,25 @@ def config_for(name: str, **cfg):
     return config_cls(**cfg)
 
 
+def _with_loss(layers: list[Layer], input_spec: InputSpec) -> list[Layer]:
+    """The cross-entropy loss saves the log-softmax of the last layer's output, the int64 targets (one per
+    sample, or one per token) and its total weight, counted with the last layer, whose backward comes right
+    after it."""
+    targets = input_spec.bytes_per_sample if input_spec.dtype == "int64" else INT64
+    last = layers[-1]
+    saved = last.saved_activation_bytes_per_sample + last.output_bytes_per_sample + targets
+    fixed = last.saved_activation_bytes_fixed + 4  # the NLL's total weight, one fp32 per batch
+    return layers[:-1] + [last.model_copy(update={"saved_activation_bytes_per_sample": saved,
+                                                  "saved_activation_bytes_fixed": fixed})]
+
+
 def build_analytic(name: str, **cfg) -> Workload:
     """The analytic workload of model ``name`` (see ``MODELS``) with config overrides ``cfg``."""
     config = config_for(name, **cfg)
     builder = _Builder(config.dtype, getattr(config, "dropout_mask_bytes", 1))
     input_spec = MODELS[name][1](builder, config)
     return Workload(
-        name=name, dtype=config.dtype, input=input_spec, layers=builder.layers,
+        name=name, dtype=config.dtype, input=input_spec, layers=_with_loss(builder.layers, input_spec),
         provenance=Provenance(device="analytic", device_spec=None, tool="trainsim",
                               generator="trainsim.sim.compute.analytic_models",
                               config={f.name: getattr(config, f.name) for f in fields(config)}))

@@ -16,7 +16,7 @@ device's memory bandwidth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainsim.errors import TrainsimError
 from trainsim.sim.core.devices import DeviceSpec
@@ -48,6 +48,8 @@ class RankCosts:
     saved_bytes_per_layer: list[float]  # saved for backward, at this batch
     input_bytes: float  # the input batch as it crosses PCIe
     output_bytes: float  # the last layer's output at this batch (what DataParallel gathers)
+    # each layer's output at this batch: in backward, the gradient flowing into the layer has its size
+    output_bytes_per_layer: list[float] = field(default_factory=list)
 
     @property
     def grad_bytes(self) -> float:
@@ -133,6 +135,8 @@ def rank_costs(
         ],
         input_bytes=float(batch * workload.input.bytes_per_sample),
         output_bytes=float(batch * last.output_bytes_per_sample * act_scale),
+        output_bytes_per_layer=[float(batch * layer.output_bytes_per_sample * act_scale)
+                                for layer in workload.layers],
     )
 
 

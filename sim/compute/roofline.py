@@ -153,10 +153,10 @@ def layer_times(workload: Workload, device: DeviceSpec | str, batch: int, precis
     same = source is not None and source.name == target.name and src_precision == precision
     result = []
     for i, layer in enumerate(workload.layers):
-        roof = layer_time(layer, target, batch, precision, efficiency, dtype=workload.dtype)
         times = []
         for index, measured in enumerate((layer.forward, layer.backward)):
-            if measured is None:
+            if measured is None:  # the roofline only where nothing was measured
+                roof = layer_time(layer, target, batch, precision, efficiency, dtype=workload.dtype)
                 times.append(roof[index])
                 continue
             try:

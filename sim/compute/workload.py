@@ -267,6 +267,8 @@ class Provenance(BaseModel):
     iteration: IterationRecord | None = None  # the calibrated whole iteration per batch (`provenance`)
     skipped: list[SkippedBatch] | None = None  # batch sizes the calibration could not measure
     config: dict[str, Any] | None = None  # the model's configuration (zoo or analytic generator options)
+    # the precision the times were measured in (autocast to bf16/fp16 keeps fp32 byte counts); None: dtype's
+    precision: Literal["fp32", "tf32", "fp16", "bf16"] | None = None
 
 
 class Workload(_Strict):

@@ -404,6 +404,7 @@ class SpatialLayout:
     saved_bytes: list[float]
     base: RankCosts  # params, gradients, optimizer state, step time (the same on every rank)
     backward_halo: str = "output-gradient"  # or "input-gradient": the halo rows' gradient, sent back after
+    output_bytes: list[float] = field(default_factory=list)  # each layer's output slab: its gradient's size
     _moves: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -582,7 +583,7 @@ def build_layout(
     backward_halo: str = "output-gradient",
 ) -> SpatialLayout:
     cache: dict[tuple[int, Fraction], RankCosts] = {}
-    forward, backward, saved = [], [], []
+    forward, backward, saved, outputs = [], [], [], []
     for i, g in enumerate(grids):
         key = (batch // g[0], Fraction(1, g[1] * g[2]))
         if key not in cache:
@@ -594,7 +595,8 @@ def build_layout(
         forward.append(costs.forward_s[i])
         backward.append(costs.backward_s[i])
         saved.append(costs.saved_bytes_per_layer[i])
+        outputs.append(costs.output_bytes_per_layer[i])
     base = next(iter(cache.values()))
     return SpatialLayout(
-        workload, n, batch, list(grids), precision, forward, backward, saved, base, backward_halo
+        workload, n, batch, list(grids), precision, forward, backward, saved, base, backward_halo, outputs
     )

@@ -140,7 +140,9 @@ class Context:
     ):
         """Layers back to back on the compute stream in one timeout (a rank's own stream runs them without a
         gap, so one event stands for many); each layer is still recorded, and its activations allocated
-        (forward, ``saved_delta`` = +1) or freed (backward, -1) at its own start or end."""
+        (forward, ``saved_delta`` = +1) or freed (backward, -1) at its own start or end.
+
+        Backward also holds the activation gradients (`gradients_in`, `gradients_out`)."""
         costs, machine, env = self.costs[gpu], self.machine, self.env
         memory = machine.gpus[gpu].memory
         if self.jitter_spec is not None:  # one draw per rank, iteration and pass: the whole pass drifts
@@ -150,10 +152,13 @@ class Context:
             yield req
             t = start = env.now
             total = sum(times[i] for i in layers)
+            grads = costs.output_bytes_per_layer if saved_delta < 0 else []
             for i in layers:
                 end = t + times[i]
                 if saved_delta > 0:
                     memory.alloc(t, costs.saved_bytes_per_layer[i], "activations")
+                if grads:
+                    gradients_in(memory, t, grads, i)
                 if self.detail:
                     machine.record(
                         iteration=iteration,
@@ -167,6 +172,8 @@ class Context:
                     )
                 if saved_delta < 0:
                     memory.free(end, costs.saved_bytes_per_layer[i], "activations")
+                    if grads:
+                        gradients_out(memory, end, grads, i)
                     if i == 0:  # the training loop holds the batch until its backward is done
                         memory.free(end, costs.input_bytes, "input")
                 t = end
@@ -339,6 +346,25 @@ class DataLoader:
             self._start()
         if self.store is not None:
             yield self.store.get()
+
+
+# ---- activation gradients in backward ----------------------------------------------------------------------
+
+
+def gradients_in(memory, t: float, grads: list[float], i: int) -> None:
+    """Layer ``i``'s backward starts: it writes the gradient of its input (the previous layer's output size;
+    the first layer's input needs none). Before the last layer, the loss's backward makes the gradient of
+    the last output, through one intermediate of that size (cross entropy: log-softmax, then NLL)."""
+    if i == len(grads) - 1:
+        memory.alloc(t, 2 * grads[i], "activation_grads")
+        memory.free(t, grads[i], "activation_grads")
+    if i > 0:
+        memory.alloc(t, grads[i - 1], "activation_grads")
+
+
+def gradients_out(memory, t: float, grads: list[float], i: int) -> None:
+    """Layer ``i``'s backward is done: the gradient of its output is freed."""
+    memory.free(t, grads[i], "activation_grads")
 
 
 # ---- registry ---------------------------------------------------------------------------------------------

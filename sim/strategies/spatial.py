@@ -17,7 +17,7 @@ from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM
 from trainsim.sim.spatial.decomposition import SpatialLayout, check_scenario, prepare_layout
 
-from .base import Context, register, register_rank_batch
+from .base import Context, gradients_in, gradients_out, register, register_rank_batch
 from .ddp import assign_buckets
 
 
@@ -195,8 +195,10 @@ def _rank(
                 yield from _receive(
                     ctx, events, "redist_backward", it, i + 1, rank, layout.moves(i + 1, "backward")
                 )
+            gradients_in(memory, env.now, layout.output_bytes, i)
             yield from _pass(ctx, layout, events, gpu, rank, it, i, "backward", layout.backward_s[i])
             memory.free(env.now, layout.saved_bytes[i], "activations")
+            gradients_out(memory, env.now, layout.output_bytes, i)
             if i == 0:  # the training loop holds the batch until its backward is done
                 memory.free(env.now, layout.input_bytes, "input")
             b = closes_at.get(i)

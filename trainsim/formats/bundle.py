@@ -38,8 +38,10 @@ COLLECTIVES_SCHEMA = "trainsim.collectives/1"
 WORKLOAD_SCHEMAS = ("trainsim.workload/1", "trainsim.workload/2")
 
 
-def workload_file(model: str) -> str:
-    return f"workload-{model}.json"
+def workload_file(model: str, precision: str = "fp32") -> str:
+    """``workload-<model>.json``: the model measured in fp32; ``workload-<model>.<precision>.json`` under
+    autocast to another precision (bf16, fp16)."""
+    return f"workload-{model}.json" if precision == "fp32" else f"workload-{model}.{precision}.json"
 
 
 class _Strict(BaseModel):
@@ -271,8 +273,11 @@ class Bundle:
     def workload_path(self) -> Path | None:
         return self.path / workload_file(next(iter(self.workloads))) if self.workloads else None
 
-    def workload_for(self, model: str) -> Any:
-        """The workload of ``model``; a TrainsimError naming the models the bundle has if it has not it."""
+    def workload_for(self, model: str, precision: str = "fp32") -> Any:
+        """The workload of ``model`` measured in ``precision`` when the bundle has it, else the fp32 one (the
+        simulator rescales it); a TrainsimError naming the models the bundle has if it has neither."""
+        if precision != "fp32" and f"{model}.{precision}" in self.workloads:
+            return self.workloads[f"{model}.{precision}"]
         if model not in self.workloads:
             have = ", ".join(self.workloads) or "none"
             raise TrainsimError(
