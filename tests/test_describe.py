@@ -161,3 +161,19 @@ def test_cli_describe_bad_input_is_one_line(args, message):
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_packed_bytes_count_every_save_and_the_weights():
+    # what torch's save_on_cpu copies: each tensor each time it is packed, parameters too
+    layers = {layer.name: layer for layer in describe_layers("tiny-cnn")}
+    conv1, pool1, fc = layers["conv1"], layers["pool1"], layers["fc"]
+    assert (conv1.saved_packed_bytes_per_sample, conv1.saved_packed_bytes_fixed) == (3 * 32 * 32 * F32,
+                                                                                    16 * 3 * 3 * 3 * F32)
+    # maxpool packs relu1's output again (distinct bytes count it once, at relu1) and its indices
+    assert pool1.saved_packed_bytes_per_sample == 16 * 32 * 32 * F32 + 16 * 16 * 16 * I64
+    assert pool1.saved_activation_bytes_per_sample == 16 * 16 * 16 * I64
+    # the fc packs its input; the loss packs the log-softmax of the 10 logits twice (the log-softmax keeps
+    # its output, the NLL its input) and the target
+    assert fc.saved_packed_bytes_per_sample == 32 * 8 * 8 * F32 + 2 * 10 * F32 + 8
+    assert all(layer.saved_packed_bytes_per_sample >= layer.saved_activation_bytes_per_sample
+               for layer in layers.values())

@@ -10,6 +10,9 @@ and even GPT-2 at full size takes seconds. While one runs, ``LayerHooks`` says w
   parameters excluded. Buffers autograd keeps (batch norm's running statistics, beside its save_mean and
   save_invstd) count, as fixed bytes, as the analytic generator counts them. The loss's saved tensors
   count with the last layer (its backward comes right after the loss's);
+- packed bytes: every tensor autograd packs, each time it is packed, parameters included: what
+  ``torch.autograd.graph.save_on_cpu`` copies (a ReLU's output that the next convolution saves again is
+  copied twice);
 - output bytes: the layer's output tensors;
 - FLOPs: ``torch.utils.flop_counter``'s formulas (a multiply-add = 2 FLOPs; conv/linear/matmul only), forward
   attributed by the forward hooks and backward by the autograd-node hooks: a layer whose input needs no
@@ -69,6 +72,7 @@ class StepFacts:
     param_bytes: int = 0
     shared_param_bytes: int = 0
     saved_bytes: int = 0
+    packed_bytes: int = 0  # every tensor packed, each time, parameters too (what torch's save_on_cpu copies)
     output_bytes: int = 0
     flops_forward: int = 0
     flops_backward: int = 0
@@ -136,6 +140,7 @@ class _Recorder:
         self.phase = "forward"
         self.facts: dict[str, StepFacts] = {}
         self.unattributed_saved = 0
+        self.unattributed_packed = 0
         self._seen_storages: set[int] = set()
         self._param_storages = {_storage_key(p) for p in model.parameters()}
         self._param_owner: dict[int, str] = {}
@@ -171,6 +176,11 @@ class _Recorder:
 
     # saved_tensors_hooks
     def pack(self, t: torch.Tensor) -> torch.Tensor:
+        layer = self.hooks.current
+        if layer is None:
+            self.unattributed_packed += t.numel() * t.element_size()
+        else:
+            self.facts[layer].packed_bytes += t.numel() * t.element_size()
         key = _storage_key(t)
         if key not in self._param_storages and key not in self._seen_storages:
             self._seen_storages.add(key)
@@ -207,9 +217,9 @@ class _LayerFlopCounter(FlopCounterMode):
 
 
 def step_facts(model: nn.Module, name: str, batch: int, device: str = "meta", **cfg
-               ) -> tuple[list[StepFacts], int]:
+               ) -> tuple[list[StepFacts], int, int]:
     """Run one training step of zoo model ``name`` at ``batch`` and return its layers' facts in forward
-    order, and the bytes saved outside any layer (by the loss)."""
+    order, and the bytes saved and packed outside any layer (by the loss)."""
     inputs, targets = zoo.example_batch(name, batch, device, **cfg)
     with LayerHooks(model, []) as hooks:
         rec = _Recorder(model, hooks)
@@ -219,7 +229,7 @@ def step_facts(model: nn.Module, name: str, batch: int, device: str = "meta", **
             rec.phase = "backward"
             loss.backward()
     model.zero_grad(set_to_none=True)
-    return [rec.facts[layer] for layer in hooks.order], rec.unattributed_saved
+    return [rec.facts[layer] for layer in hooks.order], rec.unattributed_saved, rec.unattributed_packed
 
 
 DESCRIBE_BATCHES = (2, 4)
@@ -241,8 +251,8 @@ def describe_layers(name: str, device: str = "meta", **cfg) -> list[Layer]:
     with torch.device(device):
         model = zoo.build_model(name, **merged)
     try:
-        small, loss_small = step_facts(model, name, DESCRIBE_BATCHES[0], device, **merged)
-        large, loss_large = step_facts(model, name, DESCRIBE_BATCHES[1], device, **merged)
+        small, loss_small, packed_small = step_facts(model, name, DESCRIBE_BATCHES[0], device, **merged)
+        large, loss_large, packed_large = step_facts(model, name, DESCRIBE_BATCHES[1], device, **merged)
     except (RuntimeError, ValueError) as exc:  # shapes torch refuses, e.g. an image too small for the model
         options = ", ".join(f"{k}={v}" for k, v in merged.items())
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -251,13 +261,18 @@ def describe_layers(name: str, device: str = "meta", **cfg) -> list[Layer]:
     # just before the last layer's: counted with the last layer
     small[-1].saved_bytes += loss_small
     large[-1].saved_bytes += loss_large
+    small[-1].packed_bytes += packed_small
+    large[-1].packed_bytes += packed_large
     layers = []
     for s, g in zip(small, large, strict=True):
         saved = _per_sample(s.saved_bytes, g.saved_bytes)
+        packed = _per_sample(s.packed_bytes, g.packed_bytes)
         layers.append(Layer(
             name=s.name, kind=s.kind, param_bytes=s.param_bytes, shared_param_bytes=s.shared_param_bytes,
             saved_activation_bytes_per_sample=_as_int(saved),
             saved_activation_bytes_fixed=_as_int(s.saved_bytes - DESCRIBE_BATCHES[0] * saved),
+            saved_packed_bytes_per_sample=_as_int(packed),
+            saved_packed_bytes_fixed=_as_int(s.packed_bytes - DESCRIBE_BATCHES[0] * packed),
             output_bytes_per_sample=_as_int(_per_sample(s.output_bytes, g.output_bytes)),
             flops_forward_per_sample=_per_sample(s.flops_forward, g.flops_forward),
             flops_backward_per_sample=_per_sample(s.flops_backward, g.flops_backward),

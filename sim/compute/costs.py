@@ -50,6 +50,8 @@ class RankCosts:
     output_bytes: float  # the last layer's output at this batch (what DataParallel gathers)
     # each layer's output at this batch: in backward, the gradient flowing into the layer has its size
     output_bytes_per_layer: list[float] = field(default_factory=list)
+    # what autograd packs for backward, each time, parameters too (torch's save_on_cpu copies this)
+    packed_bytes_per_layer: list[float] = field(default_factory=list)
 
     @property
     def grad_bytes(self) -> float:
@@ -137,7 +139,15 @@ def rank_costs(
         output_bytes=float(batch * last.output_bytes_per_sample * act_scale),
         output_bytes_per_layer=[float(batch * layer.output_bytes_per_sample * act_scale)
                                 for layer in workload.layers],
+        packed_bytes_per_layer=[float(_packed(layer, batch) * act_scale) for layer in workload.layers],
     )
+
+
+def _packed(layer, batch: int) -> float:
+    """Bytes autograd packs for ``layer`` at ``batch`` (its distinct saved bytes where not described)."""
+    if layer.saved_packed_bytes_per_sample is None:
+        return batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed
+    return batch * layer.saved_packed_bytes_per_sample + (layer.saved_packed_bytes_fixed or 0)
 
 
 def unattributed_s(workload: Workload, batch: int) -> float:

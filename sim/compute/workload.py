@@ -220,6 +220,10 @@ class Layer(_Strict):
     saved_activation_bytes_per_sample: int = Field(ge=0)
     # saved for backward once per batch, whatever its size (batchnorm mean/invstd, position indices)
     saved_activation_bytes_fixed: int = Field(default=0, ge=0)
+    # every tensor autograd packs, each time, parameters too (what torch's save_on_cpu copies); None: not
+    # described (analytic workloads), taken as the saved bytes
+    saved_packed_bytes_per_sample: int | None = Field(default=None, ge=0)
+    saved_packed_bytes_fixed: int | None = Field(default=None, ge=0)
     output_bytes_per_sample: int = Field(ge=0)
     flops_forward_per_sample: float = Field(ge=0)
     flops_backward_per_sample: float = Field(ge=0)

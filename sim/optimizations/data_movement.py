@@ -22,7 +22,8 @@ def prepare(ctx, scenario, rerun=None) -> None:
     ctx.codec = make_codec(ctx)
     if not _offload_on(opts.offload_activations):
         return
-    layers = offloaded_layers(ctx.workload, opts.offload_activations)
+    blocking = opts.offload_copies == "blocking"
+    layers = offloaded_layers(ctx.workload, opts.offload_activations, packed=blocking)
     check_host_memory(ctx, layers, scenario.host.memory_gib)
     distance = opts.prefetch_distance
     if distance == "auto":

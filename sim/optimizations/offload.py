@@ -7,7 +7,8 @@ and prefetched back during backward.
   before more is allocated): forward pays max(compute, copy) per offloaded layer.
 - **Blocking copies** (``offload_copies: blocking``, torch's ``save_on_cpu``): each copy is issued in the
   compute stream's order and the host waits for it, so nothing overlaps: forward pays the layer, then its
-  copy out; backward (distance 0) pays each copy back when it reaches the layer.
+  copy out; backward (distance 0) pays each copy back when it reaches the layer. Such a copy moves every
+  tensor each time autograd packs it, parameters too (the workload's packed bytes, where described).
 - **Prefetch.** Backward visits the layers in reverse; before computing position p it issues the prefetch
   (H2D engine, into a buffer allocated then) of every offloaded layer up to ``prefetch_distance`` = k
   positions ahead (k = 0: a layer's own backward issues it). A prefetch can start only once that layer's
@@ -36,8 +37,9 @@ from trainsim.errors import TrainsimError
 GIB = 2**30
 
 
-def offloaded_layers(workload, policy) -> list[int]:
-    """Indices of the layers ``policy`` offloads (layers saving nothing are skipped)."""
+def offloaded_layers(workload, policy, *, packed: bool = False) -> list[int]:
+    """Indices of the layers ``policy`` offloads (layers saving nothing are skipped; with ``packed``, the
+    blocking copies', layers packing nothing)."""
     layers = workload.layers
     if policy in (None, "none"):
         return []
@@ -56,11 +58,12 @@ def offloaded_layers(workload, policy) -> list[int]:
 
             raise unknown_name("layer", unknown[0], names, field="optimizations.offload_activations")
         chosen = sorted(names[name] for name in policy)
-    return [
-        i
-        for i in chosen
-        if layers[i].saved_activation_bytes_per_sample > 0 or layers[i].saved_activation_bytes_fixed > 0
-    ]
+    def saves(layer) -> bool:
+        if packed and layer.saved_packed_bytes_per_sample is not None:
+            return layer.saved_packed_bytes_per_sample > 0 or (layer.saved_packed_bytes_fixed or 0) > 0
+        return layer.saved_activation_bytes_per_sample > 0 or layer.saved_activation_bytes_fixed > 0
+
+    return [i for i in chosen if saves(layers[i])]
 
 
 def contention_tokens(machine, ranks: list[str]) -> dict[tuple, simpy.Resource]:
@@ -156,10 +159,17 @@ class Offloader:
         for pool, req in reversed(held):
             pool.release(req)
 
+    def _moved(self, costs, i: int) -> float:
+        """Bytes one copy of layer ``i`` moves: its distinct saved tensors, or with blocking (save_on_cpu)
+        copies every tensor each time autograd packs it, parameters too, where the workload says."""
+        if self.blocking and costs.packed_bytes_per_layer:
+            return costs.packed_bytes_per_layer[i]
+        return costs.saved_bytes_per_layer[i]
+
     def _offload(self, gpu: str, iteration: int, i: int):
         costs, env = self.ctx.costs[gpu], self.ctx.env
         nbytes = costs.saved_bytes_per_layer[i]
-        yield from self._copy(gpu, "d2h", nbytes, iteration, costs.layer_names[i])
+        yield from self._copy(gpu, "d2h", self._moved(costs, i), iteration, costs.layer_names[i])
         self.ctx.machine.gpus[gpu].memory.free(env.now, nbytes, "activations")
         self._event(self._offloaded, (gpu, iteration, i)).succeed()
 
@@ -168,7 +178,7 @@ class Offloader:
         nbytes = costs.saved_bytes_per_layer[i]
         yield self._event(self._offloaded, (gpu, iteration, i))
         self.ctx.machine.gpus[gpu].memory.alloc(env.now, nbytes, "activations")
-        yield from self._copy(gpu, "h2d", nbytes, iteration, costs.layer_names[i])
+        yield from self._copy(gpu, "h2d", self._moved(costs, i), iteration, costs.layer_names[i])
         self._event(self._prefetched, (gpu, iteration, i)).succeed()
 
     def forward(self, gpu: str, iteration: int):
