@@ -11,7 +11,6 @@ Two modes, both `torch.autograd.graph.saved_tensors_hooks`:
   the activations of the next ``distance`` layers on their way back: `start_backward` (called after the
   loss) issues the last ``distance`` layers, and each time backward first unpacks a tensor of layer L, the
   copies for the ``distance`` saving layers before L are issued. An unpack waits only on its own copy's event.
-  A tensor two layers save (a ReLU's output, the next convolution's input) is copied once each way.
 
 Parameters (weights a layer saves for backward) stay where they are: offloading them saves nothing.
 On the CPU there is no second memory to offload to: the same code runs, "copies" become host-to-host clones
@@ -37,14 +36,6 @@ class _Saved:
     event: object = None  # CUDA event: the D2H copy is done
     device_copy: torch.Tensor | None = None  # brought back by a prefetch
     ready: object = None  # CUDA event: the H2D prefetch is done
-    # the layers that saved this tensor, in forward order (a ReLU's output is also the next convolution's
-    # input): one copy serves them all; backward unpacks them in reverse
-    users: list[int] = field(default_factory=list)
-    unpacked: int = 0
-
-    @property
-    def uses(self) -> int:
-        return len(self.users)
 
 
 @dataclass
@@ -69,7 +60,6 @@ class PrefetchOffload:
         self.param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.current_layer = -1
         self.layers: dict[int, list[_Saved]] = {}
-        self._copies: dict[tuple, _Saved] = {}  # this iteration's copies by the tensor they hold
         self.issued: set[int] = set()
         self.stats = OffloadStats()
         self._handles = [m.register_forward_pre_hook(self._enter_layer)
@@ -89,16 +79,6 @@ class PrefetchOffload:
                 or tensor.layout != torch.strided or tensor.device != self.device):
             return tensor
         layer = self.current_layer
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
-               tuple(tensor.stride()), tensor.dtype)
-        if key in self._copies:
-            # saved again by another layer: one copy serves both; it is filed under each, so a prefetch
-            # for whichever backward comes first brings it back
-            saved = self._copies[key]
-            saved.users.append(layer)
-            self.layers.setdefault(layer, []).append(saved)
-            self.stats.layers.add(layer)
-            return saved
         if self.cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             self.side.wait_stream(torch.cuda.current_stream(self.device))
@@ -110,9 +90,7 @@ class PrefetchOffload:
             saved = _Saved(layer, host, event)
         else:
             saved = _Saved(layer, tensor.detach().clone())
-        saved.users.append(layer)
         self.layers.setdefault(layer, []).append(saved)
-        self._copies[key] = saved
         self.stats.offloaded_bytes += nbytes
         self.stats.layers.add(layer)
         return saved
@@ -125,13 +103,9 @@ class PrefetchOffload:
             self.stats.on_demand += 1
         else:
             self.stats.prefetched += 1
-        saved.unpacked += 1
-        layer = saved.users[-min(saved.unpacked, saved.uses)]  # the layer whose backward unpacks it now
-        self.issued.add(layer)
-        self._issue_ahead(layer)
-        out = saved.device_copy
-        if saved.unpacked >= saved.uses:  # the last user: the device copy goes with it
-            saved.device_copy = None
+        self.issued.add(saved.layer)
+        self._issue_ahead(saved.layer)
+        out, saved.device_copy = saved.device_copy, None
         if self.cuda:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(saved.ready)
@@ -153,7 +127,7 @@ class PrefetchOffload:
     def _bring_back(self, layer: int) -> None:
         self.issued.add(layer)
         for saved in self.layers.get(layer, []):
-            if saved.device_copy is None and saved.unpacked < saved.uses:
+            if saved.device_copy is None:
                 self._bring_one(saved)
 
     def _order(self) -> list[int]:
@@ -180,7 +154,6 @@ class PrefetchOffload:
     def reset(self) -> None:
         """Before the next forward."""
         self.layers.clear()
-        self._copies.clear()
         self.issued.clear()
         self._saved_order = None
         self._layer_counter = 0
