@@ -221,3 +221,24 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(tmp_path, make, message):
     assert message in result.output and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists() and not list(tmp_path.glob(".out.json.gz*"))
+
+
+H200 = Path(__file__).parent / "data" / "traces-h200"  # executor steps traced on an H200 (see its README)
+
+
+@pytest.mark.parametrize("name", ["gpt2-small-fp32-step", "resnet50-fp32-step"])
+def test_executor_traces_from_an_h200_replay_their_step(name):
+    result = runner.invoke(app, ["replay", str(H200 / f"{name}.json.gz"), "--json"])
+    assert result.exit_code == 0, result.stdout
+    [step] = json.loads(result.stdout)["steps"]  # the ProfilerStep#N span the executor marks
+    assert step["measured_s"] > 0 and abs(step["error_pct"]) < 0.5
+
+
+def test_a_gpu_bound_step_slows_down_on_a_slower_gpu():
+    # GPT-2 small in fp32 (no TF32): 87 ms of kernels in a 94 ms step; an A100's fp32 peak is 19.5 TFLOP/s
+    # against the H200's 67, so the step's compute grows about 3.4x, and the step with it
+    result = runner.invoke(app, ["replay", str(H200 / "gpt2-small-fp32-step.json.gz"), "--gpu", "a100-80gb",
+                                 "--json"])
+    assert result.exit_code == 0, result.stdout
+    [step] = json.loads(result.stdout)["whatif"]["steps"]
+    assert 2.5 < step["predicted_s"] / step["measured_s"] < 3.6
