@@ -23,8 +23,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from trainsim.formats.kineto import load_trace
 from trainsim.sim.replay.engine import replay
-from trainsim.sim.replay.kineto import load_trace
 from trainsim.sim.replay.trace_graph import build_graph
 from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, collective_check, memcpy_check
 

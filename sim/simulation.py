@@ -29,8 +29,8 @@ import simpy
 from trainsim.errors import TrainsimError
 from trainsim.formats.bundle import MACHINE, Bundle, CollectivesFile, workload_file
 from trainsim.formats.scenario import Scenario
+from trainsim.formats.workload import Workload, load_workload, parse_workload
 from trainsim.sim.compute.costs import rank_costs
-from trainsim.sim.compute.workload import Workload, load_workload, parse_workload
 from trainsim.sim.core.devices import DeviceSpec, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time

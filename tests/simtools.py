@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainsim.sim.compute.workload import Workload
+from trainsim.formats.workload import Workload
 
 GB = 1e9
 

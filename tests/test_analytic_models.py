@@ -5,6 +5,7 @@ import math
 import pytest
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.workload import builtin_dir
 from trainsim.sim.compute import analytic_models as am
 from trainsim.sim.compute.analytic_models import (
     BUILTINS,
@@ -13,7 +14,6 @@ from trainsim.sim.compute.analytic_models import (
     generate_builtins,
     parse_options,
 )
-from trainsim.sim.compute.workload import builtin_dir
 
 
 @pytest.fixture(scope="module")

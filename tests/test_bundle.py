@@ -144,7 +144,7 @@ def _copy_pinned(tmp_path) -> Path:
 
 def test_the_pinned_bundle_loads_with_every_part_validated(tmp_path):
     from trainsim.api import load_bundle
-    from trainsim.sim.compute.workload import Workload
+    from trainsim.formats.workload import Workload
     from trainsim.topologies import Topology
 
     loaded = load_bundle(PINNED)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from simtools import tiny_workload
 
-from trainsim.sim.compute.workload import Workload
+from trainsim.formats.workload import Workload
 from trainsim.sim.optimizations.compression import Codec, CompressionSpec, WeightMatrix, layer_matrices
 
 FP32 = 4

@@ -2,9 +2,9 @@
 
 import pytest
 
+from trainsim.formats.workload import load_workload
 from trainsim.sim.compute.costs import optimizer_traffic, rank_costs, state_bytes
 from trainsim.sim.compute.roofline import layer_times
-from trainsim.sim.compute.workload import load_workload
 from trainsim.sim.core.devices import get_device
 
 
@@ -51,8 +51,8 @@ def test_unmeasured_optimizer_step_is_memory_bound():
 def test_unattributed_time_of_a_calibrated_workload():
     from types import SimpleNamespace
 
+    from trainsim.formats.provenance import IterationRecord
     from trainsim.sim.compute.costs import unattributed_s
-    from trainsim.sim.compute.provenance import IterationRecord
 
     def wl(points):
         iteration = IterationRecord(unattributed=points) if points is not None else None

@@ -12,8 +12,8 @@ from typer.testing import CliRunner  # noqa: E402
 from trainsim.calibrate.measure.describe import describe, describe_layers, parse_overrides  # noqa: E402
 from trainsim.cli import app  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
+from trainsim.formats.workload import load_workload  # noqa: E402
 from trainsim.sim.compute.analytic_models import BUILTINS, build_analytic  # noqa: E402
-from trainsim.sim.compute.workload import load_workload  # noqa: E402
 
 F32, I64 = 4, 8
 SMALL_GPT = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=50, block_size=8)

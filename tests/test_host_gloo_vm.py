@@ -9,9 +9,9 @@ from simtools import scenario as make_scenario
 from simtools import tiny_topology
 
 from trainsim.api import simulation
+from trainsim.formats.provenance import IterationRecord, RankStepRecord
+from trainsim.formats.workload import load_workload, parse_workload
 from trainsim.sim.compute.costs import rank_costs
-from trainsim.sim.compute.provenance import IterationRecord, RankStepRecord
-from trainsim.sim.compute.workload import load_workload, parse_workload
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.latency import CallSite, RouteLatency
 from trainsim.sim.hosts import GlooVmHost, RunMeasurements, host_model_for

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.replay import kineto
-from trainsim.sim.replay.kineto import Collective, load_trace, load_traces
+from trainsim.formats import kineto
+from trainsim.formats.kineto import Collective, load_trace, load_traces
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 
 SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"

@@ -12,7 +12,7 @@ from trainsim.calibrate.measure import layer_profile  # noqa: E402
 from trainsim.calibrate.measure.layer_profile import profile_layers, resolve_device, training_bytes  # noqa: E402
 from trainsim.cli import app  # noqa: E402
 from trainsim.errors import TrainsimError  # noqa: E402
-from trainsim.sim.compute.workload import load_workload, save_workload  # noqa: E402
+from trainsim.formats.workload import load_workload, save_workload  # noqa: E402
 
 FAST = dict(repeats=3, warmup=1, threads=1, prep_samples=8)
 

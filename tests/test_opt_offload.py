@@ -120,7 +120,7 @@ def test_contention_aware_leaves_a_gpu_alone_on_its_link_unchanged(tmp_path):
 
 
 def test_conv_policy_offloads_convolutions_and_their_inputs():
-    from trainsim.sim.compute.workload import load_workload
+    from trainsim.formats.workload import load_workload
     from trainsim.sim.optimizations.offload import offloaded_layers
 
     wl = load_workload("vgg16")

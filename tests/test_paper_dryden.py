@@ -3,9 +3,9 @@
 import math
 
 from trainsim.formats.scenario_loader import load_scenario
+from trainsim.formats.workload import dumps_workload, load_workload
 from trainsim.scenarios.papers.dryden import SETS, mesh_cnn, papers_dir
 from trainsim.scenarios.papers.reproduce import list_papers, reproduce
-from trainsim.sim.compute.workload import dumps_workload, load_workload
 
 
 def test_shipped_mesh_workload_is_what_the_generator_makes():

@@ -75,8 +75,8 @@ def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_i
     from trainsim.api import simulation
     from trainsim.calibrate.measure import runner
     from trainsim.formats.scenario_loader import load_scenario
+    from trainsim.formats.workload import load_workload
     from trainsim.sim.compute.costs import rank_costs
-    from trainsim.sim.compute.workload import load_workload
     from trainsim.sim.hosts.rank_step import rank_step_scale
 
     out = _calibrate(tmp_path / "bundle", batch=4)
@@ -115,7 +115,7 @@ def test_a_round_of_validation_can_measure_the_rank_step_and_gloo_calls_again_in
     pytest.importorskip("torch")
     from trainsim.calibrate.measure import bundle as bf
     from trainsim.calibrate.validate.run import refresh_bundle
-    from trainsim.sim.compute.workload import load_workload
+    from trainsim.formats.workload import load_workload
 
     out = _calibrate(tmp_path / "bundle", batch=2, collectives=True)
     before = {name: (out / name).read_text() for name in ("workload-tiny-cnn.json", "collectives.json")}

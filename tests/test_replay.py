@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainsim.cli import app
+from trainsim.formats.kineto import load_trace
 from trainsim.sim.replay.engine import breakdown, replay, write_chrome_trace
-from trainsim.sim.replay.kineto import load_trace
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 from trainsim.sim.replay.trace_graph import build_graph
 
@@ -122,7 +122,7 @@ def test_op_time_may_return_a_simpy_event(tmp_path):
 
 
 def test_breakdown_of_overlap():
-    from trainsim.sim.replay.kineto import GpuEvent
+    from trainsim.formats.kineto import GpuEvent
     from trainsim.sim.replay.trace_graph import GpuOp
 
     ops = [GpuOp(0, GpuEvent("kernel", "c", 0, 7, 0, 0)), GpuOp(1, GpuEvent("collective", "n", 0, 9, 0, 0)),

@@ -3,6 +3,7 @@
 import pytest
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.workload import Layer, TimeModel, Workload
 from trainsim.sim.compute.analytic_models import build_analytic
 from trainsim.sim.compute.roofline import (
     Efficiency,
@@ -13,7 +14,6 @@ from trainsim.sim.compute.roofline import (
     retarget,
     times_report,
 )
-from trainsim.sim.compute.workload import Layer, TimeModel, Workload
 from trainsim.sim.core.devices import cpu_device, get_device
 
 NO_LAUNCH = Efficiency(compute=1.0, memory=1.0, launch_overhead_s=0.0)

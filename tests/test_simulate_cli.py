@@ -133,7 +133,7 @@ def test_calibration_bundle_replaces_topology_and_workload(tmp_path):
     bundle.mkdir()
     _meta(bundle)
     (bundle / "topology.yaml").write_text(yaml.safe_dump(tiny_topology(gpus=2)))
-    from trainsim.sim.compute.workload import dumps_workload, load_workload
+    from trainsim.formats.workload import dumps_workload, load_workload
 
     (bundle / "workload-tiny-cnn.json").write_text(dumps_workload(load_workload("tiny-cnn")))
     # the scenario's workload must be the bundle's: resnet50 is not in it

@@ -487,8 +487,8 @@ def test_every_gloo_call_pays_its_own_measured_latency_once(tmp_path):
 
 
 def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_path):
-    from trainsim.sim.compute.provenance import IterationRecord, RankStepRecord
-    from trainsim.sim.compute.workload import load_workload
+    from trainsim.formats.provenance import IterationRecord, RankStepRecord
+    from trainsim.formats.workload import load_workload
 
     def bundle(name, rank_step):
         root = Path(_cpu_bundle(tmp_path / name, _gloo_calls(all_reduce=100.0)))

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainsim.cli import app
-from trainsim.sim.compute.workload import load_workload
+from trainsim.formats.workload import load_workload
 from trainsim.sim.planning.spatial_plan import candidate_grids, choose, make_model, plan
 from trainsim.sim.spatial.decomposition import trunk_end
 from trainsim.topologies import load_topology

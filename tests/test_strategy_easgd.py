@@ -5,7 +5,7 @@ import pytest
 from trainsim.api import simulation
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_loader import load_scenario
-from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
+from trainsim.formats.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.strategies.easgd import sync_bytes_per_round, tree_order
 
 LAYER_BYTES = 2_000_000  # fp32 weights per layer

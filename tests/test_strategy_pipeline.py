@@ -7,8 +7,8 @@ from trainsim.api import simulation
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_loader import load_scenario
+from trainsim.formats.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.compute.costs import STATE_BYTES
-from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
 from trainsim.sim.strategies.pipeline import balance, schedule_order
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from trainsim.api import simulate, simulation
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.workload import Workload
+from trainsim.formats.workload import Workload
 from trainsim.sim.hosts.call_latency import GlooCallLatency
 from trainsim.sim.spatial.decomposition import boundary_fraction, halo_bytes, redistribution, trunk_end
 
@@ -247,7 +247,7 @@ def test_redistribution_by_hand():
 
 
 def test_trunk_ends_before_the_classifier():
-    from trainsim.sim.compute.workload import load_workload
+    from trainsim.formats.workload import load_workload
 
     wl = load_workload("resnet50")
     assert wl.layers[trunk_end(wl)].name == "avgpool"

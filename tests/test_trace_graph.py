@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from trainsim.sim.replay.kineto import load_trace
+from trainsim.formats.kineto import load_trace
 from trainsim.sim.replay.kineto_builder import PID, TraceBuilder
 from trainsim.sim.replay.trace_graph import build_graph
 

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
+from trainsim.formats.kineto import load_trace
 from trainsim.sim.collectives.ops import simulate_collective
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
 from trainsim.sim.replay.engine import replay, replay_traces
-from trainsim.sim.replay.kineto import load_trace
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 from trainsim.sim.replay.trace_graph import build_graph
 from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, collective_check, compute_ratio, memcpy_check
@@ -134,7 +134,7 @@ def test_another_gpu_rescales_by_kernel_kind(tmp_path):
 
 
 def test_compute_ratio_precision_from_the_name():
-    from trainsim.sim.replay.kineto import GpuEvent
+    from trainsim.formats.kineto import GpuEvent
     from trainsim.sim.replay.trace_graph import GpuOp
 
     a100, v100 = get_device("a100-40gb"), get_device("v100-16gb")

@@ -6,8 +6,7 @@ import os
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.analytic_models import build_analytic
-from trainsim.sim.compute.workload import (
+from trainsim.formats.workload import (
     SCHEMA,
     SpatialShape,
     TimeModel,
@@ -19,6 +18,7 @@ from trainsim.sim.compute.workload import (
     parse_workload,
     save_workload,
 )
+from trainsim.sim.compute.analytic_models import build_analytic
 
 # --- TimeModel ---------------------------------------------------------------------------------------
 

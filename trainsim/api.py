@@ -19,7 +19,7 @@ from trainsim.formats import bundle as bundle_format
 from trainsim.formats.bundle import Bundle, RunMeasurements
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.scenario_loader import load_scenario
-from trainsim.sim.compute.workload import parse_workload
+from trainsim.formats.workload import parse_workload
 from trainsim.sim.core.result import Result
 from trainsim.sim.simulation import Simulation
 

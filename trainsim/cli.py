@@ -345,7 +345,7 @@ def calibrate_describe(
     Parameter, saved-activation and output bytes and FLOPs per layer, as a trainsim.workload/2 file; runs
     on torch's meta device, so it takes seconds even for GPT-2."""
     from trainsim.calibrate.measure.describe import describe, parse_overrides
-    from trainsim.sim.compute.workload import save_workload
+    from trainsim.formats.workload import save_workload
 
     _check_outputs(("--out", out))
     workload = describe(model, **parse_overrides(settings))
@@ -375,7 +375,7 @@ def calibrate_layers(
     from trainsim.calibrate.measure.describe import parse_overrides
     from trainsim.calibrate.measure.layer_profile import profile_layers
     from trainsim.calibrate.measure.runner import parse_batch_sizes
-    from trainsim.sim.compute.workload import save_workload
+    from trainsim.formats.workload import save_workload
 
     _check_outputs(("--out", out))
     console = Console(stderr=True)
@@ -392,7 +392,7 @@ def calibrate_layers(
     _print_workload(workload, path, as_json, extra)
 
 
-# ---- trainsim workload / device: per-layer workloads, device specs, roofline (sim/compute/workload.py, ...)
+# ---- trainsim workload / device: per-layer workloads (trainsim/formats/workload.py), device specs, roofline
 workload_app = _app(help="Per-layer workloads: list the built-ins, show or generate one, time one.")
 app.add_typer(workload_app, name="workload")
 
@@ -400,7 +400,7 @@ app.add_typer(workload_app, name="workload")
 @workload_app.command("list")
 def workload_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """List the built-in workloads with their parameters and forward GFLOPs per sample."""
-    from trainsim.sim.compute.workload import list_workloads, load_workload
+    from trainsim.formats.workload import list_workloads, load_workload
 
     rows = [load_workload(name).summary() for name in list_workloads()]
     if as_json:
@@ -418,7 +418,7 @@ def workload_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (the summary; with --layers the file)."),
 ):
     """Headline figures of a workload: parameters, FLOPs, saved activations, where its times come from."""
-    from trainsim.sim.compute.workload import load_workload
+    from trainsim.formats.workload import load_workload
 
     wl = load_workload(workload)
     if as_json:
@@ -442,8 +442,8 @@ def workload_generate(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Generate an analytic workload (shapes, bytes, FLOPs; no torch) from a model's layer arithmetic."""
+    from trainsim.formats.workload import save_workload
     from trainsim.sim.compute.analytic_models import build_analytic, parse_options
-    from trainsim.sim.compute.workload import save_workload
 
     _check_outputs(("--out", out))
     wl = build_analytic(model, **parse_options(options))
@@ -465,8 +465,8 @@ def workload_times(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Per-layer forward/backward time on a device: measured, retargeted from another device, or roofline."""
+    from trainsim.formats.workload import load_workload
     from trainsim.sim.compute.roofline import times_report
-    from trainsim.sim.compute.workload import load_workload
 
     report = times_report(load_workload(workload), device, batch, precision)
     if as_json:
@@ -859,7 +859,7 @@ def plan_cmd(
         missing = [name for name, value in given if value is None]
         if missing:
             raise TrainsimError(f"without SCENARIO, give {', '.join(missing)}", field=missing[0])
-        from trainsim.sim.compute.workload import load_workload
+        from trainsim.formats.workload import load_workload
         from trainsim.topologies import load_topology
 
         wl, topo = load_workload(workload), load_topology(topology)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainsim.calibrate.launch import RankContext, launch
-from trainsim.sim.compute import provenance
+from trainsim.formats import provenance
 
 
 @dataclass(frozen=True)

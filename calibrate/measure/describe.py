@@ -39,8 +39,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from trainsim.calibrate import zoo
 from trainsim.calibrate.measure.layer_hooks import LayerHooks
 from trainsim.errors import TrainsimError
+from trainsim.formats.workload import InputSpec, Layer, Provenance, SpatialShape, Workload
 from trainsim.provenance import provenance
-from trainsim.sim.compute.workload import InputSpec, Layer, Provenance, SpatialShape, Workload
 
 _KINDS = {
     nn.Conv2d: "conv2d", nn.Linear: "linear", nn.BatchNorm2d: "batchnorm", nn.ReLU: "relu",

@@ -51,9 +51,9 @@ from trainsim.calibrate.measure.layer_hooks import LayerHooks
 from trainsim.calibrate.measure.time_fit import time_model
 from trainsim.calibrate.sampling import median_spread
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.formats.provenance import BatchTime, IterationRecord
+from trainsim.formats.workload import Layer, Provenance, Workload
 from trainsim.provenance import provenance
-from trainsim.sim.compute.provenance import BatchTime, IterationRecord
-from trainsim.sim.compute.workload import Layer, Provenance, Workload
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("sgd", "adam", "adamw")

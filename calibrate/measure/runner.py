@@ -554,7 +554,7 @@ def _step_data(run: _Run):
 
 def _step_layers(run: _Run):
     from trainsim.calibrate.measure import layer_profile
-    from trainsim.sim.compute.workload import save_workload
+    from trainsim.formats.workload import save_workload
 
     kwargs = {}
     if run.config.repeats is not None:
@@ -600,7 +600,7 @@ def _step_layers(run: _Run):
 
 def _step_rank_step(run: _Run):
     from trainsim.calibrate.execute import rank_step
-    from trainsim.sim.compute.workload import load_workload, save_workload
+    from trainsim.formats.workload import load_workload, save_workload
 
     if run.device != "cpu":
         return [], {"skipped": "GPU layer times are kernel times, taken as the runs see them"}, []

@@ -3,7 +3,7 @@
 The default is affine, t = a + b·batch: a fixed cost (kernel launches, reading the weights) plus a cost per
 sample. On a GPU, small batches leave the device under-used and time grows slower than linearly at first;
 there a power law t = a + b·batch^c describes the points better. We fit both (scipy, on relative error, via
-:func:`trainsim.sim.compute.workload.fit_time`) and keep the power law only when the data demand it: at least
+:func:`trainsim.formats.workload.fit_time`) and keep the power law only when the data demand it: at least
 four
 batch sizes, affine off by more than 5 % RMS, and the power law at least halving that error. The fit dict
 records its own relative RMS error (``rel_rms``) so a reader can judge it.
@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.workload import FIT_MODELS, TimeModel, fit_time
+from trainsim.formats.workload import FIT_MODELS, TimeModel, fit_time
 
 AFFINE_GOOD_ENOUGH = 0.05
 MIN_POINTS_FOR_POWER = 4

@@ -340,7 +340,7 @@ def refresh_bundle(calibration: str, into: Path) -> str | None:
     import shutil
 
     from trainsim.calibrate.execute.rank_step import measure_rank_step, rank_step_record
-    from trainsim.sim.compute.workload import load_workload, save_workload
+    from trainsim.formats.workload import load_workload, save_workload
 
     files = sorted(Path(calibration).glob("workload-*.json"))
     if len(files) != 1:

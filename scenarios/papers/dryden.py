@@ -20,7 +20,7 @@ import math
 from importlib import resources
 from pathlib import Path
 
-from trainsim.sim.compute.workload import InputSpec, Provenance, Workload
+from trainsim.formats.workload import InputSpec, Provenance, Workload
 
 from .reproduce import Figure, Reproduction, register_paper
 
@@ -183,7 +183,7 @@ def _allreduce_floor(scenario_file, gpus: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     """Regenerate the shipped mesh workload: ``python -m trainsim.scenarios.papers.dryden [--out FILE]``."""
-    from trainsim.sim.compute.workload import save_workload
+    from trainsim.formats.workload import save_workload
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--out", default=str(papers_dir() / "dryden-meshcnn.json"))

@@ -54,7 +54,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from trainsim.errors import TrainsimError, unknown_name
-from trainsim.sim.compute.workload import (
+from trainsim.formats.workload import (
     DTYPE_BYTES,
     InputSpec,
     Layer,
@@ -572,7 +572,7 @@ def build_analytic(name: str, **cfg) -> Workload:
 
 def generate_builtins(out_dir: str | Path) -> list[Path]:
     """Write every built-in workload to ``out_dir`` (atomically, canonical JSON); returns the paths."""
-    from trainsim.sim.compute.workload import save_workload
+    from trainsim.formats.workload import save_workload
 
     out_dir = Path(out_dir)
     return [save_workload(build_analytic(name, **cfg), out_dir / f"{name}.json")

@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
-
-from .workload import Workload
 
 WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 #: optimizer moments per parameter (bytes, fp32)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.workload import DTYPE_BYTES, Layer, TimeModel, Workload, fit_time
+from trainsim.formats.workload import DTYPE_BYTES, Layer, TimeModel, Workload, fit_time
 from trainsim.sim.core.devices import DeviceSpec, get_device
 
 #: bytes per element of activations and parameters at each compute precision (tf32 stores fp32)

@@ -7,8 +7,8 @@ GPU model (routes' alpha-beta latencies, times as the workload gives them).
 from __future__ import annotations
 
 from trainsim.formats.bundle import RunMeasurements
-from trainsim.sim.compute.provenance import rank_step_of
-from trainsim.sim.compute.workload import Workload
+from trainsim.formats.provenance import rank_step_of
+from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 
 from .call_latency import Latency, TimerTick

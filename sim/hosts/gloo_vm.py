@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from trainsim.formats.bundle import LoaderOverlap
-from trainsim.sim.compute.workload import Workload
+from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 from trainsim.sim.core.jitter import JitterSpec
 

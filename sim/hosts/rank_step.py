@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 
+from trainsim.formats.provenance import RankStepPoint, rank_step_of
+from trainsim.formats.workload import Workload
 from trainsim.sim.compute.costs import measured_here
-from trainsim.sim.compute.provenance import RankStepPoint, rank_step_of
-from trainsim.sim.compute.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 
 

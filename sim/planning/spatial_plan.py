@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.workload import Workload
 from trainsim.sim.compute.costs import RankCosts
-from trainsim.sim.compute.workload import Workload
 from trainsim.sim.spatial.decomposition import (
     Grid,
     boundary_share,

@@ -28,7 +28,7 @@ from pathlib import Path
 import simpy
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.replay.kineto import KinetoTrace, load_traces
+from trainsim.formats.kineto import KinetoTrace, load_traces
 from trainsim.sim.replay.trace_graph import GpuOp, TraceGraph, build_graph
 from trainsim.sim.replay.whatif import WhatIf
 

@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
-from trainsim.sim.replay.kineto import Collective, CpuEvent, GpuEvent, KinetoTrace
+from trainsim.formats.kineto import Collective, CpuEvent, GpuEvent, KinetoTrace
 
 # Calls that return only when the GPU work they refer to has finished.
 DEVICE_SYNC = {"cudaDeviceSynchronize", "cuCtxSynchronize"}

@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.workload import Workload
 from trainsim.sim.compute.costs import WEIGHT_BYTES, RankCosts, rank_costs
-from trainsim.sim.compute.workload import Workload
 
 #: the factor on a device's measured times at a batch size (a host plug-in's `step_scale`)
 StepScale = Callable[..., float]

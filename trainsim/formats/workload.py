@@ -259,7 +259,7 @@ class Provenance(BaseModel):
 
     ``device`` is "analytic" or the measured device's name; ``device_spec`` the name of its spec in
     :mod:`trainsim.sim.core.devices` (or of a CPU spec stored with the calibration). What the simulator and
-    the tools read has a named field (`trainsim.sim.compute.provenance`); other keys (tool versions, command
+    the tools read has a named field (`trainsim.formats.provenance`); other keys (tool versions, command
     line, timing method) describe the run and are kept as they are.
     """
 
