@@ -131,6 +131,14 @@ def test_unknown_gpu_spec_lists_the_devices(tmp_path):
 
 # ---- non-finite numbers ----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("field, value", [("param_bytes", True), ("flops_forward_per_sample", False),
+                                          ("output_bytes_per_sample", 12.5)])
+def test_a_workload_number_that_is_not_one(tmp_path, field, value):
+    # JSON true is not a byte count, nor 12.5 bytes: the reader says which layer and field
+    path = _workload(tmp_path, lambda d: d["layers"][0].update({field: value}))
+    fails(["workload", "show", path], str(path), f"layers.0(conv1).{field}")
+
+
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_non_finite_flops_in_a_workload(tmp_path, value):
     path = _workload(tmp_path, lambda d: d["layers"][0].update(flops_forward_per_sample=value))

@@ -184,18 +184,18 @@ def fit_time(points, model: str = "affine") -> dict[str, Any]:
 class SpatialShape(_Strict):
     """The geometry of a 2-D convolution (square stride/padding/dilation, as in the zoo's models)."""
 
-    in_h: int = Field(ge=1)
-    in_w: int = Field(ge=1)
-    in_c: int = Field(ge=1)
-    out_c: int = Field(ge=1)
-    kernel_h: int = Field(ge=1)
-    kernel_w: int = Field(ge=1)
-    stride: int = Field(default=1, ge=1)
-    padding: int = Field(default=0, ge=0)
-    dilation: int = Field(default=1, ge=1)
-    groups: int = Field(default=1, ge=1)
-    out_h: int = Field(ge=1)
-    out_w: int = Field(ge=1)
+    in_h: int = Field(strict=True, ge=1)
+    in_w: int = Field(strict=True, ge=1)
+    in_c: int = Field(strict=True, ge=1)
+    out_c: int = Field(strict=True, ge=1)
+    kernel_h: int = Field(strict=True, ge=1)
+    kernel_w: int = Field(strict=True, ge=1)
+    stride: int = Field(strict=True, default=1, ge=1)
+    padding: int = Field(strict=True, default=0, ge=0)
+    dilation: int = Field(strict=True, default=1, ge=1)
+    groups: int = Field(strict=True, default=1, ge=1)
+    out_h: int = Field(strict=True, ge=1)
+    out_w: int = Field(strict=True, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -214,21 +214,21 @@ class Layer(_Strict):
 
     name: str = Field(min_length=1)
     kind: str = Field(min_length=1)  # conv2d|linear|batchnorm|relu|maxpool|avgpool|dropout|embedding|...
-    param_bytes: int = Field(ge=0)
+    param_bytes: int = Field(strict=True, ge=0)
     # parameters this layer uses but another layer owns (tied weights): traffic, not model size
-    shared_param_bytes: int = Field(default=0, ge=0)
-    saved_activation_bytes_per_sample: int = Field(ge=0)
+    shared_param_bytes: int = Field(strict=True, default=0, ge=0)
+    saved_activation_bytes_per_sample: int = Field(strict=True, ge=0)
     # saved for backward once per batch, whatever its size (batchnorm mean/invstd, position indices)
-    saved_activation_bytes_fixed: int = Field(default=0, ge=0)
+    saved_activation_bytes_fixed: int = Field(strict=True, default=0, ge=0)
     # every tensor autograd packs, each time, parameters too (what torch's save_on_cpu copies); None: not
     # described (analytic workloads), taken as the saved bytes
-    saved_packed_bytes_per_sample: int | None = Field(default=None, ge=0)
-    saved_packed_bytes_fixed: int | None = Field(default=None, ge=0)
-    output_bytes_per_sample: int = Field(ge=0)
-    flops_forward_per_sample: float = Field(ge=0)
-    flops_backward_per_sample: float = Field(ge=0)
-    memory_bytes_forward_per_sample: float = Field(ge=0)
-    memory_bytes_backward_per_sample: float = Field(ge=0)
+    saved_packed_bytes_per_sample: int | None = Field(strict=True, default=None, ge=0)
+    saved_packed_bytes_fixed: int | None = Field(strict=True, default=None, ge=0)
+    output_bytes_per_sample: int = Field(strict=True, ge=0)
+    flops_forward_per_sample: float = Field(strict=True, ge=0)
+    flops_backward_per_sample: float = Field(strict=True, ge=0)
+    memory_bytes_forward_per_sample: float = Field(strict=True, ge=0)
+    memory_bytes_backward_per_sample: float = Field(strict=True, ge=0)
     spatial: SpatialShape | None = None
     forward: TimeModel | None = None
     backward: TimeModel | None = None
@@ -243,8 +243,8 @@ class InputSpec(_Strict):
 
     shape: list[int] = Field(min_length=1)
     dtype: Literal["uint8", "int64", "float32", "float16", "bfloat16"]
-    bytes_per_sample: int = Field(ge=0)
-    prep_s_per_sample: float | None = Field(default=None, ge=0)
+    bytes_per_sample: int = Field(strict=True, ge=0)
+    prep_s_per_sample: float | None = Field(strict=True, default=None, ge=0)
 
     @field_validator("shape")
     @classmethod
