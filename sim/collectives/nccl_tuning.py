@@ -150,3 +150,24 @@ def ll128_default(cc: int | None, hop_classes: set[str]) -> bool:
     """NCCL enables LL128 by default only on SM70/80/90 with NVLink inside the node (and nothing below
     PCIe switches between nodes); elsewhere it must be forced."""
     return cc is not None and table_index(cc) == cc and hop_classes <= {"nvlink"}
+
+
+# treeCorrectionFactor[proto][log2(S / 64 B)] (tuning.cc, NCCL 2.20.3): trees do not follow the model at
+# medium sizes; NCCL scales the tree bandwidth by these, 64 B to 256 MiB (1.0 above).
+TREE_CORRECTION = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0,
+           1.0),
+    "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
+              1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}
+
+
+def size_correction(cc: int | None, algo: str, proto: str, nbytes: float) -> float:
+    """NCCL's size-dependent factor on the bandwidth of ``algo`` (trees only; 1 elsewhere and off NCCL)."""
+    if cc is None or algo != "tree":
+        return 1.0
+    chunks = int(nbytes) >> 6
+    k = chunks.bit_length() - 1 if chunks > 0 else 0  # NCCL's log2i
+    table = TREE_CORRECTION[proto]
+    return table[k] if k < len(table) else 1.0

@@ -178,9 +178,10 @@ def _plan(topo: Topology, op: str, gpus: list[str], algo: str, tuning: tune.Tuni
     elif algo == "nvls":
         switch = nvls_switch(topo, gpus)
         if switch is None:
+            valid = ", ".join(["auto", *feasible_algorithms(topo, op, gpus)])
             raise TrainsimError("nvls needs every GPU of the group linked to one NVSwitch with in-switch "
-                                f"reduction (reduce: true); {topo.name} has none for this group",
-                                field="algo")
+                                f"reduction (reduce: true); {topo.name} has none for this group; valid "
+                                f"choices: {valid}", field="algo")
         plan = nvls_plan(topo, op, gpus, switch, tuning)
     else:
         plan = p2p_plan(topo, op, gpus, tuning)
@@ -205,11 +206,17 @@ def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: fl
     if len(names) < 2 or len(pairs) == 1:
         return pairs[0]
 
-    def modelled(pair: tuple[str, str]) -> float:
-        alpha, beta = _cached(topo, op, names, *pair)[1]
-        return alpha + beta * nbytes
+    return min(pairs, key=lambda pair: _time(topo, op, names, *pair, nbytes))
 
-    return min(pairs, key=modelled)
+
+def _correction(topo: Topology, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+    return tune.size_correction(compute_capability(topo, names), algo, proto, nbytes)
+
+
+def _time(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+    """alpha + beta x S / NCCL's size correction (trees at medium sizes)."""
+    alpha, beta = _cached(topo, op, names, algo, proto)[1]
+    return alpha + beta * nbytes / _correction(topo, names, algo, proto, nbytes)
 
 
 def choose_algorithm(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float,
@@ -236,8 +243,7 @@ def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, n
     names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
     if len(names) < 2:
         return 0.0
-    alpha, beta = _cached(topo, op, names, algo, proto)[1]
-    return alpha + beta * nbytes
+    return _time(topo, op, names, algo, proto, nbytes)
 
 
 def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op: str,
@@ -260,7 +266,8 @@ def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op:
         return algo
     group = max(1.0, plan.flows / max_flows)
     yield env.timeout(plan.base_latency)
-    wire = nbytes / plan.efficiency  # the protocol's flags and lost cycles cost link time as extra bytes
+    # the protocol's flags and lost cycles (and NCCL's tree correction) cost link time as extra bytes
+    wire = nbytes / plan.efficiency / _correction(topo, names, algo, proto, nbytes)
     lanes = [env.process(_run_lane(env, net, lane, wire, tag, group)) for lane in plan.lanes]
     yield simpy.AllOf(env, lanes)
     return algo
