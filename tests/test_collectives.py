@@ -6,6 +6,7 @@ import pytest
 import simpy
 
 from trainsim.errors import TrainsimError
+from trainsim.sim.collectives import nccl_tuning as tune
 from trainsim.sim.collectives import ops as coll
 from trainsim.sim.collectives.ops import (
     COLLECTIVES,
@@ -17,7 +18,7 @@ from trainsim.sim.collectives.ops import (
     run_collective,
     simulate_collective,
 )
-from trainsim.sim.collectives.plans import BASE_LATENCY, HOP_LATENCY, dtree_parents
+from trainsim.sim.collectives.plans import dtree_parents
 from trainsim.sim.collectives.rings import Channel, build_channels, ring_cost
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.topologies import list_presets, load_topology
@@ -56,10 +57,10 @@ def flow_time(topo, op, gpus, nbytes, algo="auto", **kwargs):
 @pytest.mark.parametrize("method", ["flow", "analytic"])
 def test_two_gpu_allreduce_is_the_textbook_formula(method):
     topo, size = two_gpus(), 64 * MIB
-    n, bandwidth, link_latency = 2, 10e9, 1e-6
-    # 2(n-1) ring steps, each paying NCCL's NVLink hop latency plus the link's own.
-    expected = (BASE_LATENCY + 2 * (n - 1) * (HOP_LATENCY["nvlink"] + link_latency)
-                + 2 * (n - 1) / n * size / bandwidth)
+    n, bandwidth = 2, 10e9
+    # NCCL ring / Simple: its base plus 2(n-1) steps of its NVLink hop latency (which includes the wire's).
+    base, hop = tune.BASE_LAT["ring"]["simple"] * 1e-6, tune.HW_LAT["nvlink"]["ring"]["simple"] * 1e-6
+    expected = base + 2 * (n - 1) * hop + 2 * (n - 1) / n * size / bandwidth
     got = flow_time(topo, "allreduce", None, size)[0] if method == "flow" else collective_time(
         topo, "allreduce", None, size)
     assert got == pytest.approx(expected, rel=1e-9)
@@ -67,7 +68,8 @@ def test_two_gpu_allreduce_is_the_textbook_formula(method):
 
 def test_two_gpu_broadcast_and_sendrecv_move_the_array_once():
     topo, size = two_gpus(), 8 * MIB
-    expected = BASE_LATENCY + HOP_LATENCY["nvlink"] + 1e-6 + size / 10e9
+    base, hop = tune.BASE_LAT["ring"]["simple"] * 1e-6, tune.HW_LAT["nvlink"]["ring"]["simple"] * 1e-6
+    expected = base + hop + size / 10e9
     for op in ("broadcast", "reduce", "sendrecv"):
         t, net = flow_time(topo, op, None, size)
         assert t == pytest.approx(expected, rel=1e-9)
@@ -80,8 +82,8 @@ def test_nvswitch_ring_allreduce_matches_alpha_beta(presets):
     topo = presets["dgx-a100"]
     n, size = len(topo.gpus), GIB
     link = topo.edge("gpu0", "nvsw0")["bandwidth"]  # every GPU's port into the switch
-    hop = HOP_LATENCY["nvlink"] + topo.route_latency(topo.route("gpu0", "gpu1"))
-    expected = BASE_LATENCY + 2 * (n - 1) * hop + 2 * (n - 1) / n * size / link
+    hop = tune.HW_LAT["nvlink"]["ring"]["simple"] * 1e-6
+    expected = tune.BASE_LAT["ring"]["simple"] * 1e-6 + 2 * (n - 1) * hop + 2 * (n - 1) / n * size / link
     assert collective_time(topo, "allreduce", None, size, algo="ring") == pytest.approx(expected, rel=1e-9)
     assert flow_time(topo, "allreduce", None, size, algo="ring")[0] == pytest.approx(expected, rel=1e-9)
 
@@ -91,9 +93,10 @@ def test_nvls_moves_n_plus_one_shards_each_way(presets):
     n, size = len(topo.gpus), GIB
     link = topo.edge("gpu0", "nvsw0")["bandwidth"]
     t = flow_time(topo, "allreduce", None, size, algo="nvls")[0]
-    trip = HOP_LATENCY["nvlink"] + topo.route_latency(topo.route("gpu0", "gpu1"))  # to the switch and back
-    # reduce-scatter then multicast: two trips; S/n shards x (n reads + 1 multicast store) each way
-    assert t == pytest.approx(BASE_LATENCY + 2 * trip + (n + 1) / n * size / link, rel=1e-9)
+    latency = tune.HW_LAT["nvlink"]["nvls"]["simple"] * 1e-6  # NCCL's one NVLS latency, no base
+    # reduce-scatter then multicast: S/n shards x (n reads + 1 multicast store) each way, at NCCL's NVLS
+    # efficiency (5/6) of the link rate
+    assert t == pytest.approx(latency + (n + 1) / n * size / link / tune.NVLS, rel=1e-9)
     assert choose_algorithm(topo, "allreduce", None, GIB) == "nvls"
     assert choose_algorithm(presets["dgx-a100"], "allreduce", None, GIB) != "nvls"  # no in-switch reduction
 

@@ -211,6 +211,8 @@ def topo_bench(
                                    help="allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall "
                                         "or sendrecv."),
     algo: str = typer.Option("auto", "--algo", help="ring, tree, nvls, p2p, or auto (NCCL-like choice)."),
+    proto: str = typer.Option("auto", "--proto", help="NCCL protocol: ll, ll128, simple, or auto (NCCL's "
+                                                       "choice, the lowest predicted time)."),
     sizes: str = typer.Option("1K:1G", "--sizes", help="MIN:MAX[:FACTOR] (factor 2 by default) or a "
                                                         "comma list; K/M/G = 2^10/2^20/2^30 bytes."),
     gpus: str | None = typer.Option(None, "--gpus",
@@ -233,13 +235,13 @@ def topo_bench(
     group = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"{collective} on {topo.name}", total=len(size_list) * len(methods))
-        rows = coll.bench(topo, collective, size_list, algo=algo, gpus=group, methods=methods,
+        rows = coll.bench(topo, collective, size_list, algo=algo, proto=proto, gpus=group, methods=methods,
                           progress=lambda: bar.advance(task))
     if as_json:
         print_json(rows)
         return
     n = len(coll.resolve_gpus(topo, group))
-    title = (f"{collective} on {topo.name}, {n} GPUs, algo {algo}; "
+    title = (f"{collective} on {topo.name}, {n} GPUs, algo {algo}, proto {proto}; "
              f"busbw = algbw x {coll.bus_factor(collective, n):.3f}")
     typer.echo("\n".join(coll.bench_lines(rows, title=title)))
 

@@ -12,6 +12,7 @@ nccl-tests: ``nbytes`` is S, the whole array; algbw = S / t and busbw = algbw x 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import weakref
@@ -23,7 +24,8 @@ from trainsim.errors import TrainsimError, unknown_name
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.topologies import Topology, load_topology
 
-from .plans import Plan, alpha_beta, nvls_plan, nvls_switch, p2p_plan, ring_plan, tree_plan
+from . import nccl_tuning as tune
+from .plans import Plan, alpha_beta, hop_class, nvls_plan, nvls_switch, p2p_plan, ring_plan, tree_plan
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv")
 ALGORITHMS = ("auto", "ring", "tree", "nvls", "p2p")
@@ -32,6 +34,7 @@ ALGORITHMS = ("auto", "ring", "tree", "nvls", "p2p")
 SUPPORTED = {"allreduce": ("ring", "tree", "nvls"), "reduce_scatter": ("ring", "nvls"),
              "allgather": ("ring", "nvls"), "broadcast": ("ring",), "reduce": ("ring",),
              "alltoall": ("p2p",), "sendrecv": ("p2p",)}
+PROTOCOLS = ("auto", *tune.PROTOCOLS)
 METHODS = ("flow", "analytic")
 MAX_FLOWS = 8192  # per collective on the flow path, before repeated steps are grouped (run_collective)
 
@@ -65,6 +68,41 @@ def _check_algo(op: str, algo: str) -> None:
                             field="algo")
 
 
+def _check_proto(proto: str) -> None:
+    if proto not in PROTOCOLS:
+        raise unknown_name("protocol", proto, PROTOCOLS, field="proto")
+
+
+def compute_capability(topo: Topology, gpus: Sequence[str]) -> int | None:
+    """The smallest SM version in the group, as NCCL tunes for (None: a CPU rank or an unknown device, where
+    NCCL's model does not apply and the LEGACY Simple figures stay)."""
+    ccs = [tune.compute_capability(topo.graph.nodes[g].get("spec")) for g in gpus]
+    return None if not ccs or None in ccs else min(ccs)
+
+
+def feasible_protocols(topo: Topology, op: str, gpus: list[str], algo: str) -> list[str]:
+    """What "auto" chooses among for ``algo``: Simple only off NCCL or for NVLS; LL128 where NCCL enables it
+    by default (NVLink in one node on SM70/80/90)."""
+    cc = compute_capability(topo, gpus)
+    if cc is None or algo == "nvls":
+        return ["simple"]
+    plan = plan_collective(topo, op, gpus, algo, "simple")
+    classes = {hop_class(topo, t.route) for lane in plan.lanes for p in lane for t in p.transfers}
+    return ["ll", "ll128", "simple"] if tune.ll128_default(cc, classes) else ["ll", "simple"]
+
+
+def _check_proto_for(topo: Topology, gpus: list[str], algo: str, proto: str) -> None:
+    if proto == "simple":
+        return
+    if compute_capability(topo, gpus) is None:
+        raise TrainsimError(f"protocol {proto!r} is NCCL's, for NVIDIA GPUs; this group of {topo.name} has "
+                            "none; "
+                            "valid choices: auto, simple", field="proto")
+    if algo == "nvls":
+        raise TrainsimError(f"nvls runs only the simple protocol, not {proto!r}; valid choices: auto, simple",
+                            field="proto")
+
+
 def resolve_gpus(topo: Topology, gpus: Sequence[str | int] | None) -> list[str]:
     """GPU names (or global indices) -> names, checked; None -> every GPU of the topology."""
     if gpus is None:
@@ -94,97 +132,143 @@ def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
     return algos
 
 
-def plan_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, algo: str) -> Plan:
-    """The plan of one collective with a concrete algorithm (not "auto"); cached per topology."""
+def plan_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, algo: str,
+                    proto: str = "simple") -> Plan:
+    """The plan of one collective with a concrete algorithm and protocol (not "auto"); cached per topology."""
+    return _cached(topo, op, gpus, algo, proto)[0]
+
+
+def _cached(topo: Topology, op: str, gpus, algo: str, proto: str) -> tuple[Plan, tuple[float, float]]:
     _check_op(op)
     _check_algo(op, algo)
-    if algo == "auto":
-        raise ValueError("plan_collective needs a concrete algorithm; use choose_algorithm first")
+    _check_proto(proto)
+    if algo == "auto" or proto == "auto":
+        raise ValueError("plan_collective needs a concrete algorithm and protocol; use choose first")
     names = tuple(resolve_gpus(topo, gpus))
     cache = _plans.setdefault(topo, {})
-    key = (op, algo, names)
+    key = (op, algo, proto, names)
     if key not in cache:
-        cache[key] = _build(topo, op, list(names), algo)
-    return cache[key][0]
+        _check_proto_for(topo, list(names), algo, proto)
+        cache[key] = _build(topo, op, list(names), algo, proto)
+    return cache[key]
 
 
-def _build(topo: Topology, op: str, gpus: list[str], algo: str) -> tuple[Plan, tuple[float, float]]:
-    if len(gpus) < 2:
-        plan = Plan(op, algo, tuple(gpus), (), 0.0)  # one rank: nothing moves
-    elif algo == "ring":
-        plan = ring_plan(topo, op, gpus)
-    elif algo == "tree":
-        plan = tree_plan(topo, gpus)
-    elif algo == "nvls":
-        switch = nvls_switch(topo, gpus)
-        if switch is None:
-            raise TrainsimError("nvls needs every GPU of the group linked to one NVSwitch with in-switch "
-                                f"reduction (reduce: true); {topo.name} has none for this group",
-                                field="algo")
-        plan = nvls_plan(topo, op, gpus, switch)
-    else:
-        plan = p2p_plan(topo, op, gpus)
+def _build(topo: Topology, op: str, gpus: list[str], algo: str,
+           proto: str) -> tuple[Plan, tuple[float, float]]:
+    """The plan with NCCL's latencies of ``algo`` / ``proto``, then its protocol efficiency (NCCL's factor
+    and caps against the plan's own bus bandwidth at full link rate)."""
+    cc = compute_capability(topo, gpus)
+    plan = _plan(topo, op, gpus, algo, tune.tuning(cc, algo, proto))
+    if cc is not None and plan.lanes:
+        _, beta = alpha_beta(topo, plan)
+        busbw = bus_factor(op, len(gpus)) / beta / GB if beta > 0 else 0.0
+        nodes = len({topo.machine_of(g) for g in gpus})
+        eff = tune.efficiency(cc, op, algo, proto, nodes, len(gpus) / nodes, busbw)
+        plan = dataclasses.replace(plan, efficiency=eff)
     return plan, alpha_beta(topo, plan)
 
 
-def _alpha_beta(topo: Topology, op: str, gpus: list[str], algo: str) -> tuple[float, float]:
-    plan_collective(topo, op, gpus, algo)
-    return _plans[topo][(op, algo, tuple(gpus))][1]
+def _plan(topo: Topology, op: str, gpus: list[str], algo: str, tuning: tune.Tuning) -> Plan:
+    if len(gpus) < 2:
+        plan = Plan(op, algo, tuple(gpus), (), 0.0)  # one rank: nothing moves
+    elif algo == "ring":
+        plan = ring_plan(topo, op, gpus, tuning)
+    elif algo == "tree":
+        plan = tree_plan(topo, gpus, tuning)
+    elif algo == "nvls":
+        switch = nvls_switch(topo, gpus)
+        if switch is None:
+            valid = ", ".join(["auto", *feasible_algorithms(topo, op, gpus)])
+            raise TrainsimError("nvls needs every GPU of the group linked to one NVSwitch with in-switch "
+                                f"reduction (reduce: true); {topo.name} has none for this group; valid "
+                                f"choices: {valid}", field="algo")
+        plan = nvls_plan(topo, op, gpus, switch, tuning)
+    else:
+        plan = p2p_plan(topo, op, gpus, tuning)
+    return plan
 
 
-def choose_algorithm(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float) -> str:
-    """What "auto" runs: as NCCL's tuner does, the feasible algorithm with the smallest modelled time."""
-    _check_op(op)
-    names = resolve_gpus(topo, gpus)
-    algos = feasible_algorithms(topo, op, names)
-    if len(algos) == 1:
-        return algos[0]
-
-    def modelled(algo: str) -> float:
-        alpha, beta = _alpha_beta(topo, op, names, algo)
-        return alpha + beta * nbytes
-
-    return min(algos, key=modelled)
-
-
-def _resolve(topo: Topology, op: str, gpus, nbytes: float, algo: str) -> tuple[list[str], str]:
+def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
+           algo: str = "auto", proto: str = "auto") -> tuple[str, str]:
+    """(algorithm, protocol) that runs: as NCCL's tuner does, among the feasible ones (those not forced),
+    the pair with the smallest modelled time alpha + beta x S."""
     _check_op(op)
     _check_algo(op, algo)
+    _check_proto(proto)
+    names = resolve_gpus(topo, gpus)
+    algos = feasible_algorithms(topo, op, names) if algo == "auto" else [algo]
+    if proto != "auto":
+        if algo == "auto" and proto != "simple":
+            algos = [a for a in algos if a != "nvls"] or algos
+        pairs = [(a, proto) for a in algos]
+    else:
+        pairs = [(a, p) for a in algos for p in feasible_protocols(topo, op, names, a)]
+    if len(names) < 2 or len(pairs) == 1:
+        return pairs[0]
+
+    return min(pairs, key=lambda pair: _time(topo, op, names, *pair, nbytes))
+
+
+def _correction(topo: Topology, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+    return tune.size_correction(compute_capability(topo, names), algo, proto, nbytes)
+
+
+def _time(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+    """alpha + beta x S / NCCL's size correction (trees at medium sizes)."""
+    alpha, beta = _cached(topo, op, names, algo, proto)[1]
+    return alpha + beta * nbytes / _correction(topo, names, algo, proto, nbytes)
+
+
+def choose_algorithm(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float,
+                     proto: str = "auto") -> str:
+    """The algorithm "auto" runs (see `choose`)."""
+    return choose(topo, op, gpus, nbytes, proto=proto)[0]
+
+
+def _resolve(topo: Topology, op: str, gpus, nbytes: float, algo: str, proto: str
+             ) -> tuple[list[str], str, str]:
+    _check_op(op)
+    _check_algo(op, algo)
+    _check_proto(proto)
     if not nbytes >= 0:
         raise TrainsimError(f"nbytes must be >= 0, got {nbytes}", field="nbytes")
     names = resolve_gpus(topo, gpus)
-    return names, choose_algorithm(topo, op, names, nbytes) if algo == "auto" else algo
+    return (names, *choose(topo, op, names, nbytes, algo=algo, proto=proto))
 
 
 def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
-                    algo: str = "auto") -> float:
+                    algo: str = "auto", proto: str = "auto") -> float:
     """Analytic alpha-beta time in seconds: t = alpha + beta x S, with beta from the most loaded edge of
-    each phase of the same plan the flow path runs (no simulation)."""
-    names, algo = _resolve(topo, op, gpus, nbytes, algo)
+    each phase of the same plan the flow path runs, over the protocol's efficiency (no simulation)."""
+    names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
     if len(names) < 2:
         return 0.0
-    alpha, beta = _alpha_beta(topo, op, names, algo)
-    return alpha + beta * nbytes
+    return _time(topo, op, names, algo, proto, nbytes)
 
 
 def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op: str,
                    gpus: Sequence[str | int] | None, nbytes: float, *, algo: str = "auto",
-                   tag: object = None, max_flows: int = MAX_FLOWS) -> Generator:
+                   proto: str = "auto", tag: object = None, max_flows: int = MAX_FLOWS) -> Generator:
     """A SimPy process body: the collective's transfers as flows on ``net`` (built from ``topo``).
 
-    ``yield env.process(run_collective(...))``; the process's value is the algorithm that ran.
+    ``yield env.process(run_collective(...))``; the process's value is the algorithm that ran. The flows
+    carry S / efficiency bytes (the protocol's share of the link rate), after NCCL's latencies.
     A plan that would start more than ``max_flows`` flows (a ring over many ranks: 2(n-1) steps of n flows
     per channel) runs its repeated steps in groups: each flow then carries several consecutive steps'
     bytes after their summed latency. Every edge carries the same bytes in the same order, so the time is
     unchanged where the steps are symmetric, with a fraction of the events.
     """
-    names, algo = _resolve(topo, op, gpus, nbytes, algo)
-    plan = plan_collective(topo, op, names, algo)
+    names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
+    if len(names) < 2:
+        return algo
+    plan = plan_collective(topo, op, names, algo, proto)
     if not plan.lanes:
         return algo
     group = max(1.0, plan.flows / max_flows)
     yield env.timeout(plan.base_latency)
-    lanes = [env.process(_run_lane(env, net, lane, nbytes, tag, group)) for lane in plan.lanes]
+    # the protocol's flags and lost cycles (and NCCL's tree correction) cost link time as extra bytes
+    wire = nbytes / plan.efficiency / _correction(topo, names, algo, proto, nbytes)
+    lanes = [env.process(_run_lane(env, net, lane, wire, tag, group)) for lane in plan.lanes]
     yield simpy.AllOf(env, lanes)
     return algo
 
@@ -200,29 +284,31 @@ def _run_lane(env, net, lane, nbytes, tag, group: float) -> Generator:
 
 
 def simulate_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
-                        algo: str = "auto") -> dict:
-    """Run one collective alone on a fresh flow network: time, flows, recomputes and wall time."""
+                        algo: str = "auto", proto: str = "auto") -> dict:
+    """Run one collective alone on a fresh flow network: time, algo, proto, flows, recomputes, wall time."""
     import time
 
     env = simpy.Environment()
     net = FlowNetwork.from_topology(env, topo, record_flows=False)
     start = time.perf_counter()
-    proc = env.process(run_collective(env, net, topo, op, gpus, nbytes, algo=algo))
+    algo, proto = choose(topo, op, gpus, nbytes, algo=algo, proto=proto)
+    proc = env.process(run_collective(env, net, topo, op, gpus, nbytes, algo=algo, proto=proto))
     env.run()
-    return {"time_s": env.now, "algo": proc.value, "flows": net.stats.flows_finished,
+    return {"time_s": env.now, "algo": proc.value, "proto": proto, "flows": net.stats.flows_finished,
             "recomputes": net.stats.recomputes, "recompute_s": net.stats.recompute_seconds,
             "wall_s": time.perf_counter() - start}
 
 
-def bench(topo: Topology | str, op: str, sizes: Iterable[int], *, algo: str = "auto",
+def bench(topo: Topology | str, op: str, sizes: Iterable[int], *, algo: str = "auto", proto: str = "auto",
           gpus: Sequence[str | int] | None = None, methods: Sequence[str] = METHODS,
           progress: Callable[[], None] | None = None) -> list[dict]:
     """nccl-tests-style rows, one per size and method: size_bytes, time_s, algbw_gbps, busbw_gbps, method,
-    algo (the algorithm that ran; "auto" resolves per size). ``progress`` is called after each row."""
+    algo and proto (what ran; "auto" resolves per size). ``progress`` is called after each row."""
     if isinstance(topo, str):
         topo = load_topology(topo)
     _check_op(op)
     _check_algo(op, algo)
+    _check_proto(proto)
     for m in methods:
         if m not in METHODS:
             raise unknown_name("method", m, METHODS, field="method")
@@ -232,15 +318,15 @@ def bench(topo: Topology | str, op: str, sizes: Iterable[int], *, algo: str = "a
     factor = bus_factor(op, len(names))
     rows = []
     for size in sizes:
-        used = choose_algorithm(topo, op, names, size) if algo == "auto" else algo
+        used, how = choose(topo, op, names, size, algo=algo, proto=proto)
         for method in methods:
             if method == "flow":
-                seconds = simulate_collective(topo, op, names, size, algo=used)["time_s"]
+                seconds = simulate_collective(topo, op, names, size, algo=used, proto=how)["time_s"]
             else:
-                seconds = collective_time(topo, op, names, size, algo=used)
+                seconds = collective_time(topo, op, names, size, algo=used, proto=how)
             algbw = size / seconds / GB if seconds > 0 else 0.0
             rows.append({"size_bytes": int(size), "time_s": seconds, "algbw_gbps": algbw,
-                         "busbw_gbps": algbw * factor, "method": method, "algo": used})
+                         "busbw_gbps": algbw * factor, "method": method, "algo": used, "proto": how})
             if progress:
                 progress()
     return rows
@@ -294,8 +380,8 @@ def bench_lines(rows: list[dict], *, title: str = "") -> list[str]:
     by_size: dict[int, dict[str, dict]] = {}
     for r in rows:
         by_size.setdefault(r["size_bytes"], {})[r["method"]] = r
-    head1 = f"{'':>13} {'':>5}"
-    head2 = f"{'size (B)':>13} {'algo':>5}"
+    head1 = f"{'':>13} {'':>5} {'':>6}"
+    head2 = f"{'size (B)':>13} {'algo':>5} {'proto':>6}"
     for m in methods:
         head1 += f" | {m + ' path':^31}"
         head2 += f" | {'time (us)':>11} {'algbw':>9} {'busbw':>9}"
@@ -303,11 +389,11 @@ def bench_lines(rows: list[dict], *, title: str = "") -> list[str]:
         head1 += f" | {'flow vs':>8}"
         head2 += f" | {'analytic':>8}"
     lines = [f"# {title}"] if title else []
-    units = f"{'':>19}" + "".join(f" | {'':>11} {'GB/s':>9} {'GB/s':>9}" for _ in methods)
+    units = f"{'':>26}" + "".join(f" | {'':>11} {'GB/s':>9} {'GB/s':>9}" for _ in methods)
     lines += [f"# {head1}", f"# {head2}", f"# {units}"]
     for size, per in by_size.items():
-        algo = next(iter(per.values()))["algo"]
-        line = f"{size:>15} {algo:>5}"
+        first = next(iter(per.values()))
+        line = f"{size:>15} {first['algo']:>5} {first.get('proto', ''):>6}"
         for m in methods:
             r = per.get(m)
             line += (f" | {r['time_s'] * 1e6:>11.2f} {r['algbw_gbps']:>9.2f} {r['busbw_gbps']:>9.2f}" if r

@@ -23,8 +23,10 @@ Algorithms (nccl-tests' S = the whole array):
 - p2p: all-to-all = every rank sends S/n to every other at once; send/recv = gpus[i] sends S to gpus[i+1]
   (one flow for two GPUs; a chain of boundary exchanges for more).
 
-Latency (NCCL's cost model, REFERENCE): a base of 8.4 us per collective plus, per step, NCCL's per-hop
-protocol latency (Simple: NVLink 3.4, PCIe 5.7, network 9.6 us) and the route's own link latencies.
+Latency (NCCL's cost model, nccl_tuning.py): a base per collective plus, per step, NCCL's per-hop latency of
+the algorithm and protocol by hop class (`Tuning`); the LEGACY tuning (CPU ranks, unknown devices) also adds
+the route's own link latencies. Bandwidth: a plan's ``efficiency`` is the fraction of the links' rate its
+protocol reaches; both paths divide by it (the flow path sends share x S / efficiency bytes).
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from dataclasses import dataclass
 
 from trainsim.topologies import Topology
 
+from .nccl_tuning import LEGACY, Tuning
 from .rings import Channel, build_channels, rail_starts
 
 US = 1e-6
-BASE_LATENCY = 8.4 * US  # NCCL Simple protocol, per collective
-HOP_LATENCY = {"nvlink": 3.4 * US, "pcie": 5.7 * US, "network": 9.6 * US}  # NCCL Simple, per step
+BASE_LATENCY = LEGACY.base  # per collective, where NCCL's model does not apply
+HOP_LATENCY = LEGACY.hop  # per step, idem
 
 Edge = tuple[str, str]
 
@@ -64,6 +67,8 @@ class Plan:
     gpus: tuple[str, ...]
     lanes: tuple[tuple[Phase, ...], ...]
     base_latency: float = BASE_LATENCY
+    proto: str = "simple"
+    efficiency: float = 1.0  # fraction of the links' bandwidth the protocol reaches
 
     @property
     def flows(self) -> int:
@@ -80,29 +85,32 @@ def hop_class(topo: Topology, route) -> str:
     return "pcie"  # PCIe, the inter-socket link, host memory
 
 
-def _transfer(topo: Topology, a: str, b: str, share: float, extra_latency: float = 0.0) -> Transfer:
+def _transfer(topo: Topology, a: str, b: str, share: float, extra_latency: float = 0.0,
+              tuning: Tuning = LEGACY) -> Transfer:
     route = tuple(topo.route(a, b))
-    latency = topo.route_latency(route) + HOP_LATENCY[hop_class(topo, route)] + extra_latency
+    wire = topo.route_latency(route) if tuning.route_latency else 0.0
+    latency = wire + tuning.hop[hop_class(topo, route)] + extra_latency
     return Transfer(route, share, latency)
 
 
 # ---- ring -------------------------------------------------------------------------------------------------
 
-def ring_plan(topo: Topology, op: str, gpus: list[str]) -> Plan:
+def ring_plan(topo: Topology, op: str, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
     n = len(gpus)
     channels = build_channels(topo, gpus)
     lanes = []
     for channel in channels:
         if op in ("allreduce", "reduce_scatter", "allgather"):
             steps = 2 * (n - 1) if op == "allreduce" else n - 1
-            hops = tuple(_transfer(topo, a, b, channel.weight / n) for a, b in channel.hops())
+            hops = tuple(_transfer(topo, a, b, channel.weight / n, tuning=tuning) for a, b in channel.hops())
             lanes.append((Phase(hops, steps),))
         else:  # broadcast / reduce: a pipelined chain along the ring, from / to gpus[0]
-            lanes.append((Phase(_chain(topo, channel, gpus[0], to_root=op == "reduce")),))
-    return Plan(op, "ring", tuple(gpus), tuple(lanes))
+            lanes.append((Phase(_chain(topo, channel, gpus[0], tuning, to_root=op == "reduce")),))
+    return Plan(op, "ring", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
 
 
-def _chain(topo: Topology, channel: Channel, root: str, *, to_root: bool) -> tuple[Transfer, ...]:
+def _chain(topo: Topology, channel: Channel, root: str, tuning: Tuning, *,
+           to_root: bool) -> tuple[Transfer, ...]:
     order = list(channel.order)
     k = order.index(root)
     order = order[k:] + order[:k]  # root first
@@ -111,7 +119,7 @@ def _chain(topo: Topology, channel: Channel, root: str, *, to_root: bool) -> tup
     transfers = []
     arrived = 0.0  # a hop's first byte leaves once the previous hops delivered theirs
     for a, b in zip(order, order[1:], strict=False):
-        t = _transfer(topo, a, b, channel.weight, arrived)
+        t = _transfer(topo, a, b, channel.weight, arrived, tuning)
         arrived = t.latency
         transfers.append(t)
     # The chain finishes when its last byte lands: every hop waits for the whole chain's fill latency,
@@ -154,7 +162,7 @@ def _chain_order(topo: Topology, gpus: list[str]) -> list[str]:
     return list(build_channels(topo, gpus)[0].order) if len(gpus) > 1 else list(gpus)
 
 
-def tree_plan(topo: Topology, gpus: list[str]) -> Plan:
+def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
     machines = sorted({topo.machine_of(g) for g in gpus})
     # Inside a machine the tree is a chain along the machine's best ring (NVLink hops on a mesh).
     local = [_chain_order(topo, [g for g in gpus if topo.machine_of(g) == m]) for m in machines]
@@ -171,15 +179,15 @@ def tree_plan(topo: Topology, gpus: list[str]) -> Plan:
             edges = [(c[i + 1], c[i]) for c in chains for i in range(len(c) - 1)]  # child -> parent
             edges += [(chains[m][0], chains[p][0]) for m, p in enumerate(parents) if p >= 0]
             share = 0.5 / len(rails)
-            up = [_transfer(topo, a, b, share) for a, b in edges]
-            down = [_transfer(topo, b, a, share) for a, b in edges]
+            up = [_transfer(topo, a, b, share, tuning=tuning) for a, b in edges]
+            down = [_transfer(topo, b, a, share, tuning=tuning) for a, b in edges]
             # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines).
             intra = max((x.latency for x in up if hop_class(topo, x.route) != "network"), default=0.0)
             inter = max((x.latency for x in up if hop_class(topo, x.route) == "network"), default=0.0)
             depth = max(len(c) for c in chains) - 1
             latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
             lanes.append((Phase(tuple(Transfer(x.route, x.share, latency) for x in up + down)),))
-    return Plan("allreduce", "tree", tuple(gpus), tuple(lanes))
+    return Plan("allreduce", "tree", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
 
 
 # ---- nvls -------------------------------------------------------------------------------------------------
@@ -194,7 +202,9 @@ def nvls_switch(topo: Topology, gpus: list[str]) -> str | None:
     return min(common) if common else None
 
 
-def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str) -> Plan:
+def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str, tuning: Tuning = LEGACY) -> Plan:
+    """NCCL's NVLS latency is one figure for the whole collective (hwLat NVLink NVLS, no base); LEGACY: a
+    trip through the switch per stage."""
     n = len(gpus)
     up, down = {"allreduce": ((n + 1) / n, (n + 1) / n), "reduce_scatter": (1.0, 1 / n),
                 "allgather": (1 / n, 1.0)}[op]
@@ -202,26 +212,30 @@ def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str) -> Plan:
     transfers = []
     for g in gpus:
         for route, share in (((g, switch),), up), (((switch, g),), down):
-            trip = topo.route_latency([(g, switch), (switch, g)]) + HOP_LATENCY["nvlink"]
-            transfers.append(Transfer(route, share, stages * trip))
-    return Plan(op, "nvls", tuple(gpus), ((Phase(tuple(transfers)),),))
+            if tuning.route_latency:
+                latency = stages * (topo.route_latency([(g, switch), (switch, g)]) + tuning.hop["nvlink"])
+            else:
+                latency = tuning.hop["nvlink"]
+            transfers.append(Transfer(route, share, latency))
+    return Plan(op, "nvls", tuple(gpus), ((Phase(tuple(transfers)),),), tuning.base, tuning.proto)
 
 
 # ---- point to point ---------------------------------------------------------------------------------------
 
-def p2p_plan(topo: Topology, op: str, gpus: list[str]) -> Plan:
+def p2p_plan(topo: Topology, op: str, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
     n = len(gpus)
     if op == "alltoall":
-        transfers = [_transfer(topo, a, b, 1 / n) for a in gpus for b in gpus if a != b]
+        transfers = [_transfer(topo, a, b, 1 / n, tuning=tuning) for a in gpus for b in gpus if a != b]
     else:
-        transfers = [_transfer(topo, a, b, 1.0) for a, b in zip(gpus, gpus[1:], strict=False)]
-    return Plan(op, "p2p", tuple(gpus), ((Phase(tuple(transfers)),),))
+        transfers = [_transfer(topo, a, b, 1.0, tuning=tuning) for a, b in zip(gpus, gpus[1:], strict=False)]
+    return Plan(op, "p2p", tuple(gpus), ((Phase(tuple(transfers)),),), tuning.base, tuning.proto)
 
 
 # ---- the analytic path ------------------------------------------------------------------------------------
 
 def alpha_beta(topo: Topology, plan: Plan) -> tuple[float, float]:
-    """(alpha seconds, beta seconds per byte of S): t(S) = alpha + beta x S.
+    """(alpha seconds, beta seconds per byte of S): t(S) = alpha + beta x S, beta divided by the plan's
+    protocol efficiency.
 
     Phase k of every lane runs at the same time: its latency is the largest of its transfers', and its
     bandwidth term the most loaded edge's (sum of the shares crossing it) / bandwidth, so links shared by
@@ -247,4 +261,4 @@ def alpha_beta(topo: Topology, plan: Plan) -> tuple[float, float]:
                     load[e] += t.share * scale
         alpha += repeat * latency
         beta += repeat * max((x / topo.graph.edges[e]["bandwidth"] for e, x in load.items()), default=0.0)
-    return alpha, beta
+    return alpha, beta / plan.efficiency
