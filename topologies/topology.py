@@ -149,15 +149,24 @@ class Topology:
         return list(self._paths[key])
 
     def _network_path(self, src: str, dst: str) -> list[str]:
-        """Between two NICs: one of the equal shortest paths, picked by the destination NIC's index modulo
-        their number (static destination-based routing, "D-mod-k", as InfiniBand fat-tree routing does), so
-        traffic to different NICs spreads over the spines."""
+        """Between two NICs: one of the equal shortest paths, picked by the destination's port number on its
+        leaf switch modulo their number (static destination-based routing, "D-mod-k", as InfiniBand
+        fat-tree routing does), so traffic to the NICs under one leaf spreads over the spines."""
         paths = sorted(nx.all_shortest_paths(self.graph, src, dst, weight=self._weight(dst, {NETWORK})),
                        key=lambda path: [natural_key(n) for n in path])
         if len(paths) == 1:
             return paths[0]
-        index = self.nics.index(dst) if dst in self.nics else 0
-        return paths[index % len(paths)]
+        return paths[self._leaf_port(dst) % len(paths)]
+
+    def _leaf_port(self, nic: str) -> int:
+        """The position of ``nic`` among the NICs on its (first) network switch, in name order."""
+        nodes = self.graph.nodes
+        leaf = next((v for v in self.graph.successors(nic) if nodes[v]["machine"] == NETWORK), None)
+        if leaf is None:
+            return 0
+        ports = sorted((u for u in self.graph.predecessors(leaf) if self.graph.nodes[u]["kind"] == "nic"),
+                       key=lambda n: (self.graph.nodes[n]["machine"], natural_key(n)))
+        return ports.index(nic)
 
     def nic_of(self, node: str) -> str:
         """The network-attached NIC that traffic of ``node`` leaves its machine through."""
