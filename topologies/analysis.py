@@ -59,6 +59,62 @@ def bisection(topo: Topology) -> dict:
     return {"bandwidth": value, "from": first, "to": second}
 
 
+def network_tiers(topo: Topology) -> list[list[str]]:
+    """Network switches by tier: tier 1 (``[0]``) holds those a NIC plugs into, tier k+1 those joined to
+    tier k and not below it."""
+    nodes = topo.graph.nodes
+    tiers = [sorted({v for nic in topo.nics for v in topo.graph.successors(nic)
+                     if nodes[v]["kind"] == "network_switch"}, key=natural_key)]
+    seen = set(tiers[0])
+    while tiers[-1]:
+        above = {v for u in tiers[-1] for v in topo.graph.successors(u)
+                 if nodes[v]["kind"] == "network_switch" and v not in seen}
+        seen |= above
+        tiers.append(sorted(above, key=natural_key))
+    return tiers[:-1] if tiers[0] else []
+
+
+def fabric(topo: Topology) -> dict | None:
+    """The network of a cluster: per tier its switches and oversubscription (bandwidth of the links from
+    below over that of the links up, one direction; none at the top tier), the NICs' injection (bytes/s
+    into the network, all machines), and the bisection: the min cut (max flow, per direction) across the
+    network from the NICs of the first half of the machines to those of the second half. ``None`` on a
+    machine without a network switch.
+
+    Halving by machine order is the worst cut for the generated fabrics, which fill leaves in machine
+    order (a general minimum bisection is NP-hard)."""
+    tiers = network_tiers(topo)
+    if not tiers:
+        return None
+    nodes = topo.graph.nodes
+    level = {n: i + 1 for i, tier in enumerate(tiers) for n in tier}
+    level.update(dict.fromkeys(topo.nics, 0))
+    records = []
+    for i, tier in enumerate(tiers):
+        down = sum(d["bandwidth"] for s in tier for u, _, d in topo.graph.in_edges(s, data=True)
+                   if level.get(u, -1) == i)
+        up = sum(d["bandwidth"] for s in tier for _, v, d in topo.graph.out_edges(s, data=True)
+                 if level.get(v, -1) == i + 2)
+        records.append({"tier": i + 1, "switches": len(tier), "down_bandwidth": down, "up_bandwidth": up,
+                        "oversubscription": down / up if up else None})
+    injection = {m: 0.0 for m in topo.machines}
+    for nic in topo.nics:
+        out = topo.graph.out_edges(nic, data=True)
+        injection[nodes[nic]["machine"]] += sum(d["bandwidth"] for _, v, d in out if level.get(v) == 1)
+    half = len(topo.machines) // 2
+    first, second = topo.machines[:half], topo.machines[half:2 * half]
+    cut = None
+    if first:
+        flow = nx.DiGraph()
+        flow.add_edges_from((u, v, {"capacity": d["bandwidth"]}) for u, v, d in topo.graph.edges(data=True)
+                            if u in level and v in level)
+        flow.add_edges_from(("<source>", n) for n in topo.nics if nodes[n]["machine"] in first)
+        flow.add_edges_from((n, "<sink>") for n in topo.nics if nodes[n]["machine"] in second)
+        cut = nx.maximum_flow_value(flow, "<source>", "<sink>")
+    return {"tiers": records, "injection": sum(injection.values()), "bisection": cut,
+            "from_machines": first, "to_machines": second}
+
+
 def path_class(topo: Topology, a: str, b: str) -> str:
     """The path between two GPUs in `nvidia-smi topo -m` words (HOST: staged through host memory)."""
     route = topo.route(a, b)
@@ -116,6 +172,7 @@ def describe(topo: Topology) -> dict:
               "raw_bandwidth_gbps": _gbps(x["raw_bandwidth"]), "latency_us": _us(x["latency"])}
              for x in physical_links(topo)]
     cut = bisection(topo)
+    net = fabric(topo)
     return {
         "schema": "trainsim.topo_show/1", "name": topo.name, "source": topo.source,
         "description": topo.description, "sources": topo.sources, "p2p": topo.p2p,
@@ -124,6 +181,13 @@ def describe(topo: Topology) -> dict:
                   "machine": topo.machine_of(g), "injection_gbps": _gbps(injection[g])} for g in topo.gpus],
         "nodes": nodes, "links": links,
         "bisection": {"bandwidth_gbps": _gbps(cut["bandwidth"]), "from": cut["from"], "to": cut["to"]},
+        "network": None if net is None else {
+            "tiers": [{"tier": t["tier"], "switches": t["switches"], "down_gbps": _gbps(t["down_bandwidth"]),
+                       "up_gbps": _gbps(t["up_bandwidth"]),
+                       "oversubscription": None if t["oversubscription"] is None
+                       else round(t["oversubscription"], 3)} for t in net["tiers"]],
+            "injection_gbps": _gbps(net["injection"]), "bisection_gbps": _gbps(net["bisection"]),
+            "bisection_from_machines": net["from_machines"], "bisection_to_machines": net["to_machines"]},
         "paths": path_summary(topo),
         "paths_over": "all GPU pairs" if len(topo.gpus) <= MAX_PAIRS_GPUS
         else "GPU pairs of the first machine and from its first GPU to every other GPU",

@@ -14,27 +14,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainsim.errors import TrainsimError, unknown_name
 
+from .fabrics import ClusterParams, FatTreeParams, RailParams, build_cluster, build_fat_tree, build_rail
 from .links import INTER_SOCKET
-from .schema import SCHEMA, LinkSpec, TopologySpec
+from .machines import Meta, make_spec
+from .schema import TopologySpec
 from .validation import validation_error
 
 
-class _Meta(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    schema_: Literal["trainsim.topology/1"] = Field(default=SCHEMA, alias="schema")
-    name: str | None = None
-    description: str | None = None
-    sources: list[str] = Field(default_factory=list)
-
-
-class PcieTreeParams(_Meta):
+class PcieTreeParams(Meta):
     """GPUs under PCIe switches (or on the sockets' root ports), sockets joined by an inter-socket link."""
 
     generator: Literal["pcie_tree"] = "pcie_tree"
@@ -104,18 +97,6 @@ class NvswitchParams(PcieTreeParams):
         return self
 
 
-class ClusterParams(_Meta):
-    """N copies of one machine whose NICs all plug into one non-blocking network switch."""
-
-    generator: Literal["cluster"] = "cluster"
-    node: str | dict[str, Any] = Field(description="preset name, file, or topology mapping of one machine")
-    nodes: int = Field(gt=0, description="number of machines")
-    network: Literal["ib", "ethernet"] = "ib"
-    generation: int | str | None = Field(default=None, description="default: each NIC's own generation")
-    bandwidth_gbps: float | None = Field(default=None, gt=0)
-    latency_us: float | None = Field(default=None, ge=0)
-
-
 DEFAULT_NVSWITCH_CHIPS = {2: 6, 3: 6, 4: 4}
 
 
@@ -158,12 +139,6 @@ def _host(p: PcieTreeParams) -> tuple[list[dict], list[dict]]:
     return nodes, links
 
 
-def _spec(p: _Meta, nodes: list[dict], links: list[dict], default_name: str, description: str,
-          p2p: bool = True) -> TopologySpec:
-    return TopologySpec(name=p.name or default_name, description=p.description or description,
-                        sources=p.sources, p2p=p2p, nodes=nodes, links=[LinkSpec(**x) for x in links])
-
-
 def _pcie_words(p: PcieTreeParams) -> str:
     where = f"{p.gpus_per_switch} per PCIe switch" if p.gpus_per_switch else "on root ports"
     return f"PCIe Gen{p.generation}, {where}, {p.sockets} socket{'s' if p.sockets > 1 else ''}"
@@ -171,7 +146,7 @@ def _pcie_words(p: PcieTreeParams) -> str:
 
 def build_pcie_tree(p: PcieTreeParams) -> TopologySpec:
     nodes, links = _host(p)
-    return _spec(p, nodes, links, f"pcie-tree-{p.gpus}gpu", f"{p.gpus}x {p.gpu}, {_pcie_words(p)}", p.p2p)
+    return make_spec(p, nodes, links, f"pcie-tree-{p.gpus}gpu", f"{p.gpus}x {p.gpu}, {_pcie_words(p)}", p.p2p)
 
 
 def build_nvlink_mesh(p: NvlinkMeshParams) -> TopologySpec:
@@ -181,7 +156,7 @@ def build_nvlink_mesh(p: NvlinkMeshParams) -> TopologySpec:
             if row[j]:
                 links.append({"a": f"gpu{i}", "b": f"gpu{j}", "kind": "nvlink",
                               "generation": p.nvlink_generation, "count": row[j]})
-    return _spec(p, nodes, links, f"nvlink-mesh-{p.gpus}gpu",
+    return make_spec(p, nodes, links, f"nvlink-mesh-{p.gpus}gpu",
                  f"{p.gpus}x {p.gpu}, NVLink {p.nvlink_generation} mesh, {_pcie_words(p)}", p.p2p)
 
 
@@ -202,47 +177,17 @@ def build_nvswitch(p: NvswitchParams) -> TopologySpec:
         for b in fabrics[i + 1:]:
             links.append({"a": a, "b": b, **nvlink, "count": p.links_per_gpu * per_board})
     boards = f" on {p.boards} boards" if p.boards > 1 else ""
-    return _spec(p, nodes, links, f"nvswitch-{p.gpus}gpu",
+    return make_spec(p, nodes, links, f"nvswitch-{p.gpus}gpu",
                  f"{p.gpus}x {p.gpu}, {chips} NVSwitch chips{boards} x {p.links_per_gpu} NVLink "
                  f"{p.nvlink_generation} per GPU, {_pcie_words(p)}", p.p2p)
-
-
-def build_cluster(p: ClusterParams, *, load_node, base_dir: Path | None = None) -> TopologySpec:
-    """``load_node(source, base_dir=...) -> (TopologySpec, label)``: the node may be any topology, loaded the
-    usual way (the loader passes its own)."""
-    node_spec, _ = load_node(p.node, base_dir=base_dir)
-    nodes: list[dict] = []
-    links: list[dict] = []
-    switch = "netsw0"
-    for m in range(p.nodes):
-        prefix = f"n{m}."
-        for node in node_spec.nodes:
-            if node.kind == "network_switch" or (node.machine or 0) != 0:
-                raise TrainsimError("a cluster's node must be a single machine (no network switches)",
-                                    field="node")
-            nodes.append({**node.model_dump(exclude_none=True), "name": prefix + node.name, "machine": m})
-        for link in node_spec.links:
-            links.append({**link.model_dump(exclude_none=True), "a": prefix + link.a, "b": prefix + link.b})
-        for node in node_spec.nodes:
-            if node.kind == "nic":
-                link = {"a": prefix + node.name, "b": switch, "kind": p.network,
-                        "generation": p.generation if p.generation is not None else node.generation}
-                if p.bandwidth_gbps:
-                    link["bandwidth_gbps"] = p.bandwidth_gbps
-                if p.latency_us is not None:
-                    link["latency_us"] = p.latency_us
-                links.append(link)
-    if not any(node.kind == "nic" for node in node_spec.nodes):
-        raise TrainsimError(f"machine {node_spec.name!r} has no nic node to reach the network", field="node")
-    nodes.append({"name": switch, "kind": "network_switch", "network": p.network})
-    return _spec(p, nodes, links, f"{node_spec.name}-x{p.nodes}",
-                 f"{p.nodes}x {node_spec.name} on one non-blocking {p.network} switch", node_spec.p2p)
 
 
 GENERATORS = {"pcie_tree": (PcieTreeParams, build_pcie_tree),
               "nvlink_mesh": (NvlinkMeshParams, build_nvlink_mesh),
               "nvswitch": (NvswitchParams, build_nvswitch),
-              "cluster": (ClusterParams, build_cluster)}
+              "cluster": (ClusterParams, build_cluster),
+              "fat_tree": (FatTreeParams, build_fat_tree),
+              "rail_optimised": (RailParams, build_rail)}
 
 
 def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None,
@@ -258,7 +203,7 @@ def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None,
     except ValidationError as exc:
         raise validation_error(exc, file=file) from None
     try:
-        if name == "cluster":
+        if name in ("cluster", "fat_tree", "rail_optimised"):
             return build(params, base_dir=base_dir, load_node=load_node)
         return build(params)
     except TrainsimError as exc:

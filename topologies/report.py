@@ -39,6 +39,7 @@ def show_lines(desc: dict, *, max_links: int = 80) -> list[str]:
     if cut["bandwidth_gbps"] is not None:
         lines += ["", f"bisection: {cut['bandwidth_gbps']} GB/s per direction (max flow from "
                       f"{_span(cut['from'])} to {_span(cut['to'])})"]
+    lines += network_lines(desc.get("network"))
     if desc["paths"]:
         lines.append(f"paths between GPUs ({desc['paths_over']}): "
                      + ", ".join(f"{k} x{n}" for k, n in desc["paths"].items()))
@@ -48,8 +49,29 @@ def show_lines(desc: dict, *, max_links: int = 80) -> list[str]:
     return lines
 
 
-def _span(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+TIER_NAMES = {1: "leaf", 2: "spine", 3: "core"}
+
+
+def network_lines(net: dict | None) -> list[str]:
+    """The network of a cluster: bisection, injection and each tier's oversubscription."""
+    if not net:
+        return []
+    lines = []
+    if net["bisection_gbps"] is not None:
+        machines = f"{_span(net['bisection_from_machines'])} to {_span(net['bisection_to_machines'])}"
+        half = net["injection_gbps"] / 2
+        lines.append(f"network bisection: {net['bisection_gbps']} GB/s per direction (min cut from the NICs "
+                     f"of machines {machines}) = {net['bisection_gbps'] / half:.3g} x half the NICs' "
+                     f"injection of {net['injection_gbps']} GB/s")
+    rows = [[t["tier"], TIER_NAMES.get(t["tier"], "") if len(net["tiers"]) > 1 else "switch", t["switches"],
+             t["down_gbps"], t["up_gbps"] or "",
+             "" if t["oversubscription"] is None else f"{t['oversubscription']:g}:1"] for t in net["tiers"]]
+    return ["", *lines, *_table(["tier", "role", "switches", "down GB/s", "up GB/s", "oversubscription"],
+                                rows)]
+
+
+def _span(names: list) -> str:
+    return str(names[0]) if len(names) == 1 else f"{names[0]}..{names[-1]}"
 
 
 def route_lines(report: dict) -> list[str]:

@@ -7,7 +7,8 @@ Routing rules (one transfer = one route = the list of directed edges it uses):
 - No forwarding through another GPU or through a DRAM node (our copies are not relayed by peers).
 - Inside one machine a route stays in that machine. Between machines it goes GPU -> (PCIe) -> the NIC
   nearest the GPU -> network -> the NIC nearest the other GPU -> GPU (GPUDirect RDMA); GPUs equally
-  near several NICs are spread over them.
+  near several NICs are spread over them. Across a multi-tier network the equal shortest paths are chosen
+  by destination (`_network_path`).
 - Without P2P (``p2p: false``) a GPU-to-GPU copy is staged through host memory: `gpu_copy_legs` returns
   the transfers (two in a machine, three between machines) and `route` the legs joined.
 """
@@ -138,11 +139,34 @@ class Topology:
         key = (src, dst, frozenset(machines))
         if key not in self._paths:  # cached: cross-machine routes share their GPU -> NIC segments
             try:
-                nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
+                if machines == {NETWORK}:
+                    nodes = self._network_path(src, dst)
+                else:
+                    nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
             except nx.NetworkXNoPath:
                 raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
             self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
         return list(self._paths[key])
+
+    def _network_path(self, src: str, dst: str) -> list[str]:
+        """Between two NICs: one of the equal shortest paths, picked by the destination's port number on its
+        leaf switch modulo their number (static destination-based routing, "D-mod-k", as InfiniBand
+        fat-tree routing does), so traffic to the NICs under one leaf spreads over the spines."""
+        paths = sorted(nx.all_shortest_paths(self.graph, src, dst, weight=self._weight(dst, {NETWORK})),
+                       key=lambda path: [natural_key(n) for n in path])
+        if len(paths) == 1:
+            return paths[0]
+        return paths[self._leaf_port(dst) % len(paths)]
+
+    def _leaf_port(self, nic: str) -> int:
+        """The position of ``nic`` among the NICs on its (first) network switch, in name order."""
+        nodes = self.graph.nodes
+        leaf = next((v for v in self.graph.successors(nic) if nodes[v]["machine"] == NETWORK), None)
+        if leaf is None:
+            return 0
+        ports = sorted((u for u in self.graph.predecessors(leaf) if self.graph.nodes[u]["kind"] == "nic"),
+                       key=lambda n: (self.graph.nodes[n]["machine"], natural_key(n)))
+        return ports.index(nic)
 
     def nic_of(self, node: str) -> str:
         """The network-attached NIC that traffic of ``node`` leaves its machine through."""

@@ -1,0 +1,71 @@
+"""Pieces the generators share: the fields every generator file has, a spec from node and link mappings,
+and copies of one machine for the generators that join machines by a network (cluster, fabrics)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainsim.errors import TrainsimError
+
+from .schema import SCHEMA, LinkSpec, TopologySpec
+from .topology import natural_key
+
+
+class Meta(BaseModel):
+    """The fields of a generator file besides the generator's parameters."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: Literal["trainsim.topology/1"] = Field(default=SCHEMA, alias="schema")
+    name: str | None = None
+    description: str | None = None
+    sources: list[str] = Field(default_factory=list)
+
+
+def make_spec(p: Meta, nodes: list[dict], links: list[dict], default_name: str, description: str,
+          p2p: bool = True) -> TopologySpec:
+    return TopologySpec(name=p.name or default_name, description=p.description or description,
+                        sources=p.sources, p2p=p2p, nodes=nodes, links=[LinkSpec(**x) for x in links])
+
+
+def copy_machines(node_source, count: int, *, load_node, base_dir: Path | None = None):
+    """``count`` copies of one machine, named ``n<m>.<node>`` with ``machine: m``: ``(node_spec, nodes, links,
+    nics)`` where ``nics[m]`` lists machine m's NIC names in natural order (nic0, nic1, ...).
+
+    ``load_node(source, base_dir=...) -> (TopologySpec, label)`` loads the machine (the loader passes its
+    own). Each NIC stays where the machine file puts it (behind its PCIe switch: GPUDirect RDMA)."""
+    node_spec, _ = load_node(node_source, base_dir=base_dir)
+    own_nics = sorted((n.name for n in node_spec.nodes if n.kind == "nic"), key=natural_key)
+    nodes: list[dict] = []
+    links: list[dict] = []
+    nics: list[list[str]] = []
+    for m in range(count):
+        prefix = f"n{m}."
+        for node in node_spec.nodes:
+            if node.kind == "network_switch" or (node.machine or 0) != 0:
+                raise TrainsimError("a cluster's node must be a single machine (no network switches)",
+                                    field="node")
+            nodes.append({**node.model_dump(exclude_none=True), "name": prefix + node.name, "machine": m})
+        for link in node_spec.links:
+            links.append({**link.model_dump(exclude_none=True), "a": prefix + link.a, "b": prefix + link.b})
+        nics.append([prefix + n for n in own_nics])
+    if not own_nics:
+        raise TrainsimError(f"machine {node_spec.name!r} has no nic node to reach the network", field="node")
+    return node_spec, nodes, links, nics
+
+
+def network_link(p, a: str, b: str, default_generation, count: int = 1) -> dict:
+    """A network link of ``p.network`` (``p.generation`` or the NIC's own, ``p.bandwidth_gbps``,
+    ``p.latency_us`` when given) bonding ``count`` ports."""
+    link = {"a": a, "b": b, "kind": p.network,
+            "generation": p.generation if p.generation is not None else default_generation}
+    if count != 1:
+        link["count"] = count
+    if p.bandwidth_gbps:
+        link["bandwidth_gbps"] = p.bandwidth_gbps * count
+    if p.latency_us is not None:
+        link["latency_us"] = p.latency_us
+    return link
