@@ -14,18 +14,15 @@
 
 Nothing here is tuned: the link bandwidths are the topology library's (REFERENCE's link-level figures).
 
-Where the model is off by more than 10 % (and which resource is modelled wrongly):
+What sets these figures (every preset now within 2 % of its published or link-derived figure at 1 GiB):
 
-- dgx-a100 ring (~271 vs 230-235 GB/s): the NVLink 3 port is 274 GB/s in the topology, the copy-engine P2P
-  figure. NCCL's kernels move data with SM loads/stores and reach less per link: NCCL's own topology model
-  takes 20 GB/s per NVLink 3 (src/graph/topo.h SM80_NVLINK_BW), 240 GB/s for NV12, and its tuner caps
-  A100 ring busbw at 235 GB/s. The NVLink 2 preset carries NCCL's effective 20 GB/s per link, and the
-  NVLink 4 P2P figure (384.5 GB/s) happens to sit within 4 % of NCCL's 20.6 x 18 = 371 GB/s, which is why
-  dgx1-v100 and dgx-h100 land within 3 %.
-- dgx-h100 NVLS (~595 vs 480 GB/s): the plan moves S(n+1)/n each way over every GPU's switch port at the
-  port's full rate; what limits NVLS in practice is the NVSwitch's multicast/reduction engines and the few
-  SMs NCCL gives NVLS (NCCL models it with a measured 0.85 efficiency and fewer channels). The topology
-  has no figure for the switch's in-network reduction throughput, so the model cannot see that limit.
+- GPU collectives follow NCCL's cost model (sim/collectives/nccl_tuning.py): the protocol's share of the
+  links' bandwidth, its latencies, and NCCL's choice of algorithm and protocol per size. At 1 GiB that is
+  Simple on rings; the ring figures are the links' (the NVLink 3 port's 274 GB/s copy-engine P2P figure
+  is above what NCCL's SM loads and stores reach, which NCCL's own tuner caps near 235 GB/s).
+- dgx-h100 NVLS: NCCL's NVLS efficiency (busBw to algBw, 5/6) on the plan's switch-port bytes. What limits
+  NVLS in the hardware is the NVSwitch's multicast/reduction engines; the topology has no figure of its
+  own for them, so NVLS leans on NCCL's ratio rather than on a switch resource.
 
 The flow and analytic paths agree exactly on lone collectives whose phases move equal bytes per flow:
 both evaluate the same plan, and max-min fair sharing then finishes the flows of the most loaded edge

@@ -64,7 +64,8 @@ def test_two_tier_non_blocking_fat_tree_by_hand():
 def test_two_to_one_fat_tree_halves_the_bisection():
     # 4 machines x 2 NICs; radix 6 at 2:1 -> 4 down + 2 up: 2 machines per leaf, 2 leaves; 2 x 2 up-links
     # = 4 ports: one spine, each leaf bonding 2 ports to it.
-    topo = load_topology({"generator": "fat_tree", "node": NODE, "nodes": 4, "radix": 6, "oversubscription": 2})
+    topo = load_topology({"generator": "fat_tree", "node": NODE, "nodes": 4, "radix": 6,
+                          "oversubscription": 2})
     assert _switches(topo) == ["leaf0", "leaf1", "spine0"]
     trunks = [x for x in _network_links(topo) if "spine0" in x]
     assert sorted(trunks) == [("leaf0", "spine0", 2), ("leaf1", "spine0", 2)]

@@ -308,7 +308,8 @@ def test_unknown_preset_and_generator_list_the_choices(tmp_path):
     with pytest.raises(TrainsimError, match="unknown topology 'dgx-9'; valid choices: .*dgx-a100"):
         load_topology("dgx-9")
     message = _error(tmp_path, {"generator": "torus", "gpus": 4})
-    assert "generator: unknown generator 'torus'; valid choices: cluster, nvlink_mesh" in message
+    assert ("generator: unknown generator 'torus'; valid choices: cluster, fat_tree, nvlink_mesh, nvswitch, "
+            "pcie_tree, rail_optimised") in message
     message = _error(tmp_path, {"generator": "pcie_tree", "gpus": 0})
     assert "gpus: Input should be greater than 0" in message
 
