@@ -50,6 +50,7 @@ def test_one_method_and_a_gpu_subset():
     (["dgx-a100", "--collective", "allsum"], "unknown collective 'allsum'"),
     (["dgx-a100", "--algo", "nvls"], "reduce: true"),
     (["dgx-a100", "--algo", "magic"], "unknown algorithm 'magic'"),
+    (["dgx-a100", "--proto", "xyz"], "unknown protocol 'xyz'; valid choices: auto, ll, ll128, simple"),
     (["dgx-a100", "--gpus", "0,42"], "out of range"),
     (["dgx-a100", "--sizes", "lots"], "cannot read size"),
     (["dgx-a100", "--method", "guess"], "unknown method"),
