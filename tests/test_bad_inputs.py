@@ -112,6 +112,16 @@ def test_bad_output_paths_fail_before_the_run(tmp_path, case):
         assert not any(tmp_path.glob("good*")), f"half-written outputs of {args}"
 
 
+def test_an_output_folder_that_is_a_file_fails_before_the_run(tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file, not a folder")
+    # validate would simulate and run every variant before writing its report; execute would run them all
+    fails(["validate", "validate-cpu", "--calibration", tmp_path / "no-bundle", "--report", blocker],
+          str(blocker), "--report", "is a file")
+    fails(["execute", "validate-cpu", "--profile", blocker / "traces"], str(blocker), "--profile",
+          "not a folder")
+
+
 # ---- topologies: GPUs ------------------------------------------------------------------------------------
 
 def test_topology_without_gpus(tmp_path):

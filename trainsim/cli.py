@@ -663,6 +663,10 @@ def execute_cmd(
     from trainsim.provenance import provenance
 
     _check_outputs(("--out", out))
+    if profile:
+        from trainsim.files import check_output_folder
+
+        check_output_folder(profile, "--profile")
     data = load_scenario_dict(scenario)
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     err = Console(stderr=True)
@@ -771,6 +775,10 @@ def validate_cmd(
     from trainsim.calibrate.validate import report
     from trainsim.calibrate.validate.run import validate
 
+    if report_dir:
+        from trainsim.files import check_output_folder
+
+        check_output_folder(report_dir, "--report")
     names = _split_variants(variants)
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     result = _run_validation(

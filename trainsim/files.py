@@ -49,3 +49,20 @@ def check_output(path: str | os.PathLike, option: str | None = None) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise TrainsimError("file is not writable", file=label, field=option)
     return path
+
+
+def check_output_folder(path: str | os.PathLike, option: str | None = None) -> Path:
+    """Refuse an output folder that cannot be written: a file there, or a missing folder whose nearest
+    existing parent is not a writable folder. Nothing is created."""
+    path = Path(path)
+    label = str(path)
+    if path.exists() and not path.is_dir():
+        raise TrainsimError("is a file; give a folder", file=label, field=option)
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise TrainsimError(f"{str(existing)!r} is not a folder", file=label, field=option)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TrainsimError(f"folder {str(existing)!r} is not writable", file=label, field=option)
+    return path
