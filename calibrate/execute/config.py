@@ -457,11 +457,11 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
             from trainsim.formats.scenario import HostSpec
 
             workers = HostSpec.model_fields["data_workers"].default
+        optimizations = _optimizations(s.get("optimizations"))
         if "workers" not in data_values:
-            preload = (s.get("optimizations") or {}).get("preload") if isinstance(s.get("optimizations"),
-                                                                                   dict) else None
             # preload needs a thread to prepare with; without it 0 is the loop preparing its own batches
-            data_values["workers"] = max(1, workers) if isinstance(workers, int) and preload else workers
+            data_values["workers"] = (max(1, workers) if isinstance(workers, int) and optimizations.preload
+                                      else workers)
         values: dict[str, Any] = dict(
             model=model, model_cfg=model_cfg,
             device=executor.get("device", "cpu"),
@@ -481,7 +481,7 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
             pinned=_get(s.get("host"), "pinned", "host") if _get(s.get("host"), "pinned", "host") is not None
             else True,
             data=_build(DataConfig, data_values, "executor.data"),
-            optimizations=_optimizations(s.get("optimizations")),
+            optimizations=optimizations,
             seed=executor.get("seed", 0),
             timeout_s=executor.get("timeout_s", 600.0),
         )
