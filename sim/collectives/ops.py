@@ -5,9 +5,13 @@
     yield env.process(run_collective(env, net, topo, "allreduce", gpus, nbytes, algo="auto"))
     seconds = collective_time(topo, "allreduce", gpus, nbytes)     # no simulation
 
-Both paths run from the same `Plan` (collective_plans.py: which transfers, on which routes, in which
-order), so their difference is only what fair sharing does beyond the per-edge load count. Sizes follow
-nccl-tests: ``nbytes`` is S, the whole array; algbw = S / t and busbw = algbw x `bus_factor`.
+Both paths run from the same `Plan` (plans.py: which transfers, on which routes, in which order), so
+their difference is only what fair sharing does beyond the per-edge load count; NCCL's latencies,
+protocol bandwidths and choices come from nccl_tuning.py. Sizes follow nccl-tests: ``nbytes`` is S, the
+whole array; algbw = S / t and busbw = algbw x `bus_factor`.
+
+It stays one module: the collectives' entry points, the choice of algorithm and protocol and both timing
+paths share the plan and its efficiency, and change together.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ The shared pieces here: the data loader (host cores preparing batches ahead), a 
 forward and backward over the layers (with the memory timeline), collectives on the communication channel,
 the optimizer step.
 
-Strategies live in their own modules (strategy_ddp.py, strategy_dp_gpu0.py, strategy_ps.py) and register here.
+Strategies live in their own modules of this package (ddp.py, dp_gpu0.py, parameter_server.py, ...) and
+register here.
+
+It stays one module: the context, the data loader, the passes over the layers with their memory timeline
+and the registry are the one interface every strategy is written against.
 """
 
 from __future__ import annotations
