@@ -152,6 +152,10 @@ class Context:
         if self.jitter_spec is not None:  # one draw per rank, iteration and pass: the whole pass drifts
             factor = self.jitter.factor(machine.gpus[gpu].index, iteration, 0 if op == "forward" else 1)
             times = [t * factor for t in times]
+        def record(begin: float, end: float, layer: str) -> None:
+            machine.record(iteration=iteration, resource=gpu, stream="compute", op=op, start=begin, end=end,
+                           category=COMPUTE, layer=layer)
+
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
             t = start = env.now
@@ -164,16 +168,7 @@ class Context:
                 if grads:
                     gradients_in(memory, t, grads, i)
                 if self.detail:
-                    machine.record(
-                        iteration=iteration,
-                        resource=gpu,
-                        stream="compute",
-                        op=op,
-                        start=t,
-                        end=end,
-                        category=COMPUTE,
-                        layer=costs.layer_names[i],
-                    )
+                    record(t, end, costs.layer_names[i])
                 if saved_delta < 0:
                     memory.free(end, costs.saved_bytes_per_layer[i], "activations")
                     if grads:
@@ -182,16 +177,8 @@ class Context:
                         memory.free(end, costs.input_bytes, "input")
                 t = end
             if not self.detail:
-                machine.record(
-                    iteration=iteration,
-                    resource=gpu,
-                    stream="compute",
-                    op=op,
-                    start=start,
-                    end=start + total,
-                    category=COMPUTE,
-                    layer=f"{costs.layer_names[layers[0]]}..{costs.layer_names[layers[-1]]}",
-                )
+                first, last = costs.layer_names[layers[0]], costs.layer_names[layers[-1]]
+                record(start, start + total, f"{first}..{last}")
             if total > 0:
                 yield env.timeout(total)
 

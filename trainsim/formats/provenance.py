@@ -36,17 +36,10 @@ class BatchTime(BaseModel):
         return data
 
 
-class IterationRecord(BaseModel):
-    """``provenance.iteration``: plain = layers_sum + optimizer + unattributed (medians); hooked - plain is
-    what the per-layer hooks cost."""
+class _ListsRecord(BaseModel):
+    """A record of named lists; the words a /1 file described them with (``note``) are dropped."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    plain: list[BatchTime] = Field(default_factory=list)
-    hooked: list[BatchTime] = Field(default_factory=list)
-    layers_sum: list[BatchTime] = Field(default_factory=list)
-    optimizer: list[BatchTime] = Field(default_factory=list)
-    unattributed: list[BatchTime] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -54,6 +47,17 @@ class IterationRecord(BaseModel):
         if isinstance(data, dict) and "note" in data:  # /1 described its lists in words
             data = {k: v for k, v in data.items() if k != "note"}
         return data
+
+
+class IterationRecord(_ListsRecord):
+    """``provenance.iteration``: plain = layers_sum + optimizer + unattributed (medians); hooked - plain is
+    what the per-layer hooks cost."""
+
+    plain: list[BatchTime] = Field(default_factory=list)
+    hooked: list[BatchTime] = Field(default_factory=list)
+    layers_sum: list[BatchTime] = Field(default_factory=list)
+    optimizer: list[BatchTime] = Field(default_factory=list)
+    unattributed: list[BatchTime] = Field(default_factory=list)
 
 
 class SkippedBatch(BaseModel):
@@ -96,21 +100,12 @@ class RankStepPoint(BaseModel):
         return data
 
 
-class RankStepRecord(BaseModel):
+class RankStepRecord(_ListsRecord):
     """``provenance.rank_step``: how many ranks ran at once, with how many threads each, and the points."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     ranks: int = Field(default=1, ge=1)
     threads_per_rank: int = Field(default=1, ge=1)
     points: list[RankStepPoint] = Field(default_factory=list)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_v1_note(cls, data):
-        if isinstance(data, dict) and "note" in data:  # /1 described its lists in words
-            data = {k: v for k, v in data.items() if k != "note"}
-        return data
 
 
 def rank_step_of(provenance) -> RankStepRecord | None:
