@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from trainsim.calibrate.execute.config import (
     ExecConfig,
@@ -201,7 +201,6 @@ def _free_cores(ctx, cfg: ExecConfig) -> tuple[int, ...]:
     background data workers run, as the simulator's data loader runs on host cores beside the devices."""
     if ctx.device != "cpu" or not cfg.cores_per_rank:
         return ()
-    import os
 
     from trainsim.calibrate.launch import plan_cores
 
@@ -420,13 +419,11 @@ def run_scenario(scenario: dict, variants: list[str] | None = None, *, file: str
 
     ``profile_dir``: each variant also writes a torch.profiler trace of its last warm-up iteration there,
     ``<variant>.rank<R>.json`` (the base scenario's is ``scenario.rank<R>.json``)."""
-    import dataclasses
-
     names: list[str | None] = list(variants) if variants else (scenario_variants(scenario) or [None])
     configs = [(name, exec_config_from_scenario(scenario, name, file=file, **overrides)) for name in names]
     if profile_dir:
         os.makedirs(profile_dir, exist_ok=True)
-        configs = [(name, dataclasses.replace(cfg, profile_trace=os.path.join(profile_dir,
+        configs = [(name, replace(cfg, profile_trace=os.path.join(profile_dir,
                                                                               name or "scenario")))
                    for name, cfg in configs]
     outcomes = []
@@ -458,7 +455,6 @@ def execution_report(outcomes: list[VariantOutcome], *, provenance: dict | None 
 def write_measurements(doc: dict, path: str) -> None:
     """Write ``doc`` as JSON atomically (a temporary file in the same folder, then rename)."""
     import json
-    import os
     import tempfile
 
     folder = os.path.dirname(os.path.abspath(path))
