@@ -1,0 +1,192 @@
+"""The collective model against published nccl-tests figures (a benchmark, not a test).
+
+Run: python benchmarks/nccl_curves.py [--data FILE] [--flow] [--json]
+
+For every published figure in the data file (benchmarks/data/nccl_published.yaml: rows of nccl-tests
+output and figures stated by NVIDIA engineers, each with its source and setup), the model's time and busbw
+for the same machine, collective, GPU count, size and algorithm (NCCL's own choice where the run did not
+force one), and the error of the model's busbw against the published one. Then:
+
+- the issue's aims: within 10 % at 256 MiB and above, within 25 % at every size with a published figure,
+  NVLS all-reduce busbw on dgx-h100 within 10 % of ~480 GB/s, a 1 KiB all-reduce on dgx-a100 under 25 us;
+- the sizes of the wanted grid (all-reduce, all-gather, reduce-scatter on dgx-a100, dgx-h100 ring and NVLS,
+  dgx1-v100; 1 KiB .. 1 GiB) that have no published figure, so no figure is taken for more than it is;
+- the physical bound of each row (sim/collectives/limits.py), which no model figure may pass.
+
+Nothing is fitted here: the model is NCCL's tuning figures (sim/collectives/nccl_tuning.py) on the
+topology library's links. Machines map to presets: dgx-a100, dgx-h100, dgx1-v100, and for several DGX H100
+machines the first N machines of dgx-h100-rail-32node (8 x 400 Gb/s NDR per machine, rail-optimised).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from trainsim.sim.collectives import limits
+from trainsim.sim.collectives.ops import bus_factor, choose, collective_time, simulate_collective
+from trainsim.topologies import load_topology
+from trainsim.yamlio import parse_yaml_mapping
+
+DATA = Path(__file__).parent / "data" / "nccl_published.yaml"
+PRESETS = {"dgx-a100": "dgx-a100", "dgx-h100": "dgx-h100", "dgx1-v100": "dgx1-v100",
+           "dgx-h100-multinode": "dgx-h100-rail-32node"}
+GPUS_PER_MACHINE = 8
+WANTED_SIZES = (2**10, 2**16, 2**20, 2**24, 2**28, 2**30)
+WANTED = [("dgx-a100", "auto"), ("dgx-h100", "ring"), ("dgx-h100", "nvls"), ("dgx1-v100", "auto")]
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
+GB = 1e9
+
+
+def load(path: Path) -> dict:
+    data = parse_yaml_mapping(path.read_text(), str(path), "data file")
+    ids = {s["id"] for s in data.get("sources", [])}
+    for fig in data.get("figures", []):
+        if fig["source"] not in ids:
+            raise SystemExit(f"{path}: figure of {fig['machine']} names unknown source {fig['source']!r}")
+        if fig["machine"] not in PRESETS:
+            raise SystemExit(f"{path}: machine {fig['machine']!r} has no preset; valid: {', '.join(PRESETS)}")
+    return data
+
+
+_topologies: dict = {}
+
+
+def _topology(machine: str):
+    name = PRESETS[machine]
+    if name not in _topologies:
+        _topologies[name] = load_topology(name)
+    return _topologies[name]
+
+
+def model(machine: str, op: str, gpus: int, algo: str, size: int, flow: bool) -> dict:
+    """The model's figures for one published row: time (s), busbw (GB/s), what ran, the wires' bound."""
+    topo = _topology(machine)
+    group = topo.gpus[:gpus]
+    used, proto = choose(topo, op, group, size, algo=algo)
+    if flow:
+        seconds = simulate_collective(topo, op, group, size, algo=used, proto=proto)["time_s"]
+    else:
+        seconds = collective_time(topo, op, group, size, algo=used, proto=proto)
+    factor = bus_factor(op, gpus)
+    return {"time_us": seconds * 1e6, "busbw": size / seconds / GB * factor, "algo": used, "proto": proto,
+            "limit": limits.busbw_limit(topo, op, group, used) / GB}
+
+
+def compare(data: dict, flow: bool) -> list[dict]:
+    rows = []
+    for fig in data["figures"]:
+        gpus = fig.get("gpus", GPUS_PER_MACHINE * fig.get("nodes", 1))
+        base = {"machine": fig["machine"], "collective": fig["collective"], "algo": fig.get("algo", "auto"),
+                "gpus": gpus, "source": fig["source"], "kind": fig["kind"]}
+        if fig["kind"] == "table":
+            for size, (t_us, _algbw, busbw) in sorted(fig["rows"].items()):
+                m = model(fig["machine"], fig["collective"], gpus, base["algo"], int(size), flow)
+                rows.append({**base, "size": int(size), "published_us": t_us, "published_busbw": busbw,
+                             **_model_fields(m, busbw)})
+        else:  # a stated peak busbw: compared at the size it names (the sweep's top, 1 GiB if none)
+            size = int(fig.get("size", 2**30))
+            m = model(fig["machine"], fig["collective"], gpus, base["algo"], size, flow)
+            rows.append({**base, "size": size, "published_us": None, "published_busbw": fig["peak_busbw"],
+                         **_model_fields(m, fig["peak_busbw"]), "note": fig.get("note", "")})
+    return rows
+
+
+def _model_fields(m: dict, published_busbw: float) -> dict:
+    error = m["busbw"] / published_busbw - 1 if published_busbw > 0 else None
+    return {"model_us": m["time_us"], "model_busbw": m["busbw"], "ran": f"{m['algo']}/{m['proto']}",
+            "error": error, "limit_busbw": m["limit"]}
+
+
+def missing(rows: list[dict]) -> list[str]:
+    # a run left to NCCL's choice counts for the algorithm NCCL (and the model) picked
+    have = {(r["machine"], r["collective"], a, r["size"]) for r in rows if r["kind"] == "table"
+            and r["gpus"] == GPUS_PER_MACHINE for a in {r["algo"], r["ran"].split("/")[0]}}
+    gaps = []
+    for machine, algo in WANTED:
+        for op in COLLECTIVES:
+            absent = [s for s in WANTED_SIZES if (machine, op, algo, s) not in have]
+            if absent:
+                gaps.append(f"{machine} {op} ({algo}): {', '.join(_size(s) for s in absent)}")
+    return gaps
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def aims(rows: list[dict]) -> list[tuple[str, bool, str]]:
+    table = [r for r in rows if r["error"] is not None]
+    big = [r for r in table if r["size"] >= 2**28]
+    out = []
+    worst_big = max((abs(r["error"]) for r in big), default=None)
+    out.append(("within 10 % at 256 MiB and above", worst_big is not None and worst_big <= 0.10,
+                f"worst {_pct(worst_big)} over {len(big)} figures"))
+    worst = max((abs(r["error"]) for r in table), default=None)
+    out.append(("within 25 % at every published size", worst is not None and worst <= 0.25,
+                f"worst {_pct(worst)} over {len(table)} figures, median "
+                f"{_pct(statistics.median(abs(r['error']) for r in table)) if table else '-'}"))
+    nvls = _topology("dgx-h100")
+    t = collective_time(nvls, "allreduce", None, 2**30, algo="nvls")
+    busbw = 2**30 / t / GB * bus_factor("allreduce", 8)
+    out.append(("NVLS all-reduce busbw on dgx-h100 within 10 % of 480 GB/s", abs(busbw / 480 - 1) <= 0.10,
+                f"{busbw:.1f} GB/s at 1 GiB"))
+    t_small = collective_time(_topology("dgx-a100"), "allreduce", None, 2**10) * 1e6
+    out.append(("1 KiB all-reduce on dgx-a100 under 25 us", t_small < 25, f"{t_small:.1f} us"))
+    over = [r for r in rows if r["model_busbw"] > r["limit_busbw"] * (1 + 1e-9)]
+    out.append(("no model figure above the wires' bound", not over, f"{len(over)} over"))
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def print_report(data: dict, rows: list[dict]) -> None:
+    sources = {s["id"]: s for s in data["sources"]}
+    print("# The collective model against published nccl-tests figures (busbw error = model / published - 1)")
+    key, shown = None, set()
+    for r in rows:
+        k = (r["machine"], r["collective"], r["algo"], r["gpus"], r["source"])
+        if k != key:
+            key = k
+            s = sources[r["source"]]
+            print(f"\n## {r['machine']} {r['collective']} algo={r['algo']} {r['gpus']} GPUs  [{r['source']}]")
+            if r["source"] not in shown:
+                shown.add(r["source"])
+                print(f"#  {s['url']}\n#  {s['setup']}")
+            print(f"#{'size':>12} {'pub us':>10} {'pub busbw':>10} | {'model us':>10} {'busbw':>8} "
+                  f"{'ran':>12} | {'error':>8} {'bound':>8}")
+        pub_us = f"{r['published_us']:.2f}" if r["published_us"] is not None else "(stated)"
+        print(f"{_size(r['size']):>13} {pub_us:>10} {r['published_busbw']:>10.2f} | {r['model_us']:>10.2f} "
+              f"{r['model_busbw']:>8.2f} {r['ran']:>12} | {_pct(r['error']):>8} {r['limit_busbw']:>8.1f}")
+    print("\n# sizes of the wanted grid with no published figure (8 GPUs, one machine):")
+    for line in missing(rows):
+        print(f"  {line}")
+    print("\n# aims")
+    for name, ok, detail in aims(rows):
+        print(f"  [{'met' if ok else 'NOT met'}] {name}: {detail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="published figures (YAML)")
+    parser.add_argument("--flow", action="store_true", help="time with the flow simulation, not analytic")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args()
+    data = load(args.data)
+    rows = compare(data, args.flow)
+    if args.json:
+        print(json.dumps({"rows": rows, "missing": missing(rows),
+                          "aims": [{"aim": a, "met": ok, "detail": d} for a, ok, d in aims(rows)]}, indent=1))
+    else:
+        print_report(data, rows)
+
+
+if __name__ == "__main__":
+    main()
