@@ -32,7 +32,7 @@ from trainsim.yamlio import parse_yaml_mapping
 
 DATA = Path(__file__).parent / "data" / "nccl_published.yaml"
 PRESETS = {"dgx-a100": "dgx-a100", "dgx-h100": "dgx-h100", "dgx1-v100": "dgx1-v100",
-           "dgx-h100-multinode": "dgx-h100-rail-32node"}
+           "dgx-a100-multinode": "dgx-a100-2node", "dgx-h100-multinode": "dgx-h100-rail-32node"}
 GPUS_PER_MACHINE = 8
 WANTED_SIZES = (2**10, 2**16, 2**20, 2**24, 2**28, 2**30)
 WANTED = [("dgx-a100", "auto"), ("dgx-h100", "ring"), ("dgx-h100", "nvls"), ("dgx1-v100", "auto")]
@@ -81,8 +81,11 @@ def compare(data: dict, flow: bool) -> list[dict]:
         gpus = fig.get("gpus", GPUS_PER_MACHINE * fig.get("nodes", 1))
         base = {"machine": fig["machine"], "collective": fig["collective"], "algo": fig.get("algo", "auto"),
                 "gpus": gpus, "source": fig["source"], "kind": fig["kind"]}
-        if fig["kind"] == "table":
-            for size, (t_us, _algbw, busbw) in sorted(fig["rows"].items()):
+        base["judged"] = fig.get("network_matches_brief", True) is not False
+        if fig["kind"] in ("table", "busbw_only"):
+            points = (fig["rows"] if fig["kind"] == "table"
+                      else {s: (None, None, b) for s, b in fig["busbw"].items()})
+            for size, (t_us, _algbw, busbw) in sorted(points.items()):
                 m = model(fig["machine"], fig["collective"], gpus, base["algo"], int(size), flow)
                 rows.append({**base, "size": int(size), "published_us": t_us, "published_busbw": busbw,
                              **_model_fields(m, busbw)})
@@ -102,7 +105,7 @@ def _model_fields(m: dict, published_busbw: float) -> dict:
 
 def missing(rows: list[dict]) -> list[str]:
     # a run left to NCCL's choice counts for the algorithm NCCL (and the model) picked
-    have = {(r["machine"], r["collective"], a, r["size"]) for r in rows if r["kind"] == "table"
+    have = {(r["machine"], r["collective"], a, r["size"]) for r in rows if r["kind"] != "statement"
             and r["gpus"] == GPUS_PER_MACHINE for a in {r["algo"], r["ran"].split("/")[0]}}
     gaps = []
     for machine, algo in WANTED:
@@ -121,7 +124,7 @@ def _size(n: int) -> str:
 
 
 def aims(rows: list[dict]) -> list[tuple[str, bool, str]]:
-    table = [r for r in rows if r["error"] is not None]
+    table = [r for r in rows if r["error"] is not None and r["judged"]]
     big = [r for r in table if r["size"] >= 2**28]
     out = []
     worst_big = max((abs(r["error"]) for r in big), default=None)
@@ -138,9 +141,26 @@ def aims(rows: list[dict]) -> list[tuple[str, bool, str]]:
                 f"{busbw:.1f} GB/s at 1 GiB"))
     t_small = collective_time(_topology("dgx-a100"), "allreduce", None, 2**10) * 1e6
     out.append(("1 KiB all-reduce on dgx-a100 under 25 us", t_small < 25, f"{t_small:.1f} us"))
+    pod = [r for r in table if r["machine"] == "dgx-h100-multinode" and r["size"] == 2**30]
+    worst_pod = max((abs(r["error"]) for r in pod), default=None)
+    out.append(("rail-optimised H100 machines vs published InfiniBand runs within 15 % at 1 GiB",
+                worst_pod is not None and worst_pod <= 0.15,
+                ", ".join(f"{r['gpus'] // GPUS_PER_MACHINE} machines {_pct(r['error'])}" for r in pod)))
     over = [r for r in rows if r["model_busbw"] > r["limit_busbw"] * (1 + 1e-9)]
     out.append(("no model figure above the wires' bound", not over, f"{len(over)} over"))
     return out
+
+
+def fabrics() -> list[str]:
+    """Rail pod against the 2:1 fat-tree at 1 GiB: what crosses the oversubscribed tier slows down."""
+    rail, fat = load_topology("dgx-h100-rail-32node"), load_topology("dgx-h100-fattree-2to1")
+    lines = []
+    for op, algo, n in (("alltoall", "auto", 128), ("allreduce", "ring", 256), ("allreduce", "tree", 256)):
+        t_rail = collective_time(rail, op, rail.gpus[:n], 2**30, algo=algo)
+        t_fat = collective_time(fat, op, fat.gpus[:n], 2**30, algo=algo)
+        lines.append(f"{op:>10} {algo:>5} {n:>4} GPUs: rail {t_rail * 1e3:8.2f} ms, fat-tree 2:1 "
+                     f"{t_fat * 1e3:8.2f} ms ({t_fat / t_rail:.2f}x)")
+    return lines
 
 
 def _pct(x: float | None) -> str:
@@ -156,17 +176,23 @@ def print_report(data: dict, rows: list[dict]) -> None:
         if k != key:
             key = k
             s = sources[r["source"]]
-            print(f"\n## {r['machine']} {r['collective']} algo={r['algo']} {r['gpus']} GPUs  [{r['source']}]")
+            judged = "" if r["judged"] else "  (another fabric: shown, not judged)"
+            print(f"\n## {r['machine']} {r['collective']} algo={r['algo']} {r['gpus']} GPUs  "
+                  f"[{r['source']}]{judged}")
             if r["source"] not in shown:
                 shown.add(r["source"])
                 print(f"#  {s['url']}\n#  {s['setup']}")
             print(f"#{'size':>12} {'pub us':>10} {'pub busbw':>10} | {'model us':>10} {'busbw':>8} "
                   f"{'ran':>12} | {'error':>8} {'bound':>8}")
-        pub_us = f"{r['published_us']:.2f}" if r["published_us"] is not None else "(stated)"
+        pub_us = f"{r['published_us']:.2f}" if r["published_us"] is not None else (
+            "(stated)" if r["kind"] == "statement" else "-")
         print(f"{_size(r['size']):>13} {pub_us:>10} {r['published_busbw']:>10.2f} | {r['model_us']:>10.2f} "
               f"{r['model_busbw']:>8.2f} {r['ran']:>12} | {_pct(r['error']):>8} {r['limit_busbw']:>8.1f}")
     print("\n# sizes of the wanted grid with no published figure (8 GPUs, one machine):")
     for line in missing(rows):
+        print(f"  {line}")
+    print("\n# the same 1 GiB collectives on the rail-optimised pod and on the 2:1 fat-tree (32 DGX H100)")
+    for line in fabrics():
         print(f"  {line}")
     print("\n# aims")
     for name, ok, detail in aims(rows):

@@ -184,3 +184,21 @@ def test_presets_bench_and_simulate_quickly():
                                      "--set", "gpus=64", "--json"])
         assert result.exit_code == 0, result.output
     assert time.perf_counter() - start < 60
+
+
+def test_oversubscription_slows_what_crosses_tiers_and_not_what_stays_below():
+    """All-to-all over 16 machines, four full leaves of the 2:1 fat-tree: 3/4 of each NIC's bytes leave its
+    leaf, whose uplinks carry half the downlinks' rate, so it takes about 2 x 3/4 = 1.5 times as long as
+    on the rail pod (NIC-bound). NCCL's rings and trees keep all but a few hops inside a leaf, so there the
+    oversubscription barely shows."""
+    from trainsim.sim.collectives.ops import collective_time
+
+    rail, fat = load_topology("dgx-h100-rail-32node"), load_topology("dgx-h100-fattree-2to1")
+    gib, half = 2**30, len(rail.gpus) // 2
+    ratio = (collective_time(fat, "alltoall", fat.gpus[:half], gib)
+             / collective_time(rail, "alltoall", rail.gpus[:half], gib))
+    assert 1.4 < ratio <= 2.0
+    for algo in ("ring", "tree"):
+        slowdown = (collective_time(fat, "allreduce", None, gib, algo=algo)
+                    / collective_time(rail, "allreduce", None, gib, algo=algo))
+        assert slowdown == pytest.approx(1.0, abs=0.05)

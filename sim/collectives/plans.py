@@ -102,8 +102,12 @@ def ring_plan(topo: Topology, op: str, gpus: list[str], tuning: Tuning = LEGACY)
     for channel in channels:
         if op in ("allreduce", "reduce_scatter", "allgather"):
             steps = 2 * (n - 1) if op == "allreduce" else n - 1
-            hops = tuple(_transfer(topo, a, b, channel.weight / n, tuning=tuning) for a, b in channel.hops())
-            lanes.append((Phase(hops, steps),))
+            hops = [_transfer(topo, a, b, channel.weight / n, tuning=tuning) for a, b in channel.hops()]
+            # Pipelined: a chunk crosses the ring's hops in turn, so its steps pay each hop's latency as often
+            # as it crosses that hop (NCCL: 2 x nNodes network steps of an all-reduce's 2(n-1)), not the
+            # slowest hop's at every step. Each step is charged the mean over the ring.
+            mean = sum(t.latency for t in hops) / len(hops)
+            lanes.append((Phase(tuple(Transfer(t.route, t.share, mean) for t in hops), steps),))
         else:  # broadcast / reduce: a pipelined chain along the ring, from / to gpus[0]
             lanes.append((Phase(_chain(topo, channel, gpus[0], tuning, to_root=op == "reduce")),))
     return Plan(op, "ring", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
