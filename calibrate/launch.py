@@ -124,10 +124,12 @@ def launch(
     threads_per_rank: int | None = None,
     pin: bool = True,
     cores_per_rank: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``nranks`` ranks; return the per-rank results ordered by rank.
 
-    device: "cpu" (gloo, ranks pinned to cores) or "cuda" (NCCL, rank i on GPU i).
+    device: "cpu" (gloo, ranks pinned to cores) or "cuda" (NCCL, rank i on GPU i). ``env``: extra
+    environment for every rank (e.g. NCCL_ALGO / NCCL_PROTO, read when NCCL starts).
     Raises TrainsimError (one line) when a rank fails, dies or the run exceeds ``timeout_s``.
     """
     if nranks < 1:
@@ -160,6 +162,7 @@ def launch(
         with open(os.path.join(workdir, "payload.pkl"), "wb") as fh:
             fh.write(payload)
         procs = []
+        extra_env = dict(env or {})
         try:
             for ctx in contexts:
                 env = dict(
@@ -171,6 +174,7 @@ def launch(
                     WORLD_SIZE=str(nranks),
                     OMP_NUM_THREADS=str(ctx.threads),
                     TRAINSIM_LAUNCH_DIR=workdir,
+                    **extra_env,
                 )
                 if device == "cpu":
                     # CPU ranks see no GPU: torch's PowerSGD hook synchronizes "the" CUDA device whenever

@@ -69,7 +69,11 @@ def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, st
 def spec_from_dict(data: dict, *, file: str | None, base_dir: Path | None = None) -> TopologySpec:
     """Validate a parsed file: explicit nodes/links, or a generator call expanded to them."""
     if "generator" in data:
-        return expand(data, file=file, base_dir=base_dir, load_node=load_spec)
+        rest = {k: v for k, v in data.items() if k != "nccl"}  # measured figures are not the generator's
+        spec = expand(rest, file=file, base_dir=base_dir, load_node=load_spec)
+        if "nccl" not in data:
+            return spec
+        data = {**spec.model_dump(by_alias=True), "nccl": data["nccl"]}
     try:
         return TopologySpec.model_validate(data)
     except ValidationError as exc:

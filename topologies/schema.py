@@ -96,6 +96,34 @@ class LinkSpec(_Strict):
     latency_us: float | None = Field(default=None, ge=0)
 
 
+class NcclFigure(_Strict):
+    """One collective's measured NCCL cost with a forced algorithm and protocol: t = latency + S / algbw,
+    with busbw = algbw x nccl-tests' bus factor (fitted from `trainsim calibrate`'s sweep)."""
+
+    collective: Literal["allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"]
+    algo: Literal["ring", "tree", "nvls"]
+    proto: Literal["ll", "ll128", "simple"]
+    latency_us: float = Field(ge=0)
+    busbw_gbps: float = Field(gt=0)
+    rel_rms: float | None = Field(default=None, ge=0, description="the fit's relative RMS error")
+
+
+class NcclMeasured(_Strict):
+    """NCCL's figures measured on this box: they replace NCCL's tuning tables for the collectives they name
+    (sim/collectives/measured.py). ``ranks``: the group they were measured on, the topology's first GPUs."""
+
+    ranks: int = Field(ge=2)
+    source: str = ""
+    figures: list[NcclFigure] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_figure_each(self):
+        keys = [(f.collective, f.algo, f.proto) for f in self.figures]
+        if len(keys) != len(set(keys)):
+            raise ValueError("a collective, algo and proto appear twice")
+        return self
+
+
 class TopologySpec(_Strict):
     """An explicit topology: every node and physical link."""
 
@@ -106,6 +134,7 @@ class TopologySpec(_Strict):
     p2p: bool = Field(default=True, description="whether GPU peer-to-peer copies are allowed")
     nodes: list[NodeSpec]
     links: list[LinkSpec]
+    nccl: NcclMeasured | None = Field(default=None, description="NCCL's figures measured on this box")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, allow_inf_nan=False)
 

@@ -316,9 +316,11 @@ def measure_collectives(
     collectives: tuple[str, ...] = COLLECTIVES,
     timeout_s: float = 900.0,
     training: TrainingStep | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[CollectiveResult]:
     """Launch ``nranks`` ranks on ``device`` and benchmark ``collectives`` over ``sizes``; on CPU ranks with
-    ``training``, each call is met after a training step of that model, as the runs meet it."""
+    ``training``, each call is met after a training step of that model, as the runs meet it. ``env``: extra
+    environment of the ranks (NCCL_ALGO / NCCL_PROTO to force NCCL's choice)."""
     for name in collectives:
         bus_factor(name, max(nranks, 1))  # validates the name
     if nranks < 2:
@@ -330,6 +332,7 @@ def measure_collectives(
         args=(tuple(collectives), list(sizes), repeats, target_s, training),
         device=device,
         timeout_s=timeout_s,
+        env=env,
     )[0]
     return results_from_report(report, nranks, backend)
 

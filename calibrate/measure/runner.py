@@ -488,6 +488,19 @@ def _step_collectives(run: _Run):
                 "busbw_gbps": r.fit.bandwidth_gbps * collbench.bus_factor(r.collective, r.ranks),
             }
     files = [bf.COLLECTIVES]
+    if run.device == "cuda" and (run.out / bf.TOPOLOGY).is_file():
+        from trainsim.calibrate.measure import nccl_protocols
+
+        # NCCL's cost per algorithm and protocol, for the simulator to use over NCCL's tuning tables
+        block, more = nccl_protocols.measure(run.ranks, collective_sizes(run.device, run.config.quick),
+                                             repeats=3, target_s=0.003,
+                                             progress=lambda what: run.progress("collectives", what))
+        notes += more
+        if block is not None:
+            topo = bf.read_file(run.out / bf.TOPOLOGY)
+            _write_topology(run, {**topo, "nccl": block})
+            files.append(bf.TOPOLOGY)
+            summary["nccl_figures"] = len(block["figures"])
     if run.device == "cpu" and "all_reduce" in summary and (run.out / bf.TOPOLOGY).is_file():
         from trainsim.calibrate.measure import topo_probe
 

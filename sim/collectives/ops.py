@@ -28,6 +28,7 @@ from trainsim.errors import TrainsimError, unknown_name
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.topologies import Topology, load_topology
 
+from . import measured
 from . import nccl_tuning as tune
 from .plans import Plan, alpha_beta, hop_class, nvls_plan, nvls_switch, p2p_plan, ring_plan, tree_plan
 
@@ -162,8 +163,14 @@ def _build(topo: Topology, op: str, gpus: list[str], algo: str,
     """The plan with NCCL's latencies of ``algo`` / ``proto``, then its protocol efficiency (NCCL's factor
     and caps against the plan's own bus bandwidth at full link rate)."""
     cc = compute_capability(topo, gpus)
-    plan = _plan(topo, op, gpus, algo, tune.tuning(cc, algo, proto))
-    if cc is not None and plan.lanes:
+    tuning = tune.tuning(cc, algo, proto)
+    plan = _plan(topo, op, gpus, algo, tuning)
+    fig = measured.figure(topo, op, algo, proto)
+    if fig is not None and plan.lanes:  # the box's own figures over NCCL's tables
+        group = measured.measured_group(topo)
+        reference = plan if list(gpus) == group else _plan(topo, op, group, algo, tuning)
+        plan = measured.apply(plan, reference, topo, fig, bus_factor(op, len(group)))
+    elif cc is not None and plan.lanes:
         _, beta = alpha_beta(topo, plan)
         busbw = bus_factor(op, len(gpus)) / beta / GB if beta > 0 else 0.0
         nodes = len({topo.machine_of(g) for g in gpus})
@@ -213,14 +220,16 @@ def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: fl
     return min(pairs, key=lambda pair: _time(topo, op, names, *pair, nbytes))
 
 
-def _correction(topo: Topology, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+def _correction(topo: Topology, names: list[str], algo: str, op: str, proto: str, nbytes: float) -> float:
+    if measured.figure(topo, op, algo, proto) is not None:
+        return 1.0  # a measured figure already is what the box does at every size
     return tune.size_correction(compute_capability(topo, names), algo, proto, nbytes)
 
 
 def _time(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
     """alpha + beta x S / NCCL's size correction (trees at medium sizes)."""
     alpha, beta = _cached(topo, op, names, algo, proto)[1]
-    return alpha + beta * nbytes / _correction(topo, names, algo, proto, nbytes)
+    return alpha + beta * nbytes / _correction(topo, names, algo, op, proto, nbytes)
 
 
 def choose_algorithm(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float,
@@ -271,7 +280,7 @@ def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op:
     group = max(1.0, plan.flows / max_flows)
     yield env.timeout(plan.base_latency)
     # the protocol's flags and lost cycles (and NCCL's tree correction) cost link time as extra bytes
-    wire = nbytes / plan.efficiency / _correction(topo, names, algo, proto, nbytes)
+    wire = nbytes / plan.efficiency / _correction(topo, names, algo, op, proto, nbytes)
     lanes = [env.process(_run_lane(env, net, lane, wire, tag, group)) for lane in plan.lanes]
     yield simpy.AllOf(env, lanes)
     return algo
