@@ -544,7 +544,7 @@ def simulate_cmd(
                                            help="A calibration bundle: its topology and workload replace the "
                                                 "scenario's."),
     trace_out: str | None = typer.Option(None, "--trace", metavar="DIR|FILE.json.gz",
-                                         help=TRACE_HELP.format(what="the measured iterations")),
+                                         help=TRACE_HELP.format(what="the run")),
     records_out: str | None = typer.Option(None, "--records", metavar="FILE.csv",
                                            help="Write one flat row per op/transfer (CSV)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
