@@ -2,17 +2,21 @@
 
 HTA (``pip install 'trainsim[hta]'``) is run on a folder written by ``--trace DIR``: its temporal breakdown
 (idle, compute and non-compute shares of each rank's GPU time), its kernel breakdown (time per kernel
-type) and its communication/computation overlap. trainsim's side is computed over the same steps HTA
-reads, all recorded steps but the last (HTA leaves the last out unless there is only one), per rank:
+type) and its communication/computation overlap. trainsim's side comes from its own breakdown of the same
+run, per rank, over the steps HTA reads: every recorded step but the last (HTA leaves the last out unless
+there is only one), and the GPU work launched in them:
 
 - **idle**: time the GPU runs nothing: trainsim's idle plus its data preparation (the GPU waits for its
   data loader); a replay's ``gpu_idle_s``;
 - **compute**: time a compute kernel runs (trainsim's compute class, a replay's ``compute_s``);
 - **overlap**: the share of communication time that runs under compute.
 
-HTA's window runs from the first to the last GPU event of those steps, trainsim's over the whole steps,
-so the two differ by the GPU's idle edges of the window and by HTA's rounding of each event to whole
-microseconds (start up, end down).
+HTA's window runs from the first to the last GPU event of those steps; ``window="hta"`` takes trainsim's
+breakdown over that same window, ``window="steps"`` over the whole steps, as trainsim reports them (the
+two differ by the time the GPU waits at the edges of the steps: the CPU's work before the first launch and
+after the last kernel). What remains between HTA and trainsim over one window is how HTA reads the trace:
+which events it counts as which kind and its rounding of each event to whole microseconds (start up, end
+down).
 """
 
 from __future__ import annotations
@@ -53,19 +57,26 @@ def _read_steps(n: int) -> range:
     return range(n - 1 if n > 1 else n)
 
 
-def simulated_figures(result) -> dict[int, dict]:
-    """trainsim's figures per GPU (rank = its index) of a simulated run, over the steps HTA reads."""
+def simulated_figures(result, window: str = "hta") -> dict[int, dict]:
+    """trainsim's figures per GPU (rank = its index) of a simulated run, over the iterations HTA reads
+    (``window``: see the module docstring)."""
     from trainsim.sim.core.machine import COMM, COMPUTE
     from trainsim.sim.core.result import breakdown, busy_time, classify
+    from trainsim.sim.output.kineto_ranks import GPU_STREAM
 
     ends = result.iteration_ends_s
-    spans = [(ends[i - 1] if i else 0.0, ends[i]) for i in range(result.warmup_iterations, len(ends))]
-    windows = [spans[i] for i in _read_steps(len(spans))]
-    total = sum(b - a for a, b in windows)
+    measured = range(result.warmup_iterations, len(ends))
+    read = [measured[i] for i in _read_steps(len(measured))]
     out: dict[int, dict] = {}
     for g in result.gpus:
-        parts = breakdown(result.machine.ops, g.name, windows)
         ops = [op for op in result.machine.ops if op.resource == g.name]
+        if window == "hta":
+            work = [op for op in ops if op.iteration in read and op.stream in GPU_STREAM]
+            windows = [(min(op.start for op in work), max(op.end for op in work))]
+        else:
+            windows = [(ends[i - 1] if i else 0.0, ends[i]) for i in read]
+        total = sum(b - a for a, b in windows)
+        parts = breakdown(result.machine.ops, g.name, windows)
         compute = [(op.start, op.end, 0) for op in ops if op.category == COMPUTE and op.stream == "compute"]
         comm = [(op.start, op.end, 1) for op in ops if op.stream == "comm" and op.category == COMM]
         comm_s = sum(busy_time([(a, b) for a, b, _ in comm], lo, hi) for lo, hi in windows)
@@ -76,16 +87,26 @@ def simulated_figures(result) -> dict[int, dict]:
     return out
 
 
-def replayed_figures(report) -> dict[int, dict]:
-    """trainsim's figures per rank of a replay (the what-if's if there is one), over the steps HTA reads."""
+def replayed_figures(report, window: str = "hta") -> dict[int, dict]:
+    """trainsim's figures per rank of a replay (the what-if's if there is one), over the steps HTA reads
+    (``window``: see the module docstring)."""
+    from trainsim.sim.replay.engine import breakdown
+
     result = report.whatif or report.replay
     out: dict[int, dict] = {}
     for rr in result.ranks:
         steps = [rr.steps[i] for i in _read_steps(len(rr.steps))]
         if not steps:
             continue
-        parts = [s.replayed_breakdown for s in steps]
-        total = sum(s.replayed_s for s in steps)
+        if window == "hta":
+            numbers = {s.step for s in steps}
+            ops = [o for o in rr.graph.ops if o.step in numbers]
+            span = (min(rr.op_start[o.index] for o in ops), max(rr.op_end[o.index] for o in ops))
+            parts = [breakdown(ops, rr.op_start, rr.op_end, span)]
+            total = span[1] - span[0]
+        else:
+            parts = [s.replayed_breakdown for s in steps]
+            total = sum(s.replayed_s for s in steps)
         comm = sum(p["communication_s"] for p in parts)
         exposed = sum(p["communication_exposed_s"] for p in parts)
         out[rr.graph.rank] = {"idle_pct": 100 * sum(p["gpu_idle_s"] for p in parts) / total,
