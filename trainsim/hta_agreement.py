@@ -35,6 +35,8 @@ def hta_figures(folder: str | os.PathLike) -> dict[int, dict]:
     except ImportError:
         raise TrainsimError("HTA is not installed: pip install 'trainsim[hta]' "
                             "(HolisticTraceAnalysis)") from None
+    if not os.path.isdir(folder) or not any(n.endswith((".json", ".gz")) for n in os.listdir(folder)):
+        raise TrainsimError("no trace files (.json, .json.gz) in this folder", file=str(folder))
     logging.getLogger("hta").setLevel(logging.ERROR)
     analysis = TraceAnalysis(trace_dir=str(folder))
     temporal = analysis.get_temporal_breakdown(visualize=False)

@@ -87,7 +87,8 @@ def rank_trace(rr: RankReplay, *, world_size: int, gpu_name: str | None = None) 
     devices = [{"id": d, "name": gpu_name or name, **({"totalGlobalMem": trace.device_memory[d]}
                                                       if d in trace.device_memory and not gpu_name else {})}
                for d, name in sorted(trace.devices.items())]
-    distributed = {"pg_count": len(trace.process_groups), "pg_config": trace.process_groups}
+    distributed = ({"pg_count": len(trace.process_groups), "pg_config": trace.process_groups}
+                   if trace.process_groups else {})
     if trace.nccl_version:
         distributed["nccl_version"] = trace.nccl_version
     rt = RankTrace(rank=g.rank, world_size=world_size, cpu_pid=_main_pid(trace), devices=devices,
