@@ -94,8 +94,7 @@ def rank_trace(rr: RankReplay, *, world_size: int, gpu_name: str | None = None) 
     rt = RankTrace(rank=g.rank, world_size=world_size, cpu_pid=_main_pid(trace), devices=devices,
                    distributed=distributed, base_time_ns=trace.base_time_ns or 0)
     for (pid, tid), name in sorted(trace.thread_names.items(), key=str):
-        if isinstance(pid, int) and isinstance(tid, int):
-            rt.thread(pid, tid, name)
+        rt.thread(pid, tid, name)
     thread_of = {key: i for i, key in enumerate(g.threads)}
     external = _external_ids(trace.cpu_events)
     launches: dict[int, tuple[CpuEvent, int, float, float]] = {}

@@ -49,6 +49,11 @@ CBID = {"cudaLaunchKernel": 211, "cudaLaunchKernelExC": 430, "cudaMemcpyAsync": 
 KINETO_DTYPE = {"fp32": "Float", "tf32": "Float", "fp16": "Half", "bf16": "BFloat16"}
 
 
+def _id_order(value) -> tuple:
+    """Sort key for a pid or tid: Kineto writes numbers, a few tools write names; numbers first."""
+    return (0, value, "") if isinstance(value, int | float) else (1, 0, str(value))
+
+
 def rank_file_name(rank: int) -> str:
     return f"rank-{rank}.json.gz"
 
@@ -153,14 +158,14 @@ class RankTrace:
         for dev in sorted(self._gpu_pids):
             out.append(meta(dev, "process_name", {"name": f"GPU {dev}"}))
             out.append(meta(dev, "process_labels", {"labels": f"GPU {dev}"}))
-        for (pid, tid), name in sorted(self._threads.items()):
+        for (pid, tid), name in sorted(self._threads.items(), key=lambda kv: tuple(map(_id_order, kv[0]))):
             out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         return out
 
     def document(self, trainsim: dict | None = None) -> dict:
         """The file's JSON object, keys in Kineto's order (``distributedInfo`` first, see the module doc)."""
-        events = sorted(self.events, key=lambda e: (e["pid"], e["tid"], e["ts"], e["ph"] != "X",
-                                                    -e.get("dur", 0.0), e["name"]))
+        events = sorted(self.events, key=lambda e: (_id_order(e["pid"]), _id_order(e["tid"]), e["ts"],
+                                                    e["ph"] != "X", -e.get("dur", 0.0), e["name"]))
         return {
             "schemaVersion": 1,
             "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size,
