@@ -3,6 +3,7 @@ breakdown (idle and compute shares), kernel breakdown and communication/computat
 8-GPU run and on replayed traces agree with trainsim's own breakdown within 2 points, over the window HTA
 reads (`trainsim.hta_agreement`). Skipped where HTA is not installed (``pip install 'trainsim[hta]'``)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from trainsim.sim.replay.engine import replay_traces
 
 pytest.importorskip("hta")
 
-SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
+ROOT = Path(__file__).parents[1]
+SHARED_TRACE = ROOT.parent / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 H200_TRACE = Path(__file__).parent / "data" / "traces-h200" / "resnet50-fp32-step.json.gz"
 POINTS = 2.0
 
@@ -32,6 +34,20 @@ def test_simulated_8_gpu_run(tmp_path):
     kinds = theirs[0]["kernel_types"]
     assert kinds["COMPUTATION"] > 90 and "MEMORY" in kinds
     assert any("COMMUNICATION" in k for k in kinds)
+
+
+def test_data_bound_run_is_idle_for_hta_as_for_trainsim(tmp_path):
+    # the GPUs wait for one slow loader worker: trainsim's data preparation is GPU idle time for HTA
+    workload = json.loads((ROOT / "scenarios" / "workloads" / "tiny-cnn.json").read_text())
+    workload["input"]["prep_s_per_sample"] = 0.0005
+    (tmp_path / "slow-input.json").write_text(json.dumps(workload))
+    result = api.simulate("ddp-resnet50-pcie-4gpu-gen3", overrides=[
+        f"workload={tmp_path / 'slow-input.json'}", "batch_size=256", "iterations=3", "host.data_workers=1"])
+    write_rank_traces(result, tmp_path / "trace")
+    ours, theirs = simulated_figures(result, "steps"), hta_figures(tmp_path / "trace")
+    assert ours[0]["idle_pct"] > 90
+    gaps = largest_gaps(ours, theirs)
+    assert all(gap <= POINTS for gap in gaps.values()), gaps
 
 
 @pytest.mark.parametrize("trace", [
