@@ -11,6 +11,13 @@ there is only one), and the GPU work launched in them:
 - **compute**: time a compute kernel runs (trainsim's compute class, a replay's ``compute_s``);
 - **overlap**: the share of communication time that runs under compute.
 
+Where trainsim's breakdown counts time in which the GPU runs nothing of its own as communication, HTA, which
+sees only the GPU's own events, counts it as idle: waiting for a parameter server's update, and a peer copy
+that another GPU's copy engine runs (the scatter and gather of GPU0-centric data parallelism, drawn on the
+GPU that runs it, as the profiler draws a copy on the stream that issued it). Those strategies differ by
+that time: ps-resnet50-pcie-4gpu-gen3 by 2.4 points, dp-gpu0-resnet50-pcie-4gpu-gen3 by up to 20 points on
+the GPUs gpu0 copies to (``benchmarks/hta_agreement.py``).
+
 HTA's window runs from the first to the last GPU event of those steps; ``window="hta"`` takes trainsim's
 breakdown over that same window, ``window="steps"`` over the whole steps, as trainsim reports them (the
 two differ by the time the GPU waits at the edges of the steps: the CPU's work before the first launch and
