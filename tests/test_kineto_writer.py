@@ -132,6 +132,9 @@ def test_replayed_folder_reads_back_as_the_replay(tmp_path):
     written = sorted((tmp_path / "out").iterdir())
     assert [f.name for f in written] == ["rank-0.json.gz", "rank-1.json.gz"]
     assert [_hta_rank(f) for f in written] == [0, 1]
+    replay_ranks.write_rank_traces(report, tmp_path / "twice")
+    twice = sorted((tmp_path / "twice").iterdir())
+    assert [f.read_bytes() for f in written] == [f.read_bytes() for f in twice]   # byte-identical
     again = replay_traces(written, checks=False)
     for a, b in zip(report.replay.steps, again.replay.steps, strict=True):
         assert (a.rank, a.step) == (b.rank, b.step) and b.replayed_s == pytest.approx(a.replayed_s, abs=1e-9)
