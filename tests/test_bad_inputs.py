@@ -95,8 +95,8 @@ def _outputs(tmp_path, bad: str) -> list[list]:
 
 @pytest.mark.parametrize("case", ["folder", "missing", "read-only"])
 def test_bad_output_paths_fail_before_the_run(tmp_path, case):
-    if case == "folder":
-        bad, expected = tmp_path / "out", "is a folder"
+    if case == "folder":   # named as a file: --trace takes any other name as a folder of per-rank traces
+        bad, expected = tmp_path / "out.json", "is a folder"
         bad.mkdir()
     elif case == "missing":
         bad, expected = tmp_path / "nope" / "out.json", "does not exist"
@@ -110,6 +110,19 @@ def test_bad_output_paths_fail_before_the_run(tmp_path, case):
     for args in _outputs(tmp_path, str(bad)):
         fails(args, str(bad), expected)
         assert not any(tmp_path.glob("good*")), f"half-written outputs of {args}"
+
+
+def test_a_trace_folder_that_cannot_be_replaced_fails_before_the_run(tmp_path):
+    # --trace DIR writes rank-N.json.gz files and replaces the folder whole: other files there are refused
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a folder")
+    for command in (["simulate", "single-gpu-resnet50", *SMALL], ["replay", tmp_path / "no-trace.json"]):
+        fails([*command, "--trace", mine], str(mine), "--trace", "not rank traces")
+        fails([*command, "--trace", taken], str(taken), "--trace", "is a file")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
 def test_an_output_folder_that_is_a_file_fails_before_the_run(tmp_path):

@@ -60,6 +60,19 @@ def _check_outputs(*options: tuple[str, str | None]) -> None:
             check_output(path, option)
 
 
+TRACE_HELP = ("Write {what} as a trace. A name ending in .json, .json.gz or .gz is one Chrome/Perfetto "
+              "file; any other name is a folder of rank-N.json.gz files in PyTorch profiler (Kineto) shape, "
+              "one per rank, that HTA (HolisticTraceAnalysis) reads.")
+
+
+def _check_trace_output(path: str | None) -> None:
+    """``--trace``: a file or a folder, checked before any work (`trainsim.formats.kineto_writer`)."""
+    if path:
+        from trainsim.formats.kineto_writer import check_trace_output
+
+        check_trace_output(path, "--trace")
+
+
 def _app(**kwargs) -> typer.Typer:
     return typer.Typer(cls=_OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False,
                        add_completion=False, **kwargs)
@@ -104,8 +117,8 @@ def replay_cmd(
              "algo=ring|tree|nvls|auto, network=isolated|shared (transfers alone or contending), "
              "ran_on=TOPOLOGY (the machine the trace ran on, for the checks)."),
     trace_out: str | None = typer.Option(
-        None, "--trace", metavar="OUT.json.gz",
-        help="Write the replay (the what-if, if any) as a Chrome/Perfetto trace."),
+        None, "--trace", metavar="DIR|OUT.json.gz",
+        help=TRACE_HELP.format(what="the replay (the what-if, if any)")),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Import PyTorch profiler traces, replay them against the measured step times, and answer what-ifs."""
@@ -115,14 +128,16 @@ def replay_cmd(
     from trainsim.sim.replay import engine as rp
     from trainsim.sim.replay.whatif import WhatIf
 
-    _check_outputs(("--trace", trace_out))
+    _check_trace_output(trace_out)
     whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
     with console.status("replaying") as status:
         report = rp.replay_traces(traces, whatif=whatif, progress=lambda msg: status.update(msg))
     prov = provenance(timestamp=False, traces=[str(t) for t in traces], whatif=whatif.to_dict())
     if trace_out:
-        rp.write_chrome_trace(report.whatif or report.replay, trace_out, provenance=prov)
+        from trainsim.sim.replay.kineto_ranks import write_trace
+
+        write_trace(report, trace_out, provenance=prov)
     if as_json:
         print_json(report.to_dict(provenance=prov))
         return
@@ -528,8 +543,8 @@ def simulate_cmd(
     calibration: str | None = typer.Option(None, "--calibration", metavar="DIR",
                                            help="A calibration bundle: its topology and workload replace the "
                                                 "scenario's."),
-    trace_out: str | None = typer.Option(None, "--trace", metavar="FILE.json.gz",
-                                         help="Write a Chrome/Perfetto (Kineto-shaped) trace."),
+    trace_out: str | None = typer.Option(None, "--trace", metavar="DIR|FILE.json.gz",
+                                         help=TRACE_HELP.format(what="the run")),
     records_out: str | None = typer.Option(None, "--records", metavar="FILE.csv",
                                            help="Write one flat row per op/transfer (CSV)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -541,7 +556,8 @@ def simulate_cmd(
     from trainsim.provenance import provenance
     from trainsim.sim.output import report
 
-    _check_outputs(("--trace", trace_out), ("--records", records_out))
+    _check_outputs(("--records", records_out))
+    _check_trace_output(trace_out)
     sc = api.load_scenario(scenario, overrides, variant=variant)
     bundle = api.load_bundle(calibration) if calibration is not None else None
     err = Console(stderr=True)
@@ -550,9 +566,9 @@ def simulate_cmd(
     prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
                       calibration=calibration)
     if trace_out:
-        from trainsim.sim.output.chrome_trace import write_chrome_trace
+        from trainsim.sim.output.kineto_ranks import write_trace
 
-        write_chrome_trace(result, trace_out, provenance=prov)
+        write_trace(result, trace_out, provenance=prov)
     if records_out:
         from trainsim.sim.output.records import write_records
 

@@ -12,8 +12,9 @@ Open the ``.json.gz`` in ui.perfetto.dev (or chrome://tracing). Layout:
 - one process per link that carried bytes: every flow on it (each on its own track, since the format cannot
   show overlapping slices on one track) and a counter track of the link's bandwidth in GB/s.
 
-Top-level keys follow Kineto (``traceEvents``, ``deviceProperties``, ``distributedInfo`` with the rank,
-``displayTimeUnit``), so trace-analysis tools written for Kineto can read a simulated run. Times are µs.
+Top-level keys follow Kineto (``traceEvents``, ``deviceProperties``, ``distributedInfo``,
+``displayTimeUnit``); times are µs. One file holds every GPU, so tools that read one Kineto file per rank
+(HTA) take the folder `trainsim.sim.output.kineto_ranks` writes instead (``--trace DIR``).
 The output is deterministic: events are sorted, JSON is compact, and the gzip header carries mtime 0.
 """
 
