@@ -134,13 +134,17 @@ class _RankEngine:
     def __init__(self, env: simpy.Environment, graph: TraceGraph, op_time: OpTime | None,
                  launch_queue: int | None):
         self.env, self.graph, self.op_time = env, graph, op_time
-        # The driver queues a bounded number of launches per stream; when the GPU falls that far behind,
-        # the launching call blocks, so a CPU thread cannot run arbitrarily far ahead of a slow GPU.
+        # The launch queue: each launch call takes one entry per stream it launches on (a CUDA-graph launch
+        # takes one for all its kernels there) until its last op on that stream has finished. When a
+        # stream's entries are all taken the launching call blocks, so a CPU thread cannot run arbitrarily
+        # far ahead of a slow GPU, and waits less when the GPU gets faster.
         self.launch_queue = launch_queue
-        self.launches_at: dict[int, list[tuple]] = {}
+        self.launches_at: dict[int, dict[tuple, int]] = {}       # point -> stream -> ops it launches there
         for o in graph.ops:
             if o.launch is not None:
-                self.launches_at.setdefault(o.launch, []).append(o.stream_key)
+                per_stream = self.launches_at.setdefault(o.launch, {})
+                per_stream[o.stream_key] = per_stream.get(o.stream_key, 0) + 1
+        self.pending = {p: dict(streams) for p, streams in self.launches_at.items()}
         self.in_flight: dict[tuple, int] = dict.fromkeys(graph.streams, 0)
         self.max_in_flight = 0
         self.slot_freed: dict[tuple, simpy.Event | None] = dict.fromkeys(graph.streams)
@@ -153,8 +157,8 @@ class _RankEngine:
         self.point_done = {i: env.event() for i in referenced}
         for pts in graph.thread_points:
             env.process(self._thread(pts))
-        for idxs in graph.streams.values():
-            env.process(self._stream(idxs))
+        for o in graph.ops:
+            env.process(self._op(o))
 
     def _thread(self, pts: list[int]):
         env, points = self.env, self.graph.points
@@ -184,45 +188,49 @@ class _RankEngine:
             if done is not None:
                 done.succeed()
 
-    def _stream(self, idxs: list[int]):
-        env, ops = self.env, self.graph.ops
-        for i in idxs:
-            o = ops[i]
-            if o.launch is not None:
-                launched = self.point_done[o.launch]
-                if not launched.triggered:
-                    yield launched
-                start = self.point_time[o.launch] + o.launch_latency
-            else:
-                start = o.launch_latency                 # not launched inside the trace: its measured start
-            pending = [self.op_done[d] for d in o.deps if not self.op_done[d].triggered]
-            if pending:
-                yield env.all_of(pending)
-            preds = ([o.stream_prev] if o.stream_prev is not None else []) + o.deps
-            if preds:
-                start = max(start, max(self.op_end[p] for p in preds) + o.queue_gap)
-            if start > env.now:
-                yield env.timeout(start - env.now)
-            self.op_start[i] = env.now
-            duration = self.op_time(env, self.graph.rank, o) if self.op_time is not None else None
-            if duration is None:
-                duration = o.event.dur
-            if isinstance(duration, simpy.Event):
-                yield duration
-            elif duration > 0:
-                yield env.timeout(duration)
-            self.op_end[i] = env.now
-            self.op_done[i].succeed()
-            if o.launch is not None:
-                s = o.stream_key
+    def _op(self, o: GpuOp):
+        """One GPU op: after its launch, its stream predecessor and the ops it waits for."""
+        env, i = self.env, o.index
+        if o.launch is not None:
+            launched = self.point_done[o.launch]
+            if not launched.triggered:
+                yield launched
+            start = self.point_time[o.launch] + o.launch_latency
+        else:
+            start = o.launch_latency                 # not launched inside the trace: its measured start
+        preds = ([o.stream_prev] if o.stream_prev is not None else []) + o.deps
+        pending = [self.op_done[d] for d in preds if not self.op_done[d].triggered]
+        if pending:
+            yield env.all_of(pending)
+        if preds:
+            start = max(start, max(self.op_end[p] for p in preds) + o.queue_gap)
+        if start > env.now:
+            yield env.timeout(start - env.now)
+        self.op_start[i] = env.now
+        duration = self.op_time(env, self.graph.rank, o) if self.op_time is not None else None
+        if duration is None:
+            duration = o.event.dur
+        if isinstance(duration, simpy.Event):
+            yield duration
+        elif duration > 0:
+            yield env.timeout(duration)
+        self.op_end[i] = env.now
+        self.op_done[i].succeed()
+        if o.launch is not None:
+            s = o.stream_key
+            left = self.pending[o.launch]
+            left[s] -= 1
+            if left[s] == 0:                         # the launch call's queue entry is free again
                 self.in_flight[s] -= 1
                 freed, self.slot_freed[s] = self.slot_freed[s], None
                 if freed is not None:
                     freed.succeed()
 
 
-LAUNCH_QUEUE = 1024   # pending launches per stream before a launch blocks (CUDA's documented-in-practice
-                      # queue depth; override with replay(..., launch_queue=N), None for unbounded)
+# CUDA queues up to about 1024 pending launches per stream before a launch call blocks (the depth
+# commonly measured on recent GPUs; CUDA does not document it). Override with replay(..., launch_queue=N),
+# None for unbounded.
+LAUNCH_QUEUE = 1024
 
 
 def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None,

@@ -47,6 +47,7 @@ EVENT_RECORD = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord"}
 STREAM_WAIT = {"cudaStreamWaitEvent", "cuStreamWaitEvent"}
 
 TOLERANCE_S = 1e-6          # clock jitter allowed between a predecessor's end and its successor's start
+BRANCH_LOOKBACK = 64        # ops looked back on a stream for the one a graph branch's kernel ran after
 
 
 @dataclass(slots=True)
@@ -207,7 +208,12 @@ class _Builder:
         trace = self.trace
         self.collect_threads()
         ops = [GpuOp(i, g) for i, g in enumerate(sorted(trace.gpu_events, key=lambda g: (g.ts, g.stream)))]
-        by_corr = {o.event.correlation: o for o in ops if o.event.correlation is not None}
+        # One correlation id may launch many ops: a cudaGraphLaunch carries every kernel of its graph.
+        launched_by: dict[int, list[GpuOp]] = defaultdict(list)
+        for o in ops:
+            if o.event.correlation is not None:
+                launched_by[o.event.correlation].append(o)
+        by_corr = {corr: group[0] for corr, group in launched_by.items()}
 
         # Runtime calls: launch anchors, links to their GPU ops, layer attribution.
         calls: list[tuple[CpuEvent, int, list]] = []          # (event, thread, start anchor)
@@ -219,12 +225,15 @@ class _Builder:
             for call, outer, module, comm in self.stacks(thread):
                 item = self.anchor(thread, call.ts, "call", call)
                 calls.append((call, thread, item))
-                op = by_corr.get(call.correlation) if call.correlation is not None else None
-                if op is None:
+                group = launched_by.get(call.correlation, ()) if call.correlation is not None else ()
+                if not group:
                     flow_calls[self.threads[thread]].append((call.ts, _end(call), item, module, outer, comm))
                     continue
-                self._link(op, item, thread, call.ts, module, outer, comm, launch_anchor, launch_time,
-                           launch_thread)
+                for op in group:
+                    self._link(op, item, thread, call.ts, module, outer, comm, launch_anchor, launch_time,
+                               launch_thread)
+                if len(group) > 1:
+                    self.stats["graph_launches"] += 1
         self._link_by_flows(ops, flow_calls, launch_anchor, launch_time, launch_thread)
         self.stats["gpu_ops"] = len(ops)
         self.stats["gpu_ops_launched"] = len(launch_anchor)
@@ -234,8 +243,7 @@ class _Builder:
         for o in ops:
             streams[o.stream_key].append(o.index)
         for idxs in streams.values():
-            for a, b in zip(idxs, idxs[1:], strict=False):
-                ops[b].stream_prev = a
+            self._stream_order(idxs, ops)
         self.ops, self.streams = ops, streams
         self.launch_time, self.launch_thread = launch_time, launch_thread
         self._index_launches()
@@ -278,6 +286,26 @@ class _Builder:
             own = op.event.collective
             if own is None or own.nelems is None:       # older traces: sizes only on the c10d op
                 op.event.collective = comm
+
+    def _stream_order(self, idxs: list[int], ops: list[GpuOp]) -> None:
+        """Each op follows the latest earlier op of its stream that had ended when it started.
+
+        Usually that is the previous op. Kernels of a CUDA graph are reported on the stream that launched
+        the graph but run on its branches side by side; such an op follows the op its branch ran after.
+        """
+        for k in range(1, len(idxs)):
+            b = ops[idxs[k]]
+            start = b.event.ts + TOLERANCE_S
+            best = None
+            for a in reversed(idxs[max(0, k - BRANCH_LOOKBACK):k]):
+                end = _op_end(ops[a])
+                if end <= start and (best is None or end > _op_end(ops[best])):
+                    best = a
+                    if a == idxs[k - 1]:
+                        break
+            if best != idxs[k - 1]:
+                self.stats["ops_beside_previous_on_stream"] += 1
+            b.stream_prev = best
 
     def _link_by_flows(self, ops, flow_calls, launch_anchor, launch_time, launch_thread):
         """Old traces without correlation args: the ac2g flow whose id is the op's correlation."""
@@ -336,9 +364,12 @@ class _Builder:
         else:
             waiter = self._first_launched_by_thread_after(thread, _end(call))
             recorded = None
+            source = "inferred"
             if waiter is not None and record_t is not None:
                 recorded = self._last_launched_before(record_t, exclude=self.ops[waiter].stream_key)
-            source = "inferred"
+            elif waiter is not None:          # no cudaEventRecord seen (recorded by another library)
+                recorded = self._released_by_other_stream(waiter)
+                source = "timed"
         if waiter is None or recorded is None:
             self.stats["event_waits_unresolved"] += 1
             return
@@ -349,6 +380,21 @@ class _Builder:
         if recorded not in self.ops[waiter].deps and not same_stream:
             self.ops[waiter].deps.append(recorded)
             self.stats[f"event_waits_{source}"] += 1
+
+    def _released_by_other_stream(self, waiter: int):
+        """The op on another stream of the waiter's device that ended last between the waiter's launch and
+        its start: what a stream wait without a visible event record most likely waited for."""
+        w = self.ops[waiter]
+        launched = self.launch_time.get(waiter)
+        if launched is None:
+            return None
+        i = bisect.bisect_right(self.ends, w.event.ts + TOLERANCE_S) - 1
+        while i >= 0 and self.ends[i] >= launched:
+            o = self.ops_by_end[i]
+            if o.event.device == w.event.device and o.stream_key != w.stream_key:
+                return o.index
+            i -= 1
+        return None
 
     def _first_on_stream_after(self, stream, t):
         times, idxs = self.stream_launches.get(stream, ([], []))
