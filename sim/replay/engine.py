@@ -29,7 +29,7 @@ import simpy
 
 from trainsim.errors import TrainsimError
 from trainsim.formats.kineto import KinetoTrace, load_traces
-from trainsim.sim.replay.trace_graph import GpuOp, TraceGraph, build_graph
+from trainsim.sim.replay.trace_graph import LAUNCH_QUEUE, GpuOp, TraceGraph, build_graph
 from trainsim.sim.replay.whatif import WhatIf
 
 OpTime = Callable[[simpy.Environment, int, GpuOp], "float | simpy.Event | None"]
@@ -227,15 +227,12 @@ class _RankEngine:
                     freed.succeed()
 
 
-# CUDA queues up to about 1024 pending launches per stream before a launch call blocks (the depth
-# commonly measured on recent GPUs; CUDA does not document it). Override with replay(..., launch_queue=N),
-# None for unbounded.
-LAUNCH_QUEUE = 1024
-
-
 def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None,
            launch_queue: int | None = LAUNCH_QUEUE) -> ReplayResult:
-    """Replay the ranks' graphs together; measured durations unless ``op_time`` says otherwise."""
+    """Replay the ranks' graphs together; measured durations unless ``op_time`` says otherwise.
+
+    ``launch_queue``: pending launch calls per stream before a launch blocks (`LAUNCH_QUEUE`, CUDA's
+    depth), None for unbounded."""
     graphs = list(graphs)
     env = simpy.Environment()
     engines = [_RankEngine(env, g, op_time, launch_queue) for g in graphs]
@@ -278,6 +275,8 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
         if progress:
             progress("replaying the what-if")
         report.whatif = replay(graphs, op_time=model)
+        report.notes = model.notes()
+        report.nccl = model.nccl.summary()
     if checks:
         ran_on = (whatif.ran_on if whatif is not None else None) or home_topology(graphs)
         if progress:
@@ -297,6 +296,8 @@ class ReplayReport:
     whatif: ReplayResult | None = None
     whatif_config: WhatIf | None = None
     checks: dict = field(default_factory=dict)          # name -> whatif.CheckResult
+    notes: list[str] = field(default_factory=list)      # what the what-if inferred or kept as measured
+    nccl: dict = field(default_factory=dict)            # how the NCCL kernels were split (nccl_split)
 
     def to_dict(self, *, provenance: dict | None = None) -> dict:
         doc = self.replay.to_dict(provenance=provenance)
@@ -308,7 +309,8 @@ class ReplayReport:
                               "change_pct": 100.0 * (w.replayed_s - m.measured_s) / m.measured_s,
                               "breakdown": w.replayed_breakdown})
             doc["whatif"] = {"config": self.whatif_config.to_dict(), "steps": steps,
-                             "mean_predicted_s": _mean([s["predicted_s"] for s in steps])}
+                             "mean_predicted_s": _mean([s["predicted_s"] for s in steps]),
+                             "notes": self.notes, "nccl": self.nccl}
         doc["checks"] = {name: check.to_dict() for name, check in self.checks.items()}
         return doc
 
@@ -347,6 +349,7 @@ class ReplayReport:
         if wi is not None:
             cfg = {k: v for k, v in self.whatif_config.to_dict().items() if v not in (None, False, "none")}
             lines.append("what-if: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+            lines.extend(f"  note: {note}" for note in self.notes)
         for name, check in self.checks.items():
             sm = check.summary
             where = f" on {check.topology}" if check.topology else ""

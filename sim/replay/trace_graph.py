@@ -48,6 +48,11 @@ STREAM_WAIT = {"cudaStreamWaitEvent", "cuStreamWaitEvent"}
 
 TOLERANCE_S = 1e-6          # clock jitter allowed between a predecessor's end and its successor's start
 BRANCH_LOOKBACK = 64        # ops looked back on a stream for the one a graph branch's kernel ran after
+# CUDA queues up to about 1024 pending launches per stream before a launch call blocks (the depth commonly
+# measured on recent GPUs; CUDA does not document it). The replay engine enforces it.
+LAUNCH_QUEUE = 1024
+QUEUE_FULL_SHARE = 0.9      # a launch blocks only on a (nearly) full queue: entries are counted per call
+BLOCKED_LAUNCH_MIN_S = 50e-6  # launch calls shorter than this are taken as CPU time
 
 
 @dataclass(slots=True)
@@ -262,7 +267,10 @@ class _Builder:
                 self._event_wait(call, thread, sync_by_corr.get(call.correlation), call_by_corr,
                                  last_record.get(thread, any_record[-1] if any_record else None))
             elif name in BLOCKING or name == "cudaMemcpyAsync":
-                self._sync(call, thread, sync_by_corr.get(call.correlation), call_by_corr, by_corr)
+                if not self._sync(call, thread, sync_by_corr.get(call.correlation), call_by_corr, by_corr):
+                    self._blocked_launch(call, thread, launched_by.get(call.correlation, ()))
+            elif call.dur > BLOCKED_LAUNCH_MIN_S:
+                self._blocked_launch(call, thread, launched_by.get(call.correlation, ()))
 
         self._launch_timing(ops, launch_time)
         self._steps_and_handoffs()
@@ -409,12 +417,12 @@ class _Builder:
         if name == "cudaMemcpyAsync" or name in SYNC_COPIES:
             op = by_corr.get(call.correlation)
             if op is None:
-                return
+                return False
             if name == "cudaMemcpyAsync":     # blocks only for pageable host memory (or when it did)
                 if op.event.copy_kind not in ("H2D", "D2H") or _op_end(op) > end + TOLERANCE_S:
-                    return
+                    return False
                 if op.event.pinned and _op_end(op) < end - 50e-6:
-                    return
+                    return False
             targets = [op.index]
         elif sync is not None and sync.sync_kind in ("Stream Sync", "Event Sync", "Context Sync"):
             if sync.sync_kind == "Context Sync":
@@ -440,11 +448,47 @@ class _Builder:
         targets = [t for t in targets if _op_end(self.ops[t]) <= end + TOLERANCE_S]
         if not targets:
             self.stats["syncs_without_target"] += 1
-            return
+            return False
         latest = max(_op_end(self.ops[t]) for t in targets)
         binding = latest > start
         self.stats["syncs_binding" if binding else "syncs_not_binding"] += 1
         self.anchor(thread, end, "return", (call, targets, binding, latest), ends=True)
+        return True
+
+    def _blocked_launch(self, call, thread, launched: list[GpuOp]) -> None:
+        """A launch call that waited for a free launch-queue entry returns when its entry was freed.
+
+        It counts as blocked when it lasted over BLOCKED_LAUNCH_MIN_S, at least QUEUE_FULL_SHARE of
+        LAUNCH_QUEUE launches were pending on one of its streams when it began, and an op queued there
+        before it finished during the call, at most BLOCKED_LAUNCH_MIN_S before it returned. Its return then
+        waits for that op, so the wait shrinks when the GPU gets faster instead of staying CPU time.
+        """
+        start, end = call.ts, _end(call)
+        if end - start <= BLOCKED_LAUNCH_MIN_S:
+            return
+        release = None
+        for key in {o.stream_key for o in launched}:
+            if self._pending_launches(key, start) < QUEUE_FULL_SHARE * LAUNCH_QUEUE:
+                continue
+            times, idxs = self.stream_launches.get(key, ([], []))
+            before = idxs[:bisect.bisect_left(times, start)]
+            done = [i for i in before[-LAUNCH_QUEUE:] if start < _op_end(self.ops[i]) <= end + TOLERANCE_S]
+            if done:
+                last = max(done, key=lambda i: _op_end(self.ops[i]))
+                if release is None or _op_end(self.ops[last]) > _op_end(self.ops[release]):
+                    release = last
+        if release is None or end - _op_end(self.ops[release]) > BLOCKED_LAUNCH_MIN_S:
+            return
+        self.stats["launches_blocked_on_full_queue"] += 1
+        self.anchor(thread, end, "return", (call, [release], True, _op_end(self.ops[release])), ends=True)
+
+    def _pending_launches(self, key: tuple, t: float) -> int:
+        """Launch calls on stream ``key`` issued before t whose ops there had not all finished at t."""
+        times, idxs = self.stream_launches.get(key, ([], []))
+        done_by_call: dict[float, float] = {}
+        for lt, i in zip(times[:bisect.bisect_left(times, t)], idxs, strict=False):
+            done_by_call[lt] = max(done_by_call.get(lt, 0.0), _op_end(self.ops[i]))
+        return sum(1 for end in done_by_call.values() if end > t)
 
     def _device_targets(self, t: float) -> list[int]:
         out = []
