@@ -588,6 +588,7 @@ class _Builder:
                         if best is None or xe > best[1][1]:
                             best = (x, xr)
                 if best is None:
+                    self._handoff_in_progress(y, g0, g1, bursts, marks)
                     continue
                 x, xr = best
                 if xr[3] is None:
@@ -598,6 +599,28 @@ class _Builder:
                 item = self.anchor(y, resume, "resume", None)
                 item[3] = (xr[3], resume - xr[1])
                 self.stats["thread_handoffs"] += 1
+
+    def _handoff_in_progress(self, y: int, g0: float, g1: float, bursts, marks) -> None:
+        """Y idles while X works through most of the gap and is still working when Y resumes (PyTorch's
+        autograd thread handing CPU work back to the thread inside ``backward``): Y resumes when X reaches
+        its last event boundary before Y's resumption."""
+        pid = self.threads[y][0]
+        for x, other in enumerate(bursts):
+            if x == y or self.threads[x][0] != pid:
+                continue
+            for xr in other:
+                xs, xe = xr[0], xr[1]
+                if not (xs <= g1 < xe) or min(xe, g1) - max(xs, g0) < 0.5 * (g1 - g0):
+                    continue
+                xm = marks[x]
+                i = bisect.bisect_right(xm, g1) - 1
+                if i < 0 or g1 - xm[i] > self.max_handoff_s:
+                    continue
+                source = self.anchor(x, xm[i], "idle", "hands over", ends=True)
+                item = self.anchor(y, g1, "resume", None)
+                item[3] = (source, g1 - xm[i])
+                self.stats["thread_handoffs_in_progress"] += 1
+                return
 
     def _make_points(self):
         points: list[CpuPoint] = []
