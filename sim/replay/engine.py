@@ -267,7 +267,13 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
         if progress:
             progress(f"building the dependency graph of rank {t.rank}")
         graphs.append(build_graph(t))
-    model = WhatIfModel(graphs, whatif) if whatif is not None and whatif.active else None
+    model = None
+    if whatif is not None and whatif.active:
+        if not any(g.steps for g in graphs):
+            raise TrainsimError("the trace has no ProfilerStep#N spans, and a what-if compares steps: record "
+                                "it with torch.profiler.profile(schedule=...) and call prof.step() every "
+                                "iteration", file=graphs[0].trace.path)
+        model = WhatIfModel(graphs, whatif)
     if progress:
         progress("replaying with the measured durations")
     report = ReplayReport(replay(graphs), whatif_config=whatif)

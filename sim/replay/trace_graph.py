@@ -31,6 +31,7 @@ contradicts them) build one graph and share its private indexes.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
@@ -301,17 +302,20 @@ class _Builder:
         Usually that is the previous op. Kernels of a CUDA graph are reported on the stream that launched
         the graph but run on its branches side by side; such an op follows the op its branch ran after.
         """
+        latest_end = -math.inf                 # of the ops before the previous one
         for k in range(1, len(idxs)):
-            b = ops[idxs[k]]
+            b, prev = ops[idxs[k]], idxs[k - 1]
             start = b.event.ts + TOLERANCE_S
             best = None
-            for a in reversed(idxs[max(0, k - BRANCH_LOOKBACK):k]):
-                end = _op_end(ops[a])
-                if end <= start and (best is None or end > _op_end(ops[best])):
-                    best = a
-                    if a == idxs[k - 1]:
-                        break
-            if best != idxs[k - 1]:
+            if latest_end <= _op_end(ops[prev]) <= start:
+                best = prev                    # the usual case: the previous op ended last, before b
+            else:
+                for a in reversed(idxs[max(0, k - BRANCH_LOOKBACK):k]):
+                    end = _op_end(ops[a])
+                    if end <= start and (best is None or end > _op_end(ops[best])):
+                        best = a
+            latest_end = max(latest_end, _op_end(ops[prev]))
+            if best != prev:
                 self.stats["ops_beside_previous_on_stream"] += 1
             b.stream_prev = best
 

@@ -246,6 +246,11 @@ class WhatIfModel:
         unsplit = len(self.nccl.members) - len(self.nccl.splits)
         if unsplit:
             out.append(f"{unsplit} NCCL kernels of unknown size keep their measured time")
+        kept = sum(split.wait_s for (rank, index), split in self.nccl.splits.items()
+                   if self._present[self._keys[(rank, index)]] == 1)
+        if kept > 0:
+            out.append(f"{kept * 1e3:.2f} ms of NCCL kernels waiting for peers that are not replayed kept as "
+                       "measured (replay every rank's trace together to move it)")
         return out
 
     # -- the hook ---------------------------------------------------------------------------------
