@@ -401,11 +401,22 @@ class CheckResult:
         return {"topology": self.topology, "summary": self.summary, "note": self.note, "ops": self.rows}
 
 
+def _as_it_ran(topo, m: Member, gpus: list[str], nbytes: float, algo: str) -> float:
+    """The collective alone on flows, with the algorithm and protocol the kernel's name shows where the
+    topology has them (and ``algo`` is auto), else NCCL's choice."""
+    from trainsim.sim.collectives.ops import simulate_collective
+
+    if algo == "auto" and (m.algo, m.proto) != ("auto", "auto"):
+        try:
+            return simulate_collective(topo, m.op, gpus, nbytes, algo=m.algo, proto=m.proto)["time_s"]
+        except TrainsimError:
+            pass
+    return simulate_collective(topo, m.op, gpus, nbytes, algo=algo)["time_s"]
+
+
 def collective_check(graphs: list[TraceGraph], topology: str, *, algo: str = "auto") -> CheckResult:
     """Each NCCL kernel whose size the trace carries: simulated alone on ``topology`` (flows) vs its
     latency + transfer, the measured kernel less its wait for peers (`nccl_split`)."""
-    from trainsim.sim.collectives.ops import simulate_collective
-
     topo = _load_topology(topology)
     split = NcclSplit(graphs, topo)
     cache: dict[tuple, float] = {}
@@ -416,9 +427,9 @@ def collective_check(graphs: list[TraceGraph], topology: str, *, algo: str = "au
             if m is None or part is None or part.inferred:
                 continue
             gpus = split.gpus(topo, m.ranks)
-            key = (m.op, tuple(gpus), part.nbytes)
+            key = (m.op, tuple(gpus), part.nbytes, m.algo, m.proto)
             if key not in cache:
-                cache[key] = simulate_collective(topo, m.op, gpus, part.nbytes, algo=algo)["time_s"]
+                cache[key] = _as_it_ran(topo, m, gpus, part.nbytes, algo)
             sim, core = cache[key], part.core_s
             rows.append({"rank": g.rank, "step": o.step, "collective": m.op, "bytes": part.nbytes,
                          "gpus": len(gpus), "measured_s": o.event.dur, "wait_s": part.wait_s,
