@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from trainsim.cli import app
 from trainsim.formats.kineto import load_trace, load_traces
 from trainsim.sim.collectives.ops import choose, collective_time
+from trainsim.sim.core.devices import get_device
 from trainsim.sim.replay import trace_graph
 from trainsim.sim.replay.engine import replay
 from trainsim.sim.replay.kineto_builder import TraceBuilder
@@ -214,6 +215,24 @@ def test_topology_whatif_retimes_only_latency_and_transfer(tmp_path):
                 for t in ("dgx1-v100", "dgx-a100"))
     late = max(g.ops, key=lambda o: o.event.ts)
     assert rr.op_end[late.index] - rr.op_start[late.index] == pytest.approx(1000 * US + 1000 * US * new / old)
+
+
+def test_a_shorter_allreduce_before_does_not_bring_the_peer_sooner(tmp_path):
+    """Two 16 MiB all-reduces back to back; the second waited 500 us for its peer. Compressed, the first
+    ends sooner, but the peer (held up by its own work, not by that all-reduce) arrives when it did: the
+    second ends the new latency + transfer (and casts) after the measured moment the peer arrived."""
+    b = TraceBuilder(world_size=2, device_name=A100)
+    b.step(1, MAIN, 0, 3000)
+    b.launch(MAIN, 10, 1, stream=9, gpu_ts=20, gpu_dur=1000, name=LL, **sized(4 * 2**20))
+    b.launch(MAIN, 12, 1, stream=9, gpu_ts=1021, gpu_dur=1500, name=LL, **sized(4 * 2**20))
+    g = graph_of(b, tmp_path / "t.json")
+    rr = replay([g], op_time=WhatIfModel([g], WhatIf(compression="fp16"))).ranks[0]
+    lat = ll_latency()
+    casts = 2 * 4 * 2**20 * 6 / get_device("a100-40gb").memory_bandwidth
+    first, second = sorted(g.ops, key=lambda o: o.event.ts)
+    assert rr.op_end[first.index] - rr.op_start[first.index] == pytest.approx(
+        lat + (1000 * US - lat) / 2 + casts)
+    assert rr.op_end[second.index] == pytest.approx(1521 * US + casts + lat + (1000 * US - lat) / 2)
 
 
 # ---------------------------------------------------------------- several ranks, bad input

@@ -8,7 +8,11 @@ the ops it waits for (event waits) have finished.
 
 Durations are the measured ones unless an ``op_time`` hook says otherwise: it gets ``(env, rank, op)``
 and returns seconds, a SimPy event that fires when the op is done (e.g. a transfer on the flow network),
-or None for the measured duration. That hook is where what-if models plug in.
+or None for the measured duration. That hook is where what-if models plug in. A hook that also takes a
+``ready_shift`` keyword gets, for each op, how much later than measured its own inputs were ready: its
+launch (plus launch latency), the ops it waits for on other streams and its stream predecessor unless that
+is a collective (what a collective's peers, doing the same work, are taken to share; a collective before
+it on its stream the peers ran too, so it does not say when they arrive).
 
 It stays one module: the CPU-thread and GPU-stream processes and the bookkeeping that compares their
 times with the measurement are one loop.
@@ -17,6 +21,7 @@ times with the measurement are one loop.
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 import math
 import os
@@ -130,10 +135,18 @@ def _graph_summary(graph: TraceGraph) -> dict:
 
 # ---------------------------------------------------------------- the engine
 
+def _takes_ready_shift(op_time: OpTime) -> bool:
+    try:
+        return "ready_shift" in inspect.signature(op_time).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class _RankEngine:
     def __init__(self, env: simpy.Environment, graph: TraceGraph, op_time: OpTime | None,
                  launch_queue: int | None):
         self.env, self.graph, self.op_time = env, graph, op_time
+        self.wants_ready_shift = op_time is not None and _takes_ready_shift(op_time)
         # The launch queue: each launch call takes one entry per stream it launches on (a CUDA-graph launch
         # takes one for all its kernels there) until its last op on that stream has finished. When a
         # stream's entries are all taken the launching call blocks, so a CPU thread cannot run arbitrarily
@@ -188,6 +201,20 @@ class _RankEngine:
             if done is not None:
                 done.succeed()
 
+    def _ready_shift(self, o: GpuOp) -> float:
+        """Replayed minus measured time at which the op's own inputs were ready (see the module doc)."""
+        ops, replayed, measured = self.graph.ops, [], []
+        if o.launch is not None:
+            replayed.append(self.point_time[o.launch] + o.launch_latency)
+            measured.append(self.graph.points[o.launch].t + o.launch_latency)
+        inputs = list(o.deps)
+        if o.stream_prev is not None and ops[o.stream_prev].kind != "collective":
+            inputs.append(o.stream_prev)
+        for d in inputs:
+            replayed.append(self.op_end[d])
+            measured.append(ops[d].event.ts + ops[d].event.dur)
+        return max(replayed) - max(measured) if replayed else 0.0
+
     def _op(self, o: GpuOp):
         """One GPU op: after its launch, its stream predecessor and the ops it waits for."""
         env, i = self.env, o.index
@@ -207,7 +234,12 @@ class _RankEngine:
         if start > env.now:
             yield env.timeout(start - env.now)
         self.op_start[i] = env.now
-        duration = self.op_time(env, self.graph.rank, o) if self.op_time is not None else None
+        if self.op_time is None:
+            duration = None
+        elif self.wants_ready_shift:
+            duration = self.op_time(env, self.graph.rank, o, ready_shift=self._ready_shift(o))
+        else:
+            duration = self.op_time(env, self.graph.rank, o)
         if duration is None:
             duration = o.event.dur
         if isinstance(duration, simpy.Event):

@@ -10,10 +10,12 @@ the measurement back.
   (`nccl_split`). ``--topology`` re-times latency + transfer by the ratio of the collective model's time on
   the new topology to its time on the machine the trace ran on (flows alone, or alpha-beta with
   ``collectives=analytic``; with ``network=shared`` the ratio comes from the transfer run on one flow
-  network shared with every other transfer). Waiting is kept as measured for ranks whose peers are not
-  replayed; ranks replayed together join: the k-th collective of a group in a step begins its transfer when
-  the last of them is ready, so a straggler moves every rank (ranks not replayed keep their measured lag
-  behind the latest replayed one).
+  network shared with every other transfer). Ranks replayed together join: the k-th collective of a group
+  in a step begins its transfer when the last of them is ready, so a straggler moves every rank. Peers
+  not replayed are taken to arrive when the measurement says the last rank did, moved as the replayed
+  rank's own inputs moved (its launch and the compute it waits for, the work its peers do too), not as
+  the collectives before it on its stream did: a shorter all-reduce before does not make a peer come
+  sooner.
 - **Host copies** (H2D/D2H) scale by the ratio of their link model (route latency plus bytes over the
   bottleneck, a pageable copy capped at one core's staging rate, ``machine.PAGEABLE_COPY_RATE``, unless
   ``pinned=true``) on the new topology to the same model on the old one.
@@ -249,13 +251,14 @@ class WhatIfModel:
         kept = sum(split.wait_s for (rank, index), split in self.nccl.splits.items()
                    if self._present[self._keys[(rank, index)]] == 1)
         if kept > 0:
-            out.append(f"{kept * 1e3:.2f} ms of NCCL kernels waiting for peers that are not replayed kept as "
-                       "measured (replay every rank's trace together to move it)")
+            out.append(f"{kept * 1e3:.2f} ms of NCCL kernels waiting for peers that are not replayed: they "
+                       "are taken to move as this rank's own work does (replay every rank's trace together "
+                       "to simulate them)")
         return out
 
     # -- the hook ---------------------------------------------------------------------------------
 
-    def __call__(self, env: simpy.Environment, rank: int, op: GpuOp):
+    def __call__(self, env: simpy.Environment, rank: int, op: GpuOp, ready_shift: float = 0.0):
         if env is not self._env:
             self._env, self._joins = env, {}
             self._net = None
@@ -264,7 +267,7 @@ class WhatIfModel:
 
                 self._net = FlowNetwork.from_topology(env, self.topology, record_flows=False)
         if op.kind == "collective":
-            return self._collective(env, rank, op)
+            return self._collective(env, rank, op, ready_shift)
         if op.kind == "memcpy" and op.event.copy_kind in ("H2D", "D2H"):
             return self._host_copy(env, rank, op)
         if op.kind in ("kernel", "memset") or (op.kind == "memcpy" and op.event.copy_kind == "D2D"):
@@ -313,25 +316,30 @@ class WhatIfModel:
             core *= self._model(self.topology, m, nbytes) / old if old > 0 else 1.0
         return split.wait_s, core, casts, nbytes
 
-    def _collective(self, env, rank, op):
+    def _collective(self, env, rank, op, ready_shift: float):
         m, split = self.nccl.member(rank, op), self.nccl.split(rank, op)
         wait, core, casts, nbytes = self._retimed(rank, op, m, split)
         done = env.event()
         key = self._keys[(rank, op.index)]
         entry = self._joins.setdefault(key, [])
-        entry.append((env.now, env.now - op.event.ts, wait, core, casts, done))
+        entry.append((env.now, env.now - op.event.ts, wait, core, casts, done, ready_shift))
         if len(entry) == self._present[key]:
-            env.process(self._finish(env, entry, m, nbytes))
+            absent = m is None or len(m.ranks) > len(entry)
+            env.process(self._finish(env, entry, m, nbytes, absent))
         return done
 
-    def _finish(self, env, entry: list, m: Member | None, nbytes: float | None):
+    def _finish(self, env, entry: list, m: Member | None, nbytes: float | None, absent: bool):
         """All replayed ranks have reached the collective: each ends at its own delayed-and-retimed end.
 
-        A rank that arrives d later than measured and had waited w: the transfer begins when the latest
-        replayed rank is ready, ``max(d - w)`` after the measured moment, no earlier than the measured lag
-        of the ranks not replayed (the smallest wait) after that rank.
+        The measured moment the last rank arrived moves by ``shift``: a replayed rank that starts the
+        kernel d later than measured after having waited w arrives ``d - w`` after that moment; ranks not
+        replayed arrived at that moment and move as the replayed ranks' own inputs (their launch and the
+        ops they wait for on other streams: the same work the peers do) moved. Each rank then moves the
+        new latency + transfer (and casts) after it.
         """
-        shift = max(d - w for _, d, w, *_ in entry) + min(w for _, _, w, *_ in entry)
+        shift = max(d - w for _, d, w, *_ in entry)
+        if absent:
+            shift = max(shift, max(ready for *_, ready in entry))
         ratio = 1.0
         if self._net is not None and m is not None and nbytes:
             from trainsim.sim.collectives.ops import run_collective
@@ -342,7 +350,7 @@ class WhatIfModel:
                                              algo=self._algo(self.topology, m)))
             old = self._model(self.home, m, nbytes)
             ratio = (env.now - began) / old if old > 0 else 1.0
-        for start, d, wait, core, casts, done in entry:
+        for start, d, wait, core, casts, done, _ in entry:
             end = start + wait - d + shift + casts + core * ratio
             timer = env.timeout(max(0.0, end - env.now))
             timer.callbacks.append(lambda _, done=done: done.succeed())
