@@ -202,6 +202,18 @@ def test_compression_on_a_trace_without_sizes_says_they_were_inferred(tmp_path):
     assert doc["whatif"]["steps"][0]["predicted_s"] < 0.8 * doc["steps"][0]["measured_s"]
 
 
+def test_compressed_trace_shows_the_halved_messages(tmp_path):
+    b = TraceBuilder(world_size=2, device_name=A100)
+    b.step(1, MAIN, 0, 2000)
+    b.launch(MAIN, 10, 5, stream=9, gpu_ts=20, gpu_dur=1000, name=LL, **sized(4 * 2**20))
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["replay", str(b.write(tmp_path / "t.json")), "--set", "compression=fp16",
+                                 "--trace", str(out)])
+    assert result.exit_code == 0, result.output
+    [kernel] = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "collective"]
+    assert kernel["args"]["message_bytes"] == 8 * 2**20
+
+
 def test_topology_whatif_retimes_only_latency_and_transfer(tmp_path):
     """A kernel that waited 1000 us for its peer: --topology scales its 1000 us of latency + transfer
     by new model / old model and keeps the wait."""

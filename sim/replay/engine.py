@@ -74,6 +74,8 @@ class RankReplay:
     op_end: list[float]
     steps: list[StepReport] = field(default_factory=list)
     max_in_flight: int = 0            # most launches pending on one stream at once
+    # op -> bytes its collective moved, where a what-if changed (compression) or inferred them
+    message_bytes: dict[int, float] = field(default_factory=dict)
 
     def cpu_time(self, thread: int, t: float) -> float:
         """Replayed time of measured instant t on a thread: it moves with the thread's latest point."""
@@ -313,6 +315,8 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
         if progress:
             progress("replaying the what-if")
         report.whatif = replay(graphs, op_time=model)
+        for rr in report.whatif.ranks:
+            rr.message_bytes = model.message_bytes(rr.graph.rank)
         report.notes = model.notes()
         report.nccl = model.nccl.summary()
     if checks:
@@ -538,7 +542,7 @@ def chrome_trace(result: ReplayResult, *, provenance: dict | None = None) -> dic
                 args["bytes"] = o.event.nbytes
             if o.collective is not None:
                 args["collective"] = o.collective.op
-                args["message_bytes"] = o.collective.nbytes
+                args["message_bytes"] = rr.message_bytes.get(o.index, o.collective.nbytes)
             pid = 1000 * g.rank + 1 + o.event.device
             events.append({"ph": "X", "cat": o.kind, "name": o.name, "pid": pid,
                            "tid": o.event.stream, "ts": round(rr.op_start[o.index] * 1e6, 3),

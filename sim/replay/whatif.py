@@ -256,6 +256,18 @@ class WhatIfModel:
                        "to simulate them)")
         return out
 
+    def message_bytes(self, rank: int) -> dict[int, float]:
+        """Op index -> bytes each NCCL kernel of ``rank`` moves in this what-if (compressed, inferred)."""
+        out = {}
+        for (r, index), split in self.nccl.splits.items():
+            if r != rank:
+                continue
+            m = self.nccl.members[(r, index)]
+            compress = (self.whatif.compression != "none" and m.op in COMPRESSIBLE
+                        and split.element_bytes == 4)
+            out[index] = split.nbytes / 2 if compress else split.nbytes
+        return out
+
     # -- the hook ---------------------------------------------------------------------------------
 
     def __call__(self, env: simpy.Environment, rank: int, op: GpuOp, ready_shift: float = 0.0):
