@@ -189,10 +189,9 @@ class NcclSplit:
             cap = math.inf
             if m.proto != "auto" and self.home is not None:
                 gpus = self.gpus(self.home, m.ranks)
-                algo = m.algo if m.algo != "auto" else "auto"
                 sizes = [2.0**k for k in range(10, 41)]
                 try:
-                    chosen = [choose(self.home, m.op, gpus, s, algo=algo)[1] == m.proto for s in sizes]
+                    chosen = [choose(self.home, m.op, gpus, s, algo=m.algo)[1] == m.proto for s in sizes]
                 except TrainsimError:
                     chosen = []
                 if chosen and not chosen[-1] and any(chosen):

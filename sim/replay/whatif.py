@@ -233,7 +233,8 @@ class WhatIfModel:
                     "with record_shapes=True)", file=g.trace.path, field="--set compression")
         if self.target is None and None in self.sources.values():
             raise TrainsimError("compression costs its casts at the GPU's memory bandwidth, but the trace's "
-                                "GPU is not a known device spec: name one with --gpu", field="--gpu")
+                                "GPU is not a known device spec: name one with --gpu, or the machine the "
+                                "trace ran on with --set ran_on=TOPOLOGY", field="--gpu")
 
     def notes(self) -> list[str]:
         """What the reader of the what-if must know: which sizes were inferred, which kernels kept."""
@@ -243,8 +244,8 @@ class WhatIfModel:
             if s.inferred:
                 inferred[s.size_source] += 1
         for source, n in sorted(inferred.items()):
-            out.append(f"{n} NCCL kernels carry no message size: sizes {source} (upper bounds: any wait for "
-                       "a peer counts as transfer)")
+            out.append(f"{n} NCCL kernels carry no message size: sizes {source} (upper bounds: as much as "
+                       "their time allows, so a wait for a peer may count as transfer)")
         unsplit = len(self.nccl.members) - len(self.nccl.splits)
         if unsplit:
             out.append(f"{unsplit} NCCL kernels of unknown size keep their measured time")
