@@ -20,9 +20,15 @@ waits for are free.
 
 Where the trace does not say which stream an event wait or a synchronisation refers to (traces recorded
 without ``enable_cuda_sync_events``), it is inferred: an event wait links the op recorded last before the
-thread's latest ``cudaEventRecord`` (on another stream) to the next op the thread launches; a stream or
-event synchronisation waits for the op whose completion released it. Inferred waits that contradict
-the measured times are dropped and counted.
+thread's latest ``cudaEventRecord`` (on another stream) to the next op the thread launches, or, when no
+record is visible (NCCL records its own), the op on another stream that ended last before that op
+started; a stream or event synchronisation waits for the op whose completion released it. Inferred waits
+that contradict the measured times are dropped and counted.
+
+A ``cudaGraphLaunch`` launches every kernel carrying its correlation id; a graph's parallel branches show
+on one stream and overlap, so each op follows the latest op of its stream that had ended when it started.
+A launch call that waited for a free entry of CUDA's launch queue (`LAUNCH_QUEUE`) returns when the op
+that freed it finished, so that wait shrinks when the GPU gets faster instead of staying CPU time.
 
 It stays one module: its passes (points, launches, waits, inferred waits dropped when the measurement
 contradicts them) build one graph and share its private indexes.
