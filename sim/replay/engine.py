@@ -10,9 +10,10 @@ Durations are the measured ones unless an ``op_time`` hook says otherwise: it ge
 and returns seconds, a SimPy event that fires when the op is done (e.g. a transfer on the flow network),
 or None for the measured duration. That hook is where what-if models plug in. A hook that also takes a
 ``ready_shift`` keyword gets, for each op, how much later than measured its own inputs were ready: its
-launch (plus launch latency), the ops it waits for on other streams and its stream predecessor unless that
-is a collective (what a collective's peers, doing the same work, are taken to share; a collective before
-it on its stream the peers ran too, so it does not say when they arrive).
+launch (plus launch latency), the ops it waits for on other streams, its stream predecessor unless that
+is a collective, and for a collective the last other op its GPU had finished when it started (what a
+collective's peers, doing the same work, are taken to share; a collective before it on its stream the
+peers ran too, so it does not say when they arrive).
 
 It stays one module: the CPU-thread and GPU-stream processes and the bookkeeping that compares their
 times with the measurement are one loop.
@@ -20,6 +21,7 @@ times with the measurement are one loop.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import inspect
 import json
@@ -167,6 +169,7 @@ class _RankEngine:
         self.op_start = [math.nan] * len(graph.ops)
         self.op_end = [math.nan] * len(graph.ops)
         self.op_done = [env.event() for _ in graph.ops]
+        self.progress = self._progress_ops() if self.wants_ready_shift else {}
         referenced = {o.launch for o in graph.ops if o.launch is not None}
         referenced |= {q for p in graph.points for q, _ in p.cpu_waits}
         self.point_done = {i: env.event() for i in referenced}
@@ -212,10 +215,31 @@ class _RankEngine:
         inputs = list(o.deps)
         if o.stream_prev is not None and ops[o.stream_prev].kind != "collective":
             inputs.append(o.stream_prev)
+        if self.progress.get(o.index) is not None:
+            inputs.append(self.progress[o.index])
         for d in inputs:
-            replayed.append(self.op_end[d])
+            end = self.op_end[d]
+            replayed.append(self.env.now if math.isnan(end) else end)    # not done yet: at least now
             measured.append(ops[d].event.ts + ops[d].event.dur)
         return max(replayed) - max(measured) if replayed else 0.0
+
+    def _progress_ops(self) -> dict[int, int | None]:
+        """For each collective: the last op other than a collective that its GPU had finished when the
+        collective started (measured): how far this rank's own work had got."""
+        ops = self.graph.ops
+        work: dict[int, list[tuple[float, int]]] = {}
+        for o in ops:
+            if o.kind != "collective":
+                work.setdefault(o.event.device, []).append((o.event.ts + o.event.dur, o.index))
+        for ends in work.values():
+            ends.sort()
+        out: dict[int, int | None] = {}
+        for o in ops:
+            if o.kind == "collective":
+                ends = work.get(o.event.device, [])
+                k = bisect.bisect_right(ends, (o.event.ts, math.inf)) - 1
+                out[o.index] = ends[k][1] if k >= 0 else None
+        return out
 
     def _op(self, o: GpuOp):
         """One GPU op: after its launch, its stream predecessor and the ops it waits for."""
