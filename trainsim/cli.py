@@ -108,14 +108,16 @@ def replay_cmd(
         ..., metavar="TRACE...", help="Kineto trace files (.json or .json.gz), one per rank of one run."),
     topology: str | None = typer.Option(
         None, "--topology", metavar="NAME|FILE",
-        help="What-if: re-simulate collectives and host copies on this topology (flow model)."),
+        help="What-if: re-time collectives and host copies by this topology's models, relative to the "
+             "machine the trace ran on (ran_on)."),
     gpu: str | None = typer.Option(None, "--gpu", metavar="SPEC",
                                    help="What-if: rescale GPU work to this device (`trainsim device list`)."),
     sets: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE",
         help="What-if switches: compression=fp16|bf16, pinned=true, collectives=flow|analytic, "
              "algo=ring|tree|nvls|auto, network=isolated|shared (transfers alone or contending), "
-             "ran_on=TOPOLOGY (the machine the trace ran on, for the checks)."),
+             "ran_on=TOPOLOGY (the machine the trace ran on: the what-ifs' baseline and the checks; "
+             "by default the preset its GPU implies)."),
     trace_out: str | None = typer.Option(
         None, "--trace", metavar="DIR|OUT.json.gz",
         help=TRACE_HELP.format(what="the replay (the what-if, if any)")),

@@ -8,7 +8,12 @@ the ops it waits for (event waits) have finished.
 
 Durations are the measured ones unless an ``op_time`` hook says otherwise: it gets ``(env, rank, op)``
 and returns seconds, a SimPy event that fires when the op is done (e.g. a transfer on the flow network),
-or None for the measured duration. That hook is where what-if models plug in.
+or None for the measured duration. That hook is where what-if models plug in. A hook that also takes a
+``ready_shift`` keyword gets, for each op, how much later than measured its own inputs were ready: its
+launch (plus launch latency), the ops it waits for on other streams, its stream predecessor unless that
+is a collective, and for a collective the last other op its GPU had finished when it started (what a
+collective's peers, doing the same work, are taken to share; a collective before it on its stream the
+peers ran too, so it does not say when they arrive).
 
 It stays one module: the CPU-thread and GPU-stream processes and the bookkeeping that compares their
 times with the measurement are one loop.
@@ -16,7 +21,9 @@ times with the measurement are one loop.
 
 from __future__ import annotations
 
+import bisect
 import gzip
+import inspect
 import json
 import math
 import os
@@ -29,7 +36,7 @@ import simpy
 
 from trainsim.errors import TrainsimError
 from trainsim.formats.kineto import KinetoTrace, load_traces
-from trainsim.sim.replay.trace_graph import GpuOp, TraceGraph, build_graph
+from trainsim.sim.replay.trace_graph import LAUNCH_QUEUE, GpuOp, TraceGraph, build_graph
 from trainsim.sim.replay.whatif import WhatIf
 
 OpTime = Callable[[simpy.Environment, int, GpuOp], "float | simpy.Event | None"]
@@ -69,6 +76,8 @@ class RankReplay:
     op_end: list[float]
     steps: list[StepReport] = field(default_factory=list)
     max_in_flight: int = 0            # most launches pending on one stream at once
+    # op -> bytes its collective moved, where a what-if changed (compression) or inferred them
+    message_bytes: dict[int, float] = field(default_factory=dict)
 
     def cpu_time(self, thread: int, t: float) -> float:
         """Replayed time of measured instant t on a thread: it moves with the thread's latest point."""
@@ -130,17 +139,29 @@ def _graph_summary(graph: TraceGraph) -> dict:
 
 # ---------------------------------------------------------------- the engine
 
+def _takes_ready_shift(op_time: OpTime) -> bool:
+    try:
+        return "ready_shift" in inspect.signature(op_time).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class _RankEngine:
     def __init__(self, env: simpy.Environment, graph: TraceGraph, op_time: OpTime | None,
                  launch_queue: int | None):
         self.env, self.graph, self.op_time = env, graph, op_time
-        # The driver queues a bounded number of launches per stream; when the GPU falls that far behind,
-        # the launching call blocks, so a CPU thread cannot run arbitrarily far ahead of a slow GPU.
+        self.wants_ready_shift = op_time is not None and _takes_ready_shift(op_time)
+        # The launch queue: each launch call takes one entry per stream it launches on (a CUDA-graph launch
+        # takes one for all its kernels there) until its last op on that stream has finished. When a
+        # stream's entries are all taken the launching call blocks, so a CPU thread cannot run arbitrarily
+        # far ahead of a slow GPU, and waits less when the GPU gets faster.
         self.launch_queue = launch_queue
-        self.launches_at: dict[int, list[tuple]] = {}
+        self.launches_at: dict[int, dict[tuple, int]] = {}       # point -> stream -> ops it launches there
         for o in graph.ops:
             if o.launch is not None:
-                self.launches_at.setdefault(o.launch, []).append(o.stream_key)
+                per_stream = self.launches_at.setdefault(o.launch, {})
+                per_stream[o.stream_key] = per_stream.get(o.stream_key, 0) + 1
+        self.pending = {p: dict(streams) for p, streams in self.launches_at.items()}
         self.in_flight: dict[tuple, int] = dict.fromkeys(graph.streams, 0)
         self.max_in_flight = 0
         self.slot_freed: dict[tuple, simpy.Event | None] = dict.fromkeys(graph.streams)
@@ -148,13 +169,14 @@ class _RankEngine:
         self.op_start = [math.nan] * len(graph.ops)
         self.op_end = [math.nan] * len(graph.ops)
         self.op_done = [env.event() for _ in graph.ops]
+        self.progress = self._progress_ops() if self.wants_ready_shift else {}
         referenced = {o.launch for o in graph.ops if o.launch is not None}
         referenced |= {q for p in graph.points for q, _ in p.cpu_waits}
         self.point_done = {i: env.event() for i in referenced}
         for pts in graph.thread_points:
             env.process(self._thread(pts))
-        for idxs in graph.streams.values():
-            env.process(self._stream(idxs))
+        for o in graph.ops:
+            env.process(self._op(o))
 
     def _thread(self, pts: list[int]):
         env, points = self.env, self.graph.points
@@ -184,50 +206,91 @@ class _RankEngine:
             if done is not None:
                 done.succeed()
 
-    def _stream(self, idxs: list[int]):
-        env, ops = self.env, self.graph.ops
-        for i in idxs:
-            o = ops[i]
-            if o.launch is not None:
-                launched = self.point_done[o.launch]
-                if not launched.triggered:
-                    yield launched
-                start = self.point_time[o.launch] + o.launch_latency
-            else:
-                start = o.launch_latency                 # not launched inside the trace: its measured start
-            pending = [self.op_done[d] for d in o.deps if not self.op_done[d].triggered]
-            if pending:
-                yield env.all_of(pending)
-            preds = ([o.stream_prev] if o.stream_prev is not None else []) + o.deps
-            if preds:
-                start = max(start, max(self.op_end[p] for p in preds) + o.queue_gap)
-            if start > env.now:
-                yield env.timeout(start - env.now)
-            self.op_start[i] = env.now
-            duration = self.op_time(env, self.graph.rank, o) if self.op_time is not None else None
-            if duration is None:
-                duration = o.event.dur
-            if isinstance(duration, simpy.Event):
-                yield duration
-            elif duration > 0:
-                yield env.timeout(duration)
-            self.op_end[i] = env.now
-            self.op_done[i].succeed()
-            if o.launch is not None:
-                s = o.stream_key
+    def _ready_shift(self, o: GpuOp) -> float:
+        """Replayed minus measured time at which the op's own inputs were ready (see the module doc)."""
+        ops, replayed, measured = self.graph.ops, [], []
+        if o.launch is not None:
+            replayed.append(self.point_time[o.launch] + o.launch_latency)
+            measured.append(self.graph.points[o.launch].t + o.launch_latency)
+        inputs = list(o.deps)
+        if o.stream_prev is not None and ops[o.stream_prev].kind != "collective":
+            inputs.append(o.stream_prev)
+        if self.progress.get(o.index) is not None:
+            inputs.append(self.progress[o.index])
+        for d in inputs:
+            end = self.op_end[d]
+            replayed.append(self.env.now if math.isnan(end) else end)    # not done yet: at least now
+            measured.append(ops[d].event.ts + ops[d].event.dur)
+        return max(replayed) - max(measured) if replayed else 0.0
+
+    def _progress_ops(self) -> dict[int, int | None]:
+        """For each collective: the last op other than a collective that its GPU had finished when the
+        collective started (measured): how far this rank's own work had got."""
+        ops = self.graph.ops
+        work: dict[int, list[tuple[float, int]]] = {}
+        for o in ops:
+            if o.kind != "collective":
+                work.setdefault(o.event.device, []).append((o.event.ts + o.event.dur, o.index))
+        for ends in work.values():
+            ends.sort()
+        out: dict[int, int | None] = {}
+        for o in ops:
+            if o.kind == "collective":
+                ends = work.get(o.event.device, [])
+                k = bisect.bisect_right(ends, (o.event.ts, math.inf)) - 1
+                out[o.index] = ends[k][1] if k >= 0 else None
+        return out
+
+    def _op(self, o: GpuOp):
+        """One GPU op: after its launch, its stream predecessor and the ops it waits for."""
+        env, i = self.env, o.index
+        if o.launch is not None:
+            launched = self.point_done[o.launch]
+            if not launched.triggered:
+                yield launched
+            start = self.point_time[o.launch] + o.launch_latency
+        else:
+            start = o.launch_latency                 # not launched inside the trace: its measured start
+        preds = ([o.stream_prev] if o.stream_prev is not None else []) + o.deps
+        pending = [self.op_done[d] for d in preds if not self.op_done[d].triggered]
+        if pending:
+            yield env.all_of(pending)
+        if preds:
+            start = max(start, max(self.op_end[p] for p in preds) + o.queue_gap)
+        if start > env.now:
+            yield env.timeout(start - env.now)
+        self.op_start[i] = env.now
+        if self.op_time is None:
+            duration = None
+        elif self.wants_ready_shift:
+            duration = self.op_time(env, self.graph.rank, o, ready_shift=self._ready_shift(o))
+        else:
+            duration = self.op_time(env, self.graph.rank, o)
+        if duration is None:
+            duration = o.event.dur
+        if isinstance(duration, simpy.Event):
+            yield duration
+        elif duration > 0:
+            yield env.timeout(duration)
+        self.op_end[i] = env.now
+        self.op_done[i].succeed()
+        if o.launch is not None:
+            s = o.stream_key
+            left = self.pending[o.launch]
+            left[s] -= 1
+            if left[s] == 0:                         # the launch call's queue entry is free again
                 self.in_flight[s] -= 1
                 freed, self.slot_freed[s] = self.slot_freed[s], None
                 if freed is not None:
                     freed.succeed()
 
 
-LAUNCH_QUEUE = 1024   # pending launches per stream before a launch blocks (CUDA's documented-in-practice
-                      # queue depth; override with replay(..., launch_queue=N), None for unbounded)
-
-
 def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None,
            launch_queue: int | None = LAUNCH_QUEUE) -> ReplayResult:
-    """Replay the ranks' graphs together; measured durations unless ``op_time`` says otherwise."""
+    """Replay the ranks' graphs together; measured durations unless ``op_time`` says otherwise.
+
+    ``launch_queue``: pending launch calls per stream before a launch blocks (`LAUNCH_QUEUE`, CUDA's
+    depth), None for unbounded."""
     graphs = list(graphs)
     env = simpy.Environment()
     engines = [_RankEngine(env, g, op_time, launch_queue) for g in graphs]
@@ -262,7 +325,13 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
         if progress:
             progress(f"building the dependency graph of rank {t.rank}")
         graphs.append(build_graph(t))
-    model = WhatIfModel(graphs, whatif) if whatif is not None and whatif.active else None
+    model = None
+    if whatif is not None and whatif.active:
+        if not any(g.steps for g in graphs):
+            raise TrainsimError("the trace has no ProfilerStep#N spans, and a what-if compares steps: record "
+                                "it with torch.profiler.profile(schedule=...) and call prof.step() every "
+                                "iteration", file=graphs[0].trace.path)
+        model = WhatIfModel(graphs, whatif)
     if progress:
         progress("replaying with the measured durations")
     report = ReplayReport(replay(graphs), whatif_config=whatif)
@@ -270,6 +339,10 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
         if progress:
             progress("replaying the what-if")
         report.whatif = replay(graphs, op_time=model)
+        for rr in report.whatif.ranks:
+            rr.message_bytes = model.message_bytes(rr.graph.rank)
+        report.notes = model.notes()
+        report.nccl = model.nccl.summary()
     if checks:
         ran_on = (whatif.ran_on if whatif is not None else None) or home_topology(graphs)
         if progress:
@@ -289,6 +362,8 @@ class ReplayReport:
     whatif: ReplayResult | None = None
     whatif_config: WhatIf | None = None
     checks: dict = field(default_factory=dict)          # name -> whatif.CheckResult
+    notes: list[str] = field(default_factory=list)      # what the what-if inferred or kept as measured
+    nccl: dict = field(default_factory=dict)            # how the NCCL kernels were split (nccl_split)
 
     def to_dict(self, *, provenance: dict | None = None) -> dict:
         doc = self.replay.to_dict(provenance=provenance)
@@ -300,7 +375,8 @@ class ReplayReport:
                               "change_pct": 100.0 * (w.replayed_s - m.measured_s) / m.measured_s,
                               "breakdown": w.replayed_breakdown})
             doc["whatif"] = {"config": self.whatif_config.to_dict(), "steps": steps,
-                             "mean_predicted_s": _mean([s["predicted_s"] for s in steps])}
+                             "mean_predicted_s": _mean([s["predicted_s"] for s in steps]),
+                             "notes": self.notes, "nccl": self.nccl}
         doc["checks"] = {name: check.to_dict() for name, check in self.checks.items()}
         return doc
 
@@ -339,6 +415,7 @@ class ReplayReport:
         if wi is not None:
             cfg = {k: v for k, v in self.whatif_config.to_dict().items() if v not in (None, False, "none")}
             lines.append("what-if: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+            lines.extend(f"  note: {note}" for note in self.notes)
         for name, check in self.checks.items():
             sm = check.summary
             where = f" on {check.topology}" if check.topology else ""
@@ -489,7 +566,7 @@ def chrome_trace(result: ReplayResult, *, provenance: dict | None = None) -> dic
                 args["bytes"] = o.event.nbytes
             if o.collective is not None:
                 args["collective"] = o.collective.op
-                args["message_bytes"] = o.collective.nbytes
+                args["message_bytes"] = rr.message_bytes.get(o.index, o.collective.nbytes)
             pid = 1000 * g.rank + 1 + o.event.device
             events.append({"ph": "X", "cat": o.kind, "name": o.name, "pid": pid,
                            "tid": o.event.stream, "ts": round(rr.op_start[o.index] * 1e6, 3),

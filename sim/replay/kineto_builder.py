@@ -66,6 +66,19 @@ class TraceBuilder:
         self.events.append({"ph": "f", "pid": self.device, "tid": stream, "ts": gpu_ts, "bp": "e", **flow})
         return corr
 
+    def graph_launch(self, tid: int, ts: float, dur: float, *, stream: int,
+                     kernels: list[tuple[float, float, str]]) -> int:
+        """A cudaGraphLaunch on thread tid whose kernels ``(gpu_ts, gpu_dur, name)`` all carry its
+        correlation id, as CUPTI reports the kernels of a CUDA graph."""
+        corr = self.runtime(tid, "cudaGraphLaunch", ts, dur)
+        for gpu_ts, gpu_dur, name in kernels:
+            args = {"device": self.device, "stream": stream}
+            if self.correlation_args:
+                args["correlation"] = corr
+            self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": self.device, "tid": stream,
+                                "ts": gpu_ts, "dur": gpu_dur, "args": args})
+        return corr
+
     def to_dict(self) -> dict:
         doc: dict = {"schemaVersion": 1,
                      "deviceProperties": [{"id": self.device, "name": self.device_name}]}

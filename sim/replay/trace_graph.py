@@ -20,9 +20,15 @@ waits for are free.
 
 Where the trace does not say which stream an event wait or a synchronisation refers to (traces recorded
 without ``enable_cuda_sync_events``), it is inferred: an event wait links the op recorded last before the
-thread's latest ``cudaEventRecord`` (on another stream) to the next op the thread launches; a stream or
-event synchronisation waits for the op whose completion released it. Inferred waits that contradict
-the measured times are dropped and counted.
+thread's latest ``cudaEventRecord`` (on another stream) to the next op the thread launches, or, when no
+record is visible (NCCL records its own), the op on another stream that ended last before that op
+started; a stream or event synchronisation waits for the op whose completion released it. Inferred waits
+that contradict the measured times are dropped and counted.
+
+A ``cudaGraphLaunch`` launches every kernel carrying its correlation id; a graph's parallel branches show
+on one stream and overlap, so each op follows the latest op of its stream that had ended when it started.
+A launch call that waited for a free entry of CUDA's launch queue (`LAUNCH_QUEUE`) returns when the op
+that freed it finished, so that wait shrinks when the GPU gets faster instead of staying CPU time.
 
 It stays one module: its passes (points, launches, waits, inferred waits dropped when the measurement
 contradicts them) build one graph and share its private indexes.
@@ -31,6 +37,7 @@ contradicts them) build one graph and share its private indexes.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
@@ -47,6 +54,12 @@ EVENT_RECORD = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord"}
 STREAM_WAIT = {"cudaStreamWaitEvent", "cuStreamWaitEvent"}
 
 TOLERANCE_S = 1e-6          # clock jitter allowed between a predecessor's end and its successor's start
+BRANCH_LOOKBACK = 64        # ops looked back on a stream for the one a graph branch's kernel ran after
+# CUDA queues up to about 1024 pending launches per stream before a launch call blocks (the depth commonly
+# measured on recent GPUs; CUDA does not document it). The replay engine enforces it.
+LAUNCH_QUEUE = 1024
+QUEUE_FULL_SHARE = 0.9      # a launch blocks only on a (nearly) full queue: entries are counted per call
+BLOCKED_LAUNCH_MIN_S = 50e-6  # launch calls shorter than this are taken as CPU time
 
 
 @dataclass(slots=True)
@@ -207,7 +220,12 @@ class _Builder:
         trace = self.trace
         self.collect_threads()
         ops = [GpuOp(i, g) for i, g in enumerate(sorted(trace.gpu_events, key=lambda g: (g.ts, g.stream)))]
-        by_corr = {o.event.correlation: o for o in ops if o.event.correlation is not None}
+        # One correlation id may launch many ops: a cudaGraphLaunch carries every kernel of its graph.
+        launched_by: dict[int, list[GpuOp]] = defaultdict(list)
+        for o in ops:
+            if o.event.correlation is not None:
+                launched_by[o.event.correlation].append(o)
+        by_corr = {corr: group[0] for corr, group in launched_by.items()}
 
         # Runtime calls: launch anchors, links to their GPU ops, layer attribution.
         calls: list[tuple[CpuEvent, int, list]] = []          # (event, thread, start anchor)
@@ -219,12 +237,15 @@ class _Builder:
             for call, outer, module, comm in self.stacks(thread):
                 item = self.anchor(thread, call.ts, "call", call)
                 calls.append((call, thread, item))
-                op = by_corr.get(call.correlation) if call.correlation is not None else None
-                if op is None:
+                group = launched_by.get(call.correlation, ()) if call.correlation is not None else ()
+                if not group:
                     flow_calls[self.threads[thread]].append((call.ts, _end(call), item, module, outer, comm))
                     continue
-                self._link(op, item, thread, call.ts, module, outer, comm, launch_anchor, launch_time,
-                           launch_thread)
+                for op in group:
+                    self._link(op, item, thread, call.ts, module, outer, comm, launch_anchor, launch_time,
+                               launch_thread)
+                if len(group) > 1:
+                    self.stats["graph_launches"] += 1
         self._link_by_flows(ops, flow_calls, launch_anchor, launch_time, launch_thread)
         self.stats["gpu_ops"] = len(ops)
         self.stats["gpu_ops_launched"] = len(launch_anchor)
@@ -234,8 +255,7 @@ class _Builder:
         for o in ops:
             streams[o.stream_key].append(o.index)
         for idxs in streams.values():
-            for a, b in zip(idxs, idxs[1:], strict=False):
-                ops[b].stream_prev = a
+            self._stream_order(idxs, ops)
         self.ops, self.streams = ops, streams
         self.launch_time, self.launch_thread = launch_time, launch_thread
         self._index_launches()
@@ -254,7 +274,10 @@ class _Builder:
                 self._event_wait(call, thread, sync_by_corr.get(call.correlation), call_by_corr,
                                  last_record.get(thread, any_record[-1] if any_record else None))
             elif name in BLOCKING or name == "cudaMemcpyAsync":
-                self._sync(call, thread, sync_by_corr.get(call.correlation), call_by_corr, by_corr)
+                if not self._sync(call, thread, sync_by_corr.get(call.correlation), call_by_corr, by_corr):
+                    self._blocked_launch(call, thread, launched_by.get(call.correlation, ()))
+            elif call.dur > BLOCKED_LAUNCH_MIN_S:
+                self._blocked_launch(call, thread, launched_by.get(call.correlation, ()))
 
         self._launch_timing(ops, launch_time)
         self._steps_and_handoffs()
@@ -278,6 +301,29 @@ class _Builder:
             own = op.event.collective
             if own is None or own.nelems is None:       # older traces: sizes only on the c10d op
                 op.event.collective = comm
+
+    def _stream_order(self, idxs: list[int], ops: list[GpuOp]) -> None:
+        """Each op follows the latest earlier op of its stream that had ended when it started.
+
+        Usually that is the previous op. Kernels of a CUDA graph are reported on the stream that launched
+        the graph but run on its branches side by side; such an op follows the op its branch ran after.
+        """
+        latest_end = -math.inf                 # of the ops before the previous one
+        for k in range(1, len(idxs)):
+            b, prev = ops[idxs[k]], idxs[k - 1]
+            start = b.event.ts + TOLERANCE_S
+            best = None
+            if latest_end <= _op_end(ops[prev]) <= start:
+                best = prev                    # the usual case: the previous op ended last, before b
+            else:
+                for a in reversed(idxs[max(0, k - BRANCH_LOOKBACK):k]):
+                    end = _op_end(ops[a])
+                    if end <= start and (best is None or end > _op_end(ops[best])):
+                        best = a
+            latest_end = max(latest_end, _op_end(ops[prev]))
+            if best != prev:
+                self.stats["ops_beside_previous_on_stream"] += 1
+            b.stream_prev = best
 
     def _link_by_flows(self, ops, flow_calls, launch_anchor, launch_time, launch_thread):
         """Old traces without correlation args: the ac2g flow whose id is the op's correlation."""
@@ -336,9 +382,12 @@ class _Builder:
         else:
             waiter = self._first_launched_by_thread_after(thread, _end(call))
             recorded = None
+            source = "inferred"
             if waiter is not None and record_t is not None:
                 recorded = self._last_launched_before(record_t, exclude=self.ops[waiter].stream_key)
-            source = "inferred"
+            elif waiter is not None:          # no cudaEventRecord seen (recorded by another library)
+                recorded = self._released_by_other_stream(waiter)
+                source = "timed"
         if waiter is None or recorded is None:
             self.stats["event_waits_unresolved"] += 1
             return
@@ -349,6 +398,21 @@ class _Builder:
         if recorded not in self.ops[waiter].deps and not same_stream:
             self.ops[waiter].deps.append(recorded)
             self.stats[f"event_waits_{source}"] += 1
+
+    def _released_by_other_stream(self, waiter: int):
+        """The op on another stream of the waiter's device that ended last between the waiter's launch and
+        its start: what a stream wait without a visible event record most likely waited for."""
+        w = self.ops[waiter]
+        launched = self.launch_time.get(waiter)
+        if launched is None:
+            return None
+        i = bisect.bisect_right(self.ends, w.event.ts + TOLERANCE_S) - 1
+        while i >= 0 and self.ends[i] >= launched:
+            o = self.ops_by_end[i]
+            if o.event.device == w.event.device and o.stream_key != w.stream_key:
+                return o.index
+            i -= 1
+        return None
 
     def _first_on_stream_after(self, stream, t):
         times, idxs = self.stream_launches.get(stream, ([], []))
@@ -363,12 +427,12 @@ class _Builder:
         if name == "cudaMemcpyAsync" or name in SYNC_COPIES:
             op = by_corr.get(call.correlation)
             if op is None:
-                return
+                return False
             if name == "cudaMemcpyAsync":     # blocks only for pageable host memory (or when it did)
                 if op.event.copy_kind not in ("H2D", "D2H") or _op_end(op) > end + TOLERANCE_S:
-                    return
+                    return False
                 if op.event.pinned and _op_end(op) < end - 50e-6:
-                    return
+                    return False
             targets = [op.index]
         elif sync is not None and sync.sync_kind in ("Stream Sync", "Event Sync", "Context Sync"):
             if sync.sync_kind == "Context Sync":
@@ -394,11 +458,47 @@ class _Builder:
         targets = [t for t in targets if _op_end(self.ops[t]) <= end + TOLERANCE_S]
         if not targets:
             self.stats["syncs_without_target"] += 1
-            return
+            return False
         latest = max(_op_end(self.ops[t]) for t in targets)
         binding = latest > start
         self.stats["syncs_binding" if binding else "syncs_not_binding"] += 1
         self.anchor(thread, end, "return", (call, targets, binding, latest), ends=True)
+        return True
+
+    def _blocked_launch(self, call, thread, launched: list[GpuOp]) -> None:
+        """A launch call that waited for a free launch-queue entry returns when its entry was freed.
+
+        It counts as blocked when it lasted over BLOCKED_LAUNCH_MIN_S, at least QUEUE_FULL_SHARE of
+        LAUNCH_QUEUE launches were pending on one of its streams when it began, and an op queued there
+        before it finished during the call, at most BLOCKED_LAUNCH_MIN_S before it returned. Its return then
+        waits for that op, so the wait shrinks when the GPU gets faster instead of staying CPU time.
+        """
+        start, end = call.ts, _end(call)
+        if end - start <= BLOCKED_LAUNCH_MIN_S:
+            return
+        release = None
+        for key in {o.stream_key for o in launched}:
+            if self._pending_launches(key, start) < QUEUE_FULL_SHARE * LAUNCH_QUEUE:
+                continue
+            times, idxs = self.stream_launches.get(key, ([], []))
+            before = idxs[:bisect.bisect_left(times, start)]
+            done = [i for i in before[-LAUNCH_QUEUE:] if start < _op_end(self.ops[i]) <= end + TOLERANCE_S]
+            if done:
+                last = max(done, key=lambda i: _op_end(self.ops[i]))
+                if release is None or _op_end(self.ops[last]) > _op_end(self.ops[release]):
+                    release = last
+        if release is None or end - _op_end(self.ops[release]) > BLOCKED_LAUNCH_MIN_S:
+            return
+        self.stats["launches_blocked_on_full_queue"] += 1
+        self.anchor(thread, end, "return", (call, [release], True, _op_end(self.ops[release])), ends=True)
+
+    def _pending_launches(self, key: tuple, t: float) -> int:
+        """Launch calls on stream ``key`` issued before t whose ops there had not all finished at t."""
+        times, idxs = self.stream_launches.get(key, ([], []))
+        done_by_call: dict[float, float] = {}
+        for lt, i in zip(times[:bisect.bisect_left(times, t)], idxs, strict=False):
+            done_by_call[lt] = max(done_by_call.get(lt, 0.0), _op_end(self.ops[i]))
+        return sum(1 for end in done_by_call.values() if end > t)
 
     def _device_targets(self, t: float) -> list[int]:
         out = []
@@ -498,6 +598,7 @@ class _Builder:
                         if best is None or xe > best[1][1]:
                             best = (x, xr)
                 if best is None:
+                    self._handoff_in_progress(y, g0, g1, bursts, marks)
                     continue
                 x, xr = best
                 if xr[3] is None:
@@ -508,6 +609,28 @@ class _Builder:
                 item = self.anchor(y, resume, "resume", None)
                 item[3] = (xr[3], resume - xr[1])
                 self.stats["thread_handoffs"] += 1
+
+    def _handoff_in_progress(self, y: int, g0: float, g1: float, bursts, marks) -> None:
+        """Y idles while X works through most of the gap and is still working when Y resumes (PyTorch's
+        autograd thread handing CPU work back to the thread inside ``backward``): Y resumes when X reaches
+        its last event boundary before Y's resumption."""
+        pid = self.threads[y][0]
+        for x, other in enumerate(bursts):
+            if x == y or self.threads[x][0] != pid:
+                continue
+            for xr in other:
+                xs, xe = xr[0], xr[1]
+                if not (xs <= g1 < xe) or min(xe, g1) - max(xs, g0) < 0.5 * (g1 - g0):
+                    continue
+                xm = marks[x]
+                i = bisect.bisect_right(xm, g1) - 1
+                if i < 0 or g1 - xm[i] > self.max_handoff_s:
+                    continue
+                source = self.anchor(x, xm[i], "idle", "hands over", ends=True)
+                item = self.anchor(y, g1, "resume", None)
+                item[3] = (source, g1 - xm[i])
+                self.stats["thread_handoffs_in_progress"] += 1
+                return
 
     def _make_points(self):
         points: list[CpuPoint] = []

@@ -46,6 +46,7 @@ _COPY_KIND_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
 _COPY_KIND = {"HtoD": "H2D", "DtoH": "D2H", "DtoD": "D2D", "PtoP": "P2P", "HtoH": "H2H"}
 _NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _CHUNK_CHARS = 1 << 20
+UNIX_US_MIN = 1e15      # Kineto times this large are Unix microseconds already (after September 2001)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +156,31 @@ class KinetoTrace:
     flows: dict[int, tuple] = field(default_factory=dict)   # ac2g flow id -> (pid, tid, ts) of its start
     span_s: float = 0.0
 
+    def wall_origin_us(self) -> float | None:
+        """The trace's time 0 in Unix microseconds: from ``baseTimeNanoseconds``, or the Kineto times
+        themselves when they already are Unix times; None when the trace does not say."""
+        if self.base_time_ns is not None:
+            return self.base_time_ns / 1e3 + self.origin_us
+        return self.origin_us if self.origin_us >= UNIX_US_MIN else None
+
     def wall_window_ns(self) -> tuple[float, float] | None:
         """(start, end) of the trace in Unix nanoseconds, when the trace carries its time base."""
-        if self.base_time_ns is None:
+        origin = self.wall_origin_us()
+        if origin is None:
             return None
-        start = self.base_time_ns + self.origin_us * 1e3
-        return start, start + self.span_s * 1e9
+        return origin * 1e3, origin * 1e3 + self.span_s * 1e9
+
+    def shift(self, seconds: float) -> None:
+        """Move time 0 ``seconds`` earlier: every time grows by ``seconds``."""
+        for e in self.cpu_events:
+            e.ts += seconds
+        for g in self.gpu_events:
+            g.ts += seconds
+        for s in self.steps:
+            s.ts += seconds
+        self.flows = {k: (pid, tid, ts + seconds) for k, (pid, tid, ts) in self.flows.items()}
+        self.span_s += seconds
+        self.origin_us -= seconds * 1e6
 
 
 # ---------------------------------------------------------------- streaming JSON reading
@@ -489,7 +509,20 @@ def load_traces(paths: Iterable[str | Path]) -> list[KinetoTrace]:
         raise TrainsimError("no trace files given")
     traces = [load_trace(p, single_file=len(paths) == 1) for p in paths]
     check_same_run(traces)
+    align_clocks(traces)
     return sorted(traces, key=lambda t: t.rank)
+
+
+def align_clocks(traces: list[KinetoTrace]) -> None:
+    """Put the ranks of one run on one time axis (the earliest rank's time 0), when every file carries
+    wall-clock time; otherwise each rank keeps its own time 0."""
+    origins = [t.wall_origin_us() for t in traces]
+    if len(traces) < 2 or None in origins:
+        return
+    first = min(origins)
+    for t, origin in zip(traces, origins, strict=True):
+        if origin > first:
+            t.shift((origin - first) * 1e-6)
 
 
 def check_same_run(traces: list[KinetoTrace]) -> None:
@@ -509,6 +542,10 @@ def check_same_run(traces: list[KinetoTrace]) -> None:
     for t in traces:
         if t.world_size is not None and t.rank >= t.world_size:
             raise TrainsimError(f"rank {t.rank} is outside world size {t.world_size}", file=t.path)
+    gpus = {name for t in traces for name in t.devices.values() if name}
+    if len(gpus) > 1:
+        raise TrainsimError(f"traces from different runs mixed together: GPUs {sorted(gpus)}",
+                            file=traces[-1].path)
     nccl = {t.nccl_version for t in traces if t.nccl_version}
     if len(nccl) > 1:
         raise TrainsimError(f"traces from different runs mixed together: NCCL versions {sorted(nccl)}",

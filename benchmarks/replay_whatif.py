@@ -1,0 +1,163 @@
+"""What-if replays on every real trace: can a user trust them?
+
+    python benchmarks/replay_whatif.py [TRACES_DIR] [--gpu h100-sxm]
+
+TRACES_DIR defaults to ../shared/traces beside the repository (see its README). Files named
+``<job>-rank<N>.json.gz`` with the same ``<job>`` are one job and are replayed together. Per job it prints:
+
+- **identity**: the largest step change of the what-if that names the machine the trace ran on and its own
+  GPU, with no options (it must give the measurement back; aim <= 0.5 %). Traces whose GPU is unknown get
+  the plain replay.
+- **GPU swap** to ``--gpu`` (about 3x or more the compute of a V100 or an A100): per step the step change
+  next to the compute change and the share of the step the GPU was busy; for GPU-bound steps (busy >= 90 %)
+  the share of the compute saved that the step saves (aim >= 50 %).
+- **compression** (fp16): the change of all NCCL time, and of the all-reduces of at least 16 MB, which are
+  bandwidth-bound (aim: cut 35-65 %).
+
+Traces without a GPU spec trainsim knows (no deviceProperties) are taken to have run on ``--ran-on``
+(default dgx-a100, as the shared README says of the 128-rank job); a trace on a GPU it cannot model says
+so on its line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from trainsim.errors import TrainsimError
+from trainsim.formats.kineto import load_traces
+from trainsim.sim.replay.engine import ReplayResult, replay
+from trainsim.sim.replay.trace_graph import build_graph
+from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, home_topology, trace_device
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
+GPU_BOUND = 0.90
+BIG_ALLREDUCE = 16e6
+
+
+def jobs(folder: Path) -> dict[str, list[Path]]:
+    """Trace files grouped by job: the name without its rank<N> part."""
+    out: dict[str, list[Path]] = defaultdict(list)
+    for path in sorted(folder.glob("*.json*")):
+        out[re.sub(r"-?rank\d+", "", path.name.split(".json")[0])].append(path)
+    return dict(out)
+
+
+def busy_share(step) -> float:
+    return 1.0 - step.measured_breakdown["gpu_idle_s"] / step.measured_s if step.measured_s else 0.0
+
+
+def identity(graphs, ran_on: str | None) -> tuple[str, float | None]:
+    """(how, largest |step change| in %) of the identity what-if."""
+    spec = trace_device(graphs[0])
+    if spec is None or ran_on is None:
+        result = replay(graphs)
+        how = "plain replay"
+    else:
+        result = replay(graphs, op_time=WhatIfModel(graphs, WhatIf(topology=ran_on, gpu=spec.name,
+                                                                    ran_on=ran_on)))
+        how = f"{ran_on} + {spec.name}"
+    errors = [abs(s.error_pct) for s in result.steps]
+    return how, max(errors) if errors else None
+
+
+def collective_times(result: ReplayResult, model: WhatIfModel) -> tuple[dict, dict]:
+    """Per (rank, op): replayed duration of every NCCL kernel, and of big all-reduces only."""
+    every, big = {}, {}
+    for rr in result.ranks:
+        for o in rr.graph.ops:
+            if o.kind != "collective":
+                continue
+            t = rr.op_end[o.index] - rr.op_start[o.index]
+            every[(rr.graph.rank, o.index)] = t
+            m, split = model.nccl.member(rr.graph.rank, o), model.nccl.split(rr.graph.rank, o)
+            if m is not None and split is not None and m.op == "allreduce" and split.nbytes >= BIG_ALLREDUCE:
+                big[(rr.graph.rank, o.index)] = t
+    return every, big
+
+
+def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None:
+    print(f"\n== {name} ({len(paths)} file{'s' * (len(paths) > 1)})")
+    try:
+        traces = load_traces(paths)
+    except TrainsimError as exc:
+        print(f"   refused: {exc}")
+        return
+    graphs = [build_graph(t) for t in traces]
+    base = replay(graphs)
+    if not base.steps:
+        print("   no ProfilerStep#N spans: nothing to compare step by step (refused by what-ifs)")
+        return
+    ran_on = home_topology(graphs) or (default_ran_on if trace_device(graphs[0]) is None and
+                                       not graphs[0].trace.devices else None)
+    how, ident = identity(graphs, ran_on)
+    print(f"   identity ({how}): max |step change| {ident:.4f} %")
+    try:
+        model = WhatIfModel(graphs, WhatIf(gpu=gpu, ran_on=ran_on))
+    except TrainsimError as exc:
+        print(f"   GPU swap: {exc}")
+        return
+    swapped = replay(graphs, op_time=model)
+    print(f"   GPU swap to {gpu}" + (f" (ran on {ran_on})" if ran_on else "") + ":")
+    print(f"   {'rank':>4} {'step':>5} {'measured ms':>11} {'what-if ms':>10} {'step d ms':>9} "
+          f"{'compute d ms':>12} {'busy %':>6} {'saved/compute saved':>19}")
+    bound = []
+    for m, w in zip(base.steps, swapped.steps, strict=True):
+        d_step = w.replayed_s - m.measured_s
+        d_compute = w.replayed_breakdown["compute_s"] - m.measured_breakdown["compute_s"]
+        share = d_step / d_compute if d_compute < 0 else float("nan")
+        busy = busy_share(m)
+        if busy >= GPU_BOUND:
+            bound.append(share)
+        print(f"   {m.rank:>4} {m.step:>5} {m.measured_s * 1e3:>11.2f} {w.replayed_s * 1e3:>10.2f} "
+              f"{d_step * 1e3:>9.2f} {d_compute * 1e3:>12.2f} {100 * busy:>6.1f} {share:>19.2f}")
+    if bound:
+        print(f"   GPU-bound steps (busy >= {GPU_BOUND:.0%}): {len(bound)}, step saves "
+              f"{min(bound):.0%}-{max(bound):.0%} of the compute saved (aim >= 50 %)")
+    else:
+        print(f"   no GPU-bound step (busy >= {GPU_BOUND:.0%})")
+    for note in model.notes():
+        print(f"   note: {note}")
+    try:
+        compressed_model = WhatIfModel(graphs, WhatIf(compression="fp16", ran_on=ran_on))
+    except TrainsimError as exc:
+        print(f"   compression: {exc}")
+        return
+    measured_all, measured_big = collective_times(base, compressed_model)
+    if not measured_all:
+        print("   compression: no NCCL kernels")
+        return
+    compressed = replay(graphs, op_time=compressed_model)
+    after_all, after_big = collective_times(compressed, compressed_model)
+    total = 100 * (sum(after_all.values()) / sum(measured_all.values()) - 1)
+    line = f"   compression fp16: all NCCL time {total:+.1f} %"
+    if measured_big:
+        cuts = sorted(100 * (after_big[k] / measured_big[k] - 1) for k in measured_big)
+        mean = 100 * (sum(after_big.values()) / sum(measured_big.values()) - 1)
+        line += (f"; {len(cuts)} all-reduces >= 16 MB: {mean:+.1f} % in all (each {cuts[0]:+.1f} to "
+                 f"{cuts[-1]:+.1f} %; aim -35 to -65 %)")
+    else:
+        line += "; no all-reduce of 16 MB or more"
+    print(line)
+    for note in compressed_model.notes():
+        print(f"   note: {note}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="?", type=Path, default=DEFAULT_TRACES)
+    parser.add_argument("--gpu", default="h100-sxm", help="GPU to swap in (default h100-sxm)")
+    parser.add_argument("--ran-on", default="dgx-a100",
+                        help="machine of traces that name no GPU (default dgx-a100)")
+    args = parser.parse_args()
+    if not args.traces.is_dir():
+        raise SystemExit(f"no traces folder at {args.traces}")
+    for name, paths in jobs(args.traces).items():
+        run_job(name, paths, args.gpu, args.ran_on)
+
+
+if __name__ == "__main__":
+    main()

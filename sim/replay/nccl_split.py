@@ -1,0 +1,258 @@
+"""Split each measured NCCL kernel into waiting for peers, protocol latency and transfer.
+
+An NCCL kernel starts when its rank reaches the collective and ends when the data has moved, so its measured
+time is ``wait`` (until the slowest peer has arrived) + ``latency`` (the protocol's fixed cost) + ``transfer``
+(the bytes over the rate the collective achieves on that machine). A what-if re-times only the parts it
+changes and keeps the rest as measured.
+
+- **Latency** is the collective model's time for an empty message (`ops.collective_time` at 0 bytes, with the
+  algorithm and protocol the kernel's name shows) on the machine the trace ran on; 0 when that machine is
+  unknown.
+- **Transfer** is fitted from the trace's own kernels: per (collective, group size, protocol), the fastest
+  effective rate ``bytes / (time - latency)`` among kernels of known size, i.e. the lower envelope of time
+  against size. That kernel waited for nobody; every other kernel's excess over the envelope is its wait.
+- **Sizes a trace does not carry** are inferred from the measured time: on the trace's own fit when kernels
+  of the same kind have sizes, else by inverting the collective model of the machine the trace ran on, capped
+  at the largest message for which NCCL picks the protocol in the kernel's name (an LL kernel moved a small
+  message whatever it lasted). Any wait then counts as transfer, so an inferred size is an upper bound.
+
+The model's pieces are public functions of `trainsim.sim.collectives.ops`; nothing here changes them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+from trainsim.errors import TrainsimError
+from trainsim.sim.replay.trace_graph import GpuOp, TraceGraph
+
+# Kineto's collective names (lower case, separators removed) -> trainsim.sim.collectives.ops names.
+COLLECTIVE_NAMES = {
+    "allreduce": "allreduce", "allreducecoalesced": "allreduce", "broadcast": "broadcast", "reduce": "reduce",
+    "allgather": "allgather", "allgatherbase": "allgather", "allgatherintotensorcoalesced": "allgather",
+    "reducescatter": "reduce_scatter", "reducescatterbase": "reduce_scatter",
+    "reducescattertensorcoalesced": "reduce_scatter", "alltoall": "alltoall", "alltoallbase": "alltoall",
+    "sendrecv": "sendrecv", "send": "sendrecv", "recv": "sendrecv",
+}
+# ncclKernel_AllReduce_RING_LL_Sum_float(...) and ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)
+_ALGO_PROTO = re.compile(r"_(RING|TREE|NVLS|NVLSTREE|COLLNET\w*?)_(LL128|LL|SIMPLE)(?![A-Za-z0-9])")
+_FLOAT32 = re.compile(r"_(float|f32)(?![A-Za-z0-9])")
+_MODEL_ALGOS = {"RING": "ring", "TREE": "tree", "NVLS": "nvls"}
+_SIZE_RANGE = (1.0, 2.0**40)      # bytes searched when inverting the model
+
+
+def kernel_algo_proto(name: str) -> tuple[str, str]:
+    """(algorithm, protocol) an NCCL kernel's name shows, in the model's spelling; "auto" where not."""
+    match = _ALGO_PROTO.search(name)
+    if not match:
+        return "auto", "auto"
+    return _MODEL_ALGOS.get(match.group(1), "auto"), match.group(2).lower()
+
+
+def kernel_moves_fp32(name: str) -> bool:
+    """Whether an NCCL kernel's name says it reduces 4-byte floats (for traces without dtypes)."""
+    return bool(_FLOAT32.search(name))
+
+
+@dataclass(frozen=True)
+class Split:
+    """One NCCL kernel's measured time in parts (seconds) and the message it moved (bytes, S)."""
+
+    wait_s: float
+    latency_s: float
+    transfer_s: float
+    nbytes: float
+    element_bytes: int | None
+    size_source: str          # "trace" | "inferred from the trace's fit" | "inferred from the model of ..."
+
+    @property
+    def core_s(self) -> float:
+        """Latency + transfer: what another machine or another message size changes."""
+        return self.latency_s + self.transfer_s
+
+    def core_at(self, nbytes: float) -> float:
+        """Latency + transfer for a message of ``nbytes`` at this kernel's rate."""
+        if self.nbytes <= 0:
+            return self.latency_s
+        return self.latency_s + self.transfer_s * nbytes / self.nbytes
+
+    @property
+    def inferred(self) -> bool:
+        return self.size_source != "trace"
+
+
+@dataclass(frozen=True)
+class Member:
+    """Where an NCCL kernel sits: its collective (model name), the ranks of its group, its algo/protocol."""
+
+    op: str
+    ranks: tuple[int, ...]
+    algo: str
+    proto: str
+
+    @property
+    def key(self) -> tuple:
+        return self.op, len(self.ranks), self.proto
+
+
+def member(graph: TraceGraph, op: GpuOp, world: int) -> Member | None:
+    """The collective of an NCCL kernel, None when its type is unknown or its group is one rank."""
+    c = op.collective
+    name = COLLECTIVE_NAMES.get(c.op) if c is not None else None
+    if name is None:
+        return None
+    if c.ranks:
+        ranks = tuple(c.ranks)
+    elif name == "sendrecv":          # point to point: this rank and a neighbour
+        r = graph.rank
+        ranks = (r, r + 1) if r + 1 < max(world, 2) else (r - 1, r)
+    else:
+        ranks = tuple(range(c.group_size or graph.trace.world_size or world))
+    if len(ranks) < 2:
+        return None
+    return Member(name, ranks, *kernel_algo_proto(op.name))
+
+
+class NcclSplit:
+    """The splits of every NCCL kernel of ``graphs``; ``home`` is the Topology the trace ran on (or None)."""
+
+    def __init__(self, graphs: list[TraceGraph], home=None):
+        self.graphs, self.home = graphs, home
+        self.world = max([g.trace.world_size or 0 for g in graphs] + [len(graphs), 2])
+        self.members: dict[tuple[int, int], Member] = {}
+        self._latency: dict[tuple, float] = {}
+        self._proto_cap: dict[tuple, float] = {}
+        self.rates: dict[tuple, float] = {}           # (op, group size, proto) -> bytes/s of the envelope
+        self.splits: dict[tuple[int, int], Split] = {}
+        sized: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        for g in graphs:
+            for o in g.ops:
+                if o.kind != "collective":
+                    continue
+                m = member(g, o, self.world)
+                if m is None:
+                    continue
+                self.members[(g.rank, o.index)] = m
+                nbytes = o.collective.array_bytes
+                if nbytes and o.event.dur > 0:
+                    sized[m.key].append((float(nbytes), o.event.dur - self.latency(m)))
+        for key, points in sized.items():
+            rates = [s / t for s, t in points if t > 0]
+            if rates:
+                self.rates[key] = max(rates)
+        for g in graphs:
+            for o in g.ops:
+                m = self.members.get((g.rank, o.index))
+                if m is not None:
+                    split = self._split(o, m)
+                    if split is not None:
+                        self.splits[(g.rank, o.index)] = split
+
+    # -- the model on the machine the trace ran on ------------------------------------------------------
+
+    def gpus(self, topology, ranks: tuple[int, ...]) -> list[str]:
+        """Global rank r is the topology's r-th GPU."""
+        gpus = topology.gpus
+        if max(ranks) >= len(gpus):
+            raise TrainsimError(f"topology {topology.name} has {len(gpus)} GPUs; the trace's collectives "
+                                f"need rank {max(ranks)}", field="--topology")
+        return [gpus[r] for r in ranks]
+
+    def model_time(self, topology, m: Member, nbytes: float, *, pinned_choice: bool = True) -> float:
+        """The collective model's time on ``topology``: with the kernel's algorithm and protocol where the
+        topology supports them (``pinned_choice``), else NCCL's own choice."""
+        from trainsim.sim.collectives.ops import collective_time
+
+        gpus = self.gpus(topology, m.ranks)
+        if pinned_choice and (m.algo, m.proto) != ("auto", "auto"):
+            try:
+                return collective_time(topology, m.op, gpus, nbytes, algo=m.algo, proto=m.proto)
+            except TrainsimError:
+                pass
+        return collective_time(topology, m.op, gpus, nbytes)
+
+    def latency(self, m: Member) -> float:
+        if self.home is None:
+            return 0.0
+        if m.key not in self._latency:
+            self._latency[m.key] = self.model_time(self.home, m, 0.0)
+        return self._latency[m.key]
+
+    def _largest_for_protocol(self, m: Member) -> float:
+        """The largest message for which NCCL (the model) picks the kernel's protocol; inf if any size."""
+        from trainsim.sim.collectives.ops import choose
+
+        if m.key not in self._proto_cap:
+            cap = math.inf
+            if m.proto != "auto" and self.home is not None:
+                gpus = self.gpus(self.home, m.ranks)
+                sizes = [2.0**k for k in range(10, 41)]
+                try:
+                    chosen = [choose(self.home, m.op, gpus, s, algo=m.algo)[1] == m.proto for s in sizes]
+                except TrainsimError:
+                    chosen = []
+                if chosen and not chosen[-1] and any(chosen):
+                    cap = max(s for s, c in zip(sizes, chosen, strict=True) if c)
+            self._proto_cap[m.key] = cap
+        return self._proto_cap[m.key]
+
+    def _invert_model(self, m: Member, seconds: float) -> float:
+        """The message size whose model time on the home machine is ``seconds`` (bisection in log size)."""
+        lo, hi = _SIZE_RANGE
+        if self.model_time(self.home, m, lo) >= seconds:
+            return 0.0
+        if self.model_time(self.home, m, hi) <= seconds:
+            return hi
+        for _ in range(60):
+            mid = math.sqrt(lo * hi)
+            if self.model_time(self.home, m, mid) < seconds:
+                lo = mid
+            else:
+                hi = mid
+            if hi / lo < 1.001:
+                break
+        return lo
+
+    # -- one kernel ------------------------------------------------------------------------------------
+
+    def _split(self, o: GpuOp, m: Member) -> Split | None:
+        dur = o.event.dur
+        c = o.collective
+        latency = min(self.latency(m), dur)
+        element = c.element_bytes if c is not None and c.element_bytes else (
+            4 if kernel_moves_fp32(o.name) else None)
+        nbytes = c.array_bytes if c is not None else None
+        if nbytes is not None:
+            rate = self.rates.get(m.key)
+            transfer = min(nbytes / rate, dur - latency) if rate else dur - latency
+            return Split(dur - latency - transfer, latency, transfer, float(nbytes), element, "trace")
+        if m.key in self.rates:                       # the trace's own fit for this kind of kernel
+            transfer = dur - latency
+            return Split(0.0, latency, transfer, transfer * self.rates[m.key], element,
+                         "inferred from the trace's fit")
+        if self.home is None:
+            return None
+        nbytes = min(self._invert_model(m, dur), self._largest_for_protocol(m))
+        core = min(self.model_time(self.home, m, nbytes), dur)
+        return Split(dur - core, latency, core - latency, nbytes, element,
+                     f"inferred from the model of {self.home.name}")
+
+    def split(self, rank: int, op: GpuOp) -> Split | None:
+        return self.splits.get((rank, op.index))
+
+    def member(self, rank: int, op: GpuOp) -> Member | None:
+        return self.members.get((rank, op.index))
+
+    def summary(self) -> dict:
+        """Counts and the fitted rates, for the report."""
+        sources: dict[str, int] = defaultdict(int)
+        for s in self.splits.values():
+            sources[s.size_source] += 1
+        unsplit = len(self.members) - len(self.splits)
+        return {"kernels": len(self.members), "split": len(self.splits), "unsplit": unsplit,
+                "size_sources": dict(sources),
+                "rates_gbps": {f"{op}/{n}/{proto}": round(r / 1e9, 3)
+                               for (op, n, proto), r in sorted(self.rates.items())}}
