@@ -25,7 +25,8 @@ class _OneLineErrors(TyperGroup):
 
     def resolve_command(self, ctx, args):
         ctx.meta.setdefault("trainsim.args", []).extend(args)  # to see --json if a command fails
-        return super().resolve_command(ctx, args)
+        name, command, rest = super().resolve_command(ctx, args)
+        return name, command, _optional_values(rest, OPTIONAL_VALUES.get(name, {}))
 
     def invoke(self, ctx: typer.Context):
         try:
@@ -42,6 +43,23 @@ class _OneLineErrors(TyperGroup):
                 print_json({"error": exc.format_message(), "file": None,
                             "field": field if isinstance(field, str) else None, "exit_code": exc.exit_code})
             raise
+
+
+#: options whose value may be left out (``--ray`` alone means ``--ray local``): command -> option -> value.
+#: typer has no such options, so a bare one gets its value before parsing.
+OPTIONAL_VALUES = {"sweep": {"--ray": "local"}}
+
+
+def _optional_values(args: list[str], options: dict[str, str]) -> list[str]:
+    """``args`` with the implied value after each of ``options`` given last or before another option."""
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--":
+            return out + args[i + 1:]
+        if arg in options and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(options[arg])
+    return out
 
 
 def _wants_json(ctx: typer.Context) -> bool:
@@ -623,7 +641,7 @@ def sweep_cmd(
                                         "with the same file runs only the points it lacks."),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1,
                                        help="Local processes (default: every core; 1: one by one)."),
-    ray: str | None = typer.Option(None, "--ray", metavar="[ADDRESS]", flag_value="local", is_flag=False,
+    ray: str | None = typer.Option(None, "--ray", metavar="[ADDRESS]",
                                    help="Run the points on Ray: alone, a new local Ray instance; or a "
                                         "cluster at HOST:PORT, ray://HOST:PORT or auto (put it after SPEC)."),
     retry_failed: bool = typer.Option(False, "--retry-failed",
