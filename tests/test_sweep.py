@@ -188,6 +188,7 @@ def test_ray_gives_the_rows_of_local_processes(tmp_path):
     ({"grid": {"gpus": 2}}, ("grid.gpus", "list")),
     ({"grid": {"gpus": [1]}, "points": [{"gpus": 2}]}, ("grid.gpus", "both")),
     ({"grid": {"gpus": [1]}, "extra": 1}, ("extra", "unknown field")),
+    ({"grid": {"gpus": [1]}, "variant": "nope"}, ("base.yaml", "unknown variant 'nope'")),
 ])
 def test_bad_specs(tmp_path, body, expected):
     out = tmp_path / "r.csv"
@@ -203,6 +204,7 @@ def test_bad_names_and_options(tmp_path):
     bad_base = tmp_path / "bad-base.yaml"
     bad_base.write_text(yaml.safe_dump({"scenario": "missing.yaml", "grid": {"gpus": [1]}}))
     fails("sweep", bad_base, "-o", out, expected=("missing.yaml", "file not found"))
+    fails("sweep", spec, "-o", tmp_path / "r.parquet", expected=("r.parquet", "--out", ".csv"))
     assert not out.exists()
 
 

@@ -66,6 +66,9 @@ def run_sweep(sweep: Sweep, results: str | os.PathLike, *, workers: int | None =
     processes (default: this process's cores), or on Ray when ``ray`` is an address or ``local``
     (`trainsim.sweeps.backends.connect_ray`). ``retry_failed``: points recorded as errors run again."""
     start = time.perf_counter()
+    if parquet_path(results) == Path(results):
+        raise TrainsimError("the results file is the CSV (its Parquet copy goes beside it); give a .csv name",
+                            file=str(results), field="--out")
     header = columns(sweep.fields)
     store = ResultsFile(results, header)
     resolved, invalid, order, duplicates = _resolve(sweep)

@@ -14,10 +14,11 @@ values.
       optimizations.preload: [0, 1]
 
 Fields are the scenario's own, as ``--set`` names them (``strategy.name``, ``optimizations.preload``); a
-value replaces the field at that path. The points are every list point (or the base alone, without a list)
-crossed with every grid combination, in the file's order. A field that names no scenario field, an empty
-grid and a field given by both the grid and the list are refused when the file is read; a point whose
-scenario is invalid is that point's error, found when the point resolves (`resolve`).
+value replaces the field at that path, and a point's own value replaces the one ``set`` gives. The points
+are every list point (or the base alone, without a list) crossed with every grid combination, in the
+file's order. A field that names no scenario field, an empty grid, a field given by both the grid and the
+list, a missing base scenario or variant are refused when the file is read; a point whose scenario is
+invalid is that point's error, found when the point resolves (`Sweep.resolve`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 from trainsim.files import read_text
 from trainsim.formats.scenario import Scenario
-from trainsim.formats.scenario_loader import load_scenario, read_scenario_data, set_path
+from trainsim.formats.scenario_loader import apply_variant, load_scenario, read_scenario_data, set_path
 from trainsim.yamlio import parse_yaml_mapping
 
 SCHEMA = "trainsim.sweep/1"
@@ -92,7 +93,8 @@ class Sweep:
 
 
 def scenario_key(scenario: Scenario) -> str:
-    """The key of a resolved point: a hash of its whole validated scenario (what a rerun recognises)."""
+    """The key of a resolved point: a hash of its whole validated scenario (what a rerun recognises). Files
+    it names (a topology, a workload) enter by name, not content: after editing one, use another --out."""
     return _digest(scenario.model_dump(mode="json", by_alias=True))
 
 
@@ -132,7 +134,9 @@ def load_spec(source: str | os.PathLike) -> Sweep:
     except ValidationError as exc:
         raise from_validation_error(exc, file=label) from None
     base = _base_scenario(spec.scenario, folder)
-    read_scenario_data(base)  # a missing base scenario is the file's error, not every point's
+    # a missing base scenario or variant is the sweep file's error, not every point's
+    data, base_label, _ = read_scenario_data(base)
+    apply_variant(data, spec.variant, label=base_label)
     _check_fields(spec, label)
     return Sweep(spec=spec, label=label, base=base, points=_expand(spec))
 
