@@ -669,11 +669,12 @@ def sweep_cmd(
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True)
     task = bar.add_task(sweep.spec.name, total=None)
-    failed = 0
+    failed = written = 0
 
     def progress(done: int, total: int, row: dict) -> None:
-        nonlocal failed
+        nonlocal failed, written
         failed += row["status"] != "ok"
+        written = done
         bar.update(task, completed=done, total=total,
                    description=f"{sweep.spec.name}: point {row['index']}" + (f", {failed} failed" if failed
                                                                              else ""))
@@ -683,8 +684,8 @@ def sweep_cmd(
             report = run_sweep(sweep, out, workers=workers, ray=ray, retry_failed=retry_failed,
                                progress=progress)
     except KeyboardInterrupt:
-        typer.echo(f"error: interrupted; the points that finished are in {out}; run the same command again "
-                   "to resume", err=True)
+        typer.echo(f"error: interrupted; the {written} points that finished this run are in {out}; run the "
+                   "same command again to resume", err=True)
         raise typer.Exit(130) from None
     front = plot_sweep(report.rows, axis, plot, title=sweep.spec.name) if plot else None
     if as_json:

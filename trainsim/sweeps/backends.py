@@ -44,8 +44,8 @@ def run_local(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
     import trainsim.api  # noqa: F401 - the simulator, imported once here so that forked workers inherit it
 
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_ignore_interrupt)
+    pending = {pool.submit(run_point, scenario): key for key, scenario in tasks}
     try:
-        pending = {pool.submit(run_point, scenario): key for key, scenario in tasks}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
@@ -55,7 +55,18 @@ def run_local(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
                 except Exception as exc:  # noqa: BLE001 - the worker process died (killed, out of memory)
                     yield key, failure(f"worker process failed: {type(exc).__name__}: {exc}")
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=not pending, cancel_futures=True)
+        if pending:  # stopped early (Ctrl-C): end the points still running rather than wait for them
+            _terminate_workers(pool)
+
+
+def _terminate_workers(pool: ProcessPoolExecutor) -> None:
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((pool._processes or {}).values()):  # before 3.14 only the private table has them
+        process.terminate()
 
 
 def _ignore_interrupt() -> None:
