@@ -100,7 +100,7 @@ def test_a_sweep_writes_one_row_per_point_and_records_failures(tmp_path):
     rows = sorted(_rows(out), key=lambda r: int(r["index"]))
     assert [r["status"] for r in rows] == ["ok", "error", "error", "ok"]
     assert "point 1" in rows[1]["error"] and "batch_size" in rows[1]["error"]
-    assert "gpus" in rows[2]["error"] and rows[2]["samples_per_s"] == ""
+    assert "point 2" in rows[2]["error"] and "gpus" in rows[2]["error"] and rows[2]["samples_per_s"] == ""
     assert rows[3]["num_gpus"] == "4" and float(rows[3]["samples_per_s"]) > 0
     assert float(rows[3]["gpu_seconds_per_sample"]) == pytest.approx(4 / float(rows[3]["samples_per_s"]))
 

@@ -98,7 +98,10 @@ def run_sweep(sweep: Sweep, results: str | os.PathLike, *, workers: int | None =
     else:
         outcomes = backends.run_local(todo, workers or backends.default_workers())
     for key, outcome in outcomes:
-        record(key, resolved[key][0], outcome)
+        point = resolved[key][0]
+        if outcome["status"] != "ok":  # name the point, as an invalid point's error does
+            outcome = {**outcome, "error": f"{sweep.label} point {point.index}: {outcome['error']}"}
+        record(key, point, outcome)
     rows = [done[key] for key in order if key in done]
     parquet = None
     if parquet_available() and done:
