@@ -69,14 +69,14 @@ def run_sweep(sweep: Sweep, results: str | os.PathLike, *, workers: int | None =
     if parquet_path(results) == Path(results):
         raise TrainsimError("the results file is the CSV (its Parquet copy goes beside it); give a .csv name",
                             file=str(results), field="--out")
+    if ray is not None:
+        backends.check_ray(ray)
     header = columns(sweep.fields)
     store = ResultsFile(results, header)
     resolved, invalid, order, duplicates = _resolve(sweep)
     done = store.prepare(drop_errors=retry_failed)
     todo = [(key, scenario) for key, (_, scenario) in resolved.items() if key not in done]
     errors = [(key, point, message) for key, (point, message) in invalid.items() if key not in done]
-    if ray is not None:
-        backends.check_ray(ray)
     ray_module = backends.connect_ray(ray, workers) if ray is not None and todo else None
     resumed = sum(key in done for key in order)
     total, written = len(todo) + len(errors), 0
