@@ -25,7 +25,8 @@ class _OneLineErrors(TyperGroup):
 
     def resolve_command(self, ctx, args):
         ctx.meta.setdefault("trainsim.args", []).extend(args)  # to see --json if a command fails
-        return super().resolve_command(ctx, args)
+        name, command, rest = super().resolve_command(ctx, args)
+        return name, command, _optional_values(rest, OPTIONAL_VALUES.get(name, {}))
 
     def invoke(self, ctx: typer.Context):
         try:
@@ -42,6 +43,23 @@ class _OneLineErrors(TyperGroup):
                 print_json({"error": exc.format_message(), "file": None,
                             "field": field if isinstance(field, str) else None, "exit_code": exc.exit_code})
             raise
+
+
+#: options whose value may be left out (``--ray`` alone means ``--ray local``): command -> option -> value.
+#: typer has no such options, so a bare one gets its value before parsing.
+OPTIONAL_VALUES = {"sweep": {"--ray": "local"}}
+
+
+def _optional_values(args: list[str], options: dict[str, str]) -> list[str]:
+    """``args`` with the implied value after each of ``options`` given last or before another option."""
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--":
+            return out + args[i + 1:]
+        if arg in options and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(options[arg])
+    return out
 
 
 def _wants_json(ctx: typer.Context) -> bool:
@@ -627,6 +645,76 @@ def max_batch_cmd(
                    f"{row['samples_per_s']:10.1f} samples/s  {peak}")
     if doc["batch_gain"] is not None:
         typer.echo(f"  offload: batch x{doc['batch_gain']:.2f}, throughput x{doc['throughput_gain']:.2f}")
+
+
+# ---- trainsim sweep: many scenarios from one file (trainsim/sweeps/) ---------------------------------------
+
+@app.command("sweep")
+def sweep_cmd(
+    spec: str = typer.Argument(..., metavar="SPEC",
+                               help="A sweep file (trainsim.sweep/1) or the name of a shipped one."),
+    out: str | None = typer.Option(None, "--out", "-o", metavar="FILE.csv",
+                                   help="The results CSV (default: NAME.csv, NAME the sweep's name); a "
+                                        "Parquet copy goes beside it when pyarrow is installed. Rerunning "
+                                        "with the same file runs only the points it lacks."),
+    workers: int | None = typer.Option(None, "--workers", "-j", min=1,
+                                       help="Local processes (default: every core; 1: one by one)."),
+    ray: str | None = typer.Option(None, "--ray", metavar="[ADDRESS]",
+                                   help="Run the points on Ray: alone, a new local Ray instance; or a "
+                                        "cluster at HOST:PORT, ray://HOST:PORT or auto (put it after SPEC)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed",
+                                      help="Run again the points the results file records as errors."),
+    plot: str | None = typer.Option(None, "--plot", metavar="FILE.png",
+                                    help="Plot throughput against --x with the Pareto front marked."),
+    axis: str = typer.Option("gpu_seconds_per_sample", "--x", metavar="AXIS",
+                             help="The plot's cost or size axis: gpu_seconds_per_sample, num_gpus, "
+                                  "batch_size, memory_peak_gib or iteration_time_s."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Run every point of a sweep (a base scenario, a grid and/or list of field values) in parallel: one row
+    per point in a CSV, failures recorded per point, and a rerun resumes where the last one stopped."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trainsim.sweeps import load_spec, run_sweep
+    from trainsim.sweeps.plot import check_axis, plot_sweep
+    from trainsim.sweeps.report import rich_table, summary
+
+    sweep = load_spec(spec)
+    check_axis(axis)
+    out = out or f"{sweep.spec.name}.csv"
+    _check_outputs(("--out", out), ("--plot", plot))
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    task = bar.add_task(sweep.spec.name, total=None)
+    failed = written = 0
+
+    def progress(done: int, total: int, row: dict) -> None:
+        nonlocal failed, written
+        failed += row["status"] != "ok"
+        written = done
+        bar.update(task, completed=done, total=total,
+                   description=f"{sweep.spec.name}: point {row['index']}" + (f", {failed} failed" if failed
+                                                                             else ""))
+
+    try:
+        with bar:
+            report = run_sweep(sweep, out, workers=workers, ray=ray, retry_failed=retry_failed,
+                               progress=progress)
+    except KeyboardInterrupt:
+        typer.echo(f"error: interrupted; the {written} points that finished this run are in {out}; run the "
+                   "same command again to resume", err=True)
+        raise typer.Exit(130) from None
+    front = plot_sweep(report.rows, axis, plot, title=sweep.spec.name) if plot else None
+    if as_json:
+        print_json(report.to_dict() | {"plot": plot, "x": axis,
+                                       "pareto_front": [row["index"] for row in front or []]})
+        return
+    console = Console(width=None if sys.stdout.isatty() else 160)  # piped: keep the columns readable
+    console.print(rich_table(report, front))
+    console.print(summary(report), soft_wrap=True, markup=False)
+    if plot:
+        console.print(f"plot written to {plot} (* marks the Pareto front)", soft_wrap=True, markup=False)
 
 
 scenarios_app = _app(help="The scenarios shipped with trainsim.")

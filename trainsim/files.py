@@ -66,3 +66,25 @@ def check_output_folder(path: str | os.PathLike, option: str | None = None) -> P
     if not os.access(existing, os.W_OK | os.X_OK):
         raise TrainsimError(f"folder {str(existing)!r} is not writable", file=label, field=option)
     return path
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write a file so that it is either complete or absent: a temporary file beside it, then a rename."""
+    import tempfile
+
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise TrainsimError(f"cannot write here ({exc.strerror})", file=str(path)) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

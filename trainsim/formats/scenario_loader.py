@@ -201,9 +201,13 @@ def load_scenario(
     overrides: list[str] | tuple[str, ...] = (),
     *,
     variant: str | None = None,
+    values: dict[str, Any] | None = None,
+    where: str | None = None,
 ) -> Scenario:
     """A validated `Scenario` from a shipped name, a YAML path or a mapping, with overrides applied.
 
+    ``overrides`` are ``key.path=value`` texts; ``values`` are overrides already parsed (``{"gpus": 4}``),
+    applied after them. ``where`` names the scenario in errors instead of its file (a sweep's point).
     A variant is checked when it is chosen (``check_variants`` checks them all), so a file may carry
     variants that only a later feature understands.
     """
@@ -213,13 +217,14 @@ def load_scenario(
         data, label, base_dir = copy.deepcopy(source), None, None
     else:
         data, label, base_dir = read_scenario_data(source)
-    where = label
     if variant is not None:
         data = apply_variant(data, variant, label=label)
-        where = f"{label or 'scenario'} variant {variant}"
+    where = where or (f"{label or 'scenario'} variant {variant}" if variant is not None else label)
     for text in overrides:
         key, value = parse_override(text)
         set_path(data, key, value, label=where)
+    for key, value in (values or {}).items():
+        set_path(data, key, copy.deepcopy(value), label=where)
     scenario = validate_scenario(data, label=where)
     scenario._source = label
     scenario._base_dir = str(base_dir) if base_dir else None

@@ -1,0 +1,129 @@
+"""Run a sweep: resolve every point, skip those the results file already holds, run the rest on a backend and
+append each row as it finishes.
+
+    from trainsim.sweeps import load_spec, run_sweep
+    report = run_sweep(load_spec("sweep.yaml"), "results.csv", workers=2)
+
+A point whose scenario is invalid is recorded as its error without running; a point that fails while it runs
+likewise. Two points that resolve to the same scenario (same key) run once. Everything that can refuse the
+run (the results file of another sweep, Ray missing or unreachable) is checked before a row is written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainsim.errors import TrainsimError
+
+from . import backends
+from .results import FIELD_PREFIX, ResultsFile, columns, parquet_available, write_parquet
+from .spec import Point, Sweep, scenario_key
+
+#: called after each row is written: (rows written this run, rows to write this run, the row)
+Progress = Callable[[int, int, dict], None]
+
+
+@dataclass
+class SweepReport:
+    """What a run did: the rows of the sweep's points (point order, previous runs' rows included), how many
+    ran now, were already done, failed; where the results are."""
+
+    name: str
+    results: Path
+    rows: list[dict]
+    ran: int
+    resumed: int
+    duplicates: int
+    wall_s: float
+    parquet: Path | None = None
+    fields: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(row["status"] != "ok" for row in self.rows)
+
+    def to_dict(self) -> dict:
+        return {"schema": "trainsim.sweep-result/1", "name": self.name, "results": str(self.results),
+                "parquet": str(self.parquet) if self.parquet else None, "points": len(self.rows),
+                "ran": self.ran, "resumed": self.resumed, "failed": self.failed,
+                "duplicates": self.duplicates, "wall_s": round(self.wall_s, 3), "fields": self.fields,
+                "rows": self.rows}
+
+
+def parquet_path(results: str | os.PathLike) -> Path:
+    """Where the Parquet copy of a results CSV goes: beside it, ``.parquet`` for ``.csv``."""
+    return Path(results).with_suffix(".parquet")
+
+
+def run_sweep(sweep: Sweep, results: str | os.PathLike, *, workers: int | None = None,
+              ray: str | None = None, retry_failed: bool = False, progress: Progress | None = None
+              ) -> SweepReport:
+    """Run the points of ``sweep`` not yet in ``results`` (a CSV, created if missing) on ``workers`` local
+    processes (default: this process's cores), or on Ray when ``ray`` is an address or ``local``
+    (`trainsim.sweeps.backends.connect_ray`). ``retry_failed``: points recorded as errors run again."""
+    start = time.perf_counter()
+    if parquet_path(results) == Path(results):
+        raise TrainsimError("the results file is the CSV (its Parquet copy goes beside it); give a .csv name",
+                            file=str(results), field="--out")
+    if ray is not None:
+        backends.check_ray(ray)
+    header = columns(sweep.fields)
+    store = ResultsFile(results, header)
+    resolved, invalid, order, duplicates = _resolve(sweep)
+    done = store.prepare(drop_errors=retry_failed)
+    todo = [(key, scenario) for key, (_, scenario) in resolved.items() if key not in done]
+    errors = [(key, point, message) for key, (point, message) in invalid.items() if key not in done]
+    ray_module = backends.connect_ray(ray, workers) if ray is not None and todo else None
+    resumed = sum(key in done for key in order)
+    total, written = len(todo) + len(errors), 0
+
+    def record(key: str, point: Point, outcome: dict) -> None:
+        nonlocal written
+        row = {"key": key, "index": point.index,
+               **{FIELD_PREFIX + name: value for name, value in point.values.items()}, **outcome}
+        store.append(row)
+        done[key] = {col: row.get(col) for col in header}
+        written += 1
+        if progress:
+            progress(written, total, row)
+
+    for key, point, message in errors:
+        record(key, point, {"status": "error", "error": message})
+    if ray_module is not None:
+        outcomes = backends.run_ray(ray_module, todo)
+    else:
+        outcomes = backends.run_local(todo, workers or backends.default_workers())
+    for key, outcome in outcomes:
+        point = resolved[key][0]
+        if outcome["status"] != "ok":  # name the point, as an invalid point's error does
+            outcome = {**outcome, "error": f"{sweep.label} point {point.index}: {outcome['error']}"}
+        record(key, point, outcome)
+    rows = [done[key] for key in order if key in done]
+    parquet = None
+    if parquet_available() and done:
+        parquet = parquet_path(results)
+        write_parquet(list(done.values()), header, parquet)
+    return SweepReport(name=sweep.spec.name, results=Path(results), rows=rows, ran=written,
+                       resumed=resumed, duplicates=duplicates,
+                       wall_s=time.perf_counter() - start, parquet=parquet, fields=sweep.fields)
+
+
+def _resolve(sweep: Sweep):
+    """(key -> (point, scenario) of the valid points, key -> (point, error) of the invalid ones, every key
+    in point order, how many points repeated an earlier one)."""
+    resolved, invalid, order = {}, {}, {}
+    for point in sweep.points:
+        try:
+            scenario = sweep.resolve(point)
+        except TrainsimError as exc:
+            key = sweep.raw_key(point)
+            invalid.setdefault(key, (point, str(exc)))
+        else:
+            key = scenario_key(scenario)
+            resolved.setdefault(key, (point, scenario))
+        order.setdefault(key, None)
+    return resolved, invalid, list(order), len(sweep.points) - len(order)
