@@ -68,8 +68,9 @@ def check_output_folder(path: str | os.PathLike, option: str | None = None) -> P
     return path
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write a file so that it is either complete or absent: a temporary file beside it, then a rename."""
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Write a file so that it is either complete or absent: a temporary file beside it, then a rename.
+    ``data`` as text is written as UTF-8. Returns the path."""
     import tempfile
 
     path = Path(path)
@@ -79,7 +80,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
         raise TrainsimError(f"cannot write here ({exc.strerror})", file=str(path)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
@@ -88,3 +89,4 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return path

@@ -7,13 +7,12 @@ imported here for the measurement code that writes and re-reads its files.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from trainsim.files import write_atomic  # noqa: F401 (the validate report writes through it)
 from trainsim.formats.bundle import (  # noqa: F401 (the writers' names for the files and their models)
     COLLECTIVES,
     LINKS,
@@ -27,25 +26,6 @@ from trainsim.formats.bundle import (  # noqa: F401 (the writers' names for the 
     read_file,
     workload_file,
 )
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so no reader sees half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the mode open() would
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def write_json(path: Path, data: Any) -> Path:

@@ -24,8 +24,8 @@ import gzip
 import json
 from pathlib import Path
 
+from trainsim.files import write_atomic
 from trainsim.sim.core.memory import GIB
-from trainsim.sim.replay.engine import write_atomic
 
 STREAM_TID = {"compute": 7, "h2d": 20, "d2h": 21, "comm": 22, "data": 1, "wait": 2}
 STREAM_NAME = {

@@ -14,7 +14,7 @@ import csv
 import io
 from pathlib import Path
 
-from trainsim.sim.replay.engine import write_atomic
+from trainsim.files import write_atomic
 
 COLUMNS = (
     "iteration",

@@ -26,8 +26,6 @@ import gzip
 import inspect
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from pathlib import Path
 import simpy
 
 from trainsim.errors import TrainsimError
+from trainsim.files import write_atomic
 from trainsim.formats.kineto import KinetoTrace, load_traces
 from trainsim.sim.replay.trace_graph import LAUNCH_QUEUE, GpuOp, TraceGraph, build_graph
 from trainsim.sim.replay.whatif import WhatIf
@@ -515,26 +514,6 @@ def _step_reports(rr: RankReplay) -> list[StepReport]:
 
 
 # ---------------------------------------------------------------- output files
-
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write a file so that it is either complete or absent: temp file beside it, then rename."""
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise TrainsimError(f"cannot write here ({exc.strerror})", file=str(path)) from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
 
 def chrome_trace(result: ReplayResult, *, provenance: dict | None = None) -> dict:
     """The replay as a Chrome/Perfetto trace: per rank one CPU process (threads) and one per GPU (streams)."""
