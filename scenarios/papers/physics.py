@@ -109,3 +109,17 @@ def simulate(scenario, physics: Physics = STATED):
     from trainsim.sim.simulation import Simulation
 
     return Simulation(scenario, machine=machine_for(scenario, physics), record=False).run()
+
+
+class RunCache:
+    """Results by (scenario, physics), for a sweep whose settings share runs (an assumption that only
+    changes how a figure is computed re-uses every simulation of the stated setting)."""
+
+    def __init__(self):
+        self._results: dict = {}
+
+    def simulate(self, scenario, physics: Physics = STATED):
+        key = (scenario.model_dump_json(), tuple(sorted(physics.factors.items())))
+        if key not in self._results:
+            self._results[key] = simulate(scenario, physics)
+        return self._results[key]
