@@ -21,20 +21,16 @@ VARIANTS = ("original", "sync-codesign")
 TITLE = "EASGD co-design (You, Buluç, Demmel, SC17): original vs Sync EASGD on 8x K80"
 PHYSICAL = ("pcie_bandwidth", "socket_bandwidth", "host_copy_rate", "gpu_flops", "gpu_memory_bandwidth",
             "link_latency")
-SHARE_O, SHARE_S, SPEEDUP = ("communication share, original EASGD",
-                             "communication share, Sync EASGD + co-design", "speedup Sync EASGD over original")
+SHARE_O = "communication share, original EASGD"
+SHARE_S = "communication share, Sync EASGD + co-design"
+SPEEDUP = "speedup Sync EASGD over original"
 SPECS = (
     FigureSpec(SHARE_O, 87.0, "%",
                "all non-compute time on the critical GPU: per-layer weights crossing PCIe every iteration, "
-               "waiting for the round-robin centre, the master core's memory-bound updates",
-               "the master core's update (3 x 244 MB at one core's copy rate) and the per-layer weight "
-               "copies leave the K80's roofline compute under a tenth of the iteration at every setting"),
+               "waiting for the round-robin centre, the master core's memory-bound updates; it falls as tau grows (sweep table)"),
     FigureSpec(SHARE_S, 14.0, "%",
                "the broadcast + reduce of 244 MB every tau iterations (tree ordered by topology, QPI "
-               "crossed once each way) against tau iterations of roofline compute, partly overlapped",
-               "even at tau = 16 the weights' exchange (QPI at 6 GB/s on the tree's cross-socket hop) "
-               "is a larger share of the iteration than the paper's 14 %: its exchange is not modelled as "
-               "this cheap"),
+               "crossed once each way) against tau iterations of roofline compute, partly overlapped; it falls as tau grows (sweep table)"),
     FigureSpec(SPEEDUP, 5.3, "x",
                "same 512 samples per iteration; the original waits for one master core serving 8 workers "
                "in turn (3 x 244 MB memory-bound per update) and copies its weights over PCIe every "

@@ -99,7 +99,8 @@ def _check_holds(path: str, label: str, index: int, a) -> None:
         plain = load_scenario(path, variant=variant)
         forced = load_scenario(path, [f"{a.set}={_yaml(a.value)}"], variant=variant)
         if plain.model_dump() != forced.model_dump():
-            raise TrainsimError(f"the stated value {_text(a.value)} is not what {a.set} holds in the scenario",
+            raise TrainsimError(f"the stated value {_text(a.value)} is not what {a.set} holds in the "
+                                "scenario",
                                 file=label, field=f"assumptions[{index}].value")
 
 
