@@ -27,10 +27,12 @@ SPEEDUP = "speedup Sync EASGD over original"
 SPECS = (
     FigureSpec(SHARE_O, 87.0, "%",
                "all non-compute time on the critical GPU: per-layer weights crossing PCIe every iteration, "
-               "waiting for the round-robin centre, the master core's memory-bound updates; it falls as tau grows (sweep table)"),
+               "waiting for the round-robin centre, the master core's memory-bound updates; "
+               "it falls as tau grows (sweep table)"),
     FigureSpec(SHARE_S, 14.0, "%",
                "the broadcast + reduce of 244 MB every tau iterations (tree ordered by topology, QPI "
-               "crossed once each way) against tau iterations of roofline compute, partly overlapped; it falls as tau grows (sweep table)"),
+               "crossed once each way) against tau iterations of roofline compute, partly overlapped; "
+               "it falls as tau grows (sweep table)"),
     FigureSpec(SPEEDUP, 5.3, "x",
                "same 512 samples per iteration; the original waits for one master core serving 8 workers "
                "in turn (3 x 244 MB memory-bound per update) and copies its weights over PCIe every "

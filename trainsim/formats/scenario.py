@@ -288,6 +288,25 @@ class Scenario(_Strict):
     def base_dir(self) -> str | None:
         return self._base_dir
 
+    @field_validator("assumptions", mode="before")
+    @classmethod
+    def _assumption_entries(cls, entries):
+        # a mapping is a free assumption: its own errors, not "should be a valid string"
+        if not isinstance(entries, list):
+            return entries
+        out = []
+        for index, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                try:
+                    entry = Assumption.model_validate(entry)
+                except ValidationError as exc:
+                    first = exc.errors()[0]
+                    where = ".".join(str(part) for part in first.get("loc", ()))
+                    msg = first.get("msg", str(exc)).removeprefix("Value error, ")
+                    raise ValueError(f"entry {index}{'.' + where if where else ''}: {msg}") from None
+            out.append(entry)
+        return out
+
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, gpus):
