@@ -27,6 +27,7 @@ def test_reproduce_dryden_gives_finite_figures_and_scaling_tables():
     result = reproduce("dryden")
     numbers = [f.ours for f in result.figures if isinstance(f.ours, float)]
     assert numbers and all(math.isfinite(x) and x > 0 for x in numbers)
+    assert all(f.in_range is None for f in result.figures)  # the abstract's claims are words
     for key, _, _ in SETS:
         rows = result.tables[f"{key}_strong_scaling"]
         assert [r["gpus"] for r in rows] == sorted(r["gpus"] for r in rows)

@@ -1,13 +1,10 @@
-"""The ScaleDNN reproduction: its scenarios state their assumptions and it produces finite figures."""
+"""The ScaleDNN reproduction at its stated setting: every model, each technique alone and together."""
 
 import math
 
-from typer.testing import CliRunner
-
-from trainsim.cli import app
 from trainsim.formats.scenario_loader import load_scenario
-from trainsim.scenarios.papers.reproduce import list_papers, reproduce
-from trainsim.scenarios.papers.scalednn import MODELS, SYSTEMS, scenario_path
+from trainsim.scenarios.papers.ranges import Setting, free_assumptions
+from trainsim.scenarios.papers.scalednn import MODELS, SYSTEMS, TECHNIQUES, evaluate, scenario_path
 
 
 def test_scenarios_state_assumptions_and_variants_switch_the_three_techniques():
@@ -20,17 +17,12 @@ def test_scenarios_state_assumptions_and_variants_switch_the_three_techniques():
         assert o.cpu_batch_split and o.preload == 1 and o.param_compression.method == "fp16"
 
 
-def test_reproduce_scalednn_gives_finite_figures_for_every_model():
-    assert "scalednn" in list_papers()
-    result = reproduce("scalednn")
-    numbers = [f.ours for f in result.figures]
-    assert len(numbers) == 4 and all(isinstance(x, float) and math.isfinite(x) for x in numbers)
+def test_stated_setting_gives_finite_figures_for_every_model_and_technique():
+    free = free_assumptions([(name, scenario_path(system)) for system, name in SYSTEMS.items()])
+    assert {s.assumption.name for s in free} == {"batch", "compression"}
+    result = evaluate(Setting(), free)
+    assert len(result.figures) == 4 and all(math.isfinite(x) for x in result.figures.values())
     rows = result.tables["savings"]
     assert {(r["system"], r["model"]) for r in rows} == {(s, m) for s in SYSTEMS for m in MODELS}
-    assert all(r["scalednn_s"] > 0 and r["dp_gpu0_s"] > 0 for r in rows)
-
-
-def test_cli_reproduce_scalednn_json():
-    result = CliRunner().invoke(app, ["reproduce", "scalednn", "--json"])
-    assert result.exit_code == 0, result.output
-    assert '"paper": "scalednn"' in result.output
+    alone = result.tables["techniques_alone"]
+    assert {(r["system"], r["technique"]) for r in alone} == {(s, t) for s in SYSTEMS for t in TECHNIQUES}

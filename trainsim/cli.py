@@ -1023,13 +1023,16 @@ def reproduce_cmd(
     if as_json:
         print_json(result.to_dict())
         return
+    def cell(value) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
     table = Table(title=result.title)
-    for column in ("figure", "ours", "published", "unit", "note"):
+    for column in ("figure", "published", "ours", "low", "high", "in range", "unit", "why / what drives it"):
         table.add_column(column, overflow="fold")
     for fig in result.figures:
-        ours = f"{fig.ours:.4g}" if isinstance(fig.ours, float) else str(fig.ours)
-        published = f"{fig.published:.4g}" if isinstance(fig.published, float) else str(fig.published)
-        table.add_row(fig.name, ours, published, fig.unit, fig.note)
+        in_range = {True: "yes", False: "no", None: "-"}[fig.in_range]
+        table.add_row(fig.name, cell(fig.published), cell(fig.ours), cell(fig.low), cell(fig.high), in_range,
+                      fig.unit, fig.reason or fig.note)
     console = Console()
     console.print(table)
     for name, rows in result.tables.items():  # extra detail, e.g. a strong-scaling table
@@ -1039,10 +1042,16 @@ def reproduce_cmd(
         for column in rows[0]:
             detail.add_column(column, overflow="fold")
         for row in rows:
-            detail.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+            detail.add_row(*(cell(v) for v in row.values()))
         console.print(detail)
-    for assumption in result.assumptions:
-        console.print(f"assumes: {assumption}")
+    if result.physics.get("parameters"):
+        console.print(f"swept {result.physics['sweep']}: {', '.join(result.physics['parameters'])} "
+                      f"x(1 +- {result.physics['spread']:g})")
+    for a in result.assumptions:
+        values = a.get("choices") or a.get("range")
+        console.print(f"assumes ({a['scenario']}) {a['name']} = {a['value']} over {values}: {a['reason']}")
+    for note in result.notes:
+        console.print(f"assumes: {note}")
 
 
 def main() -> None:

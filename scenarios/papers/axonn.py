@@ -10,13 +10,36 @@ simulated with and without offload, and each setting's fastest configuration tha
 
 from __future__ import annotations
 
+from functools import partial
 from importlib import resources
 
-from .reproduce import Figure, Reproduction, register_paper
+from .physics import RunCache
+from .ranges import Evaluation, FigureSpec, Setting, build, overrides
+from .reproduce import register_paper
 
 SCENARIO = "axonn-gpt-dgx1.yaml"
 STAGES = (8, 4, 2, 1)
 MODEL_STATE = ("params", "grads", "optimizer_state", "offload_buffers")
+TITLE = "AxoNN (Singh & Bhatele): optimizer-state offload in a message-driven pipeline"
+PHYSICAL = ("pcie_bandwidth", "nvlink_bandwidth", "gpu_flops")
+PER_PARAM = "GPU model state per parameter, no offload"
+PER_PARAM_OFF = "GPU model state per parameter, offload"
+REDUCTION, FEWEST = "GPU memory reduction", "fewest pipeline stages that fit 16 GB, no offload / offload"
+SPEED = "throughput, best fitting offload config / best fitting without"
+SPECS = (
+    FigureSpec(PER_PARAM, 16.0, "bytes", "fp16 weights + grads (4) + fp32 master, m, v (12), on 8 stages"),
+    FigureSpec(PER_PARAM_OFF, 4.0, "bytes", "fp16 weights + grads, plus two streaming buffers (the excess)",
+               "the two chunk buffers on the GPU add to the 4 bytes; the paper counts the parameters' state"),
+    FigureSpec(REDUCTION, 4.0, "x", "the two figures above: bytes per parameter (arithmetic)",
+               "the chunk buffers (see above)"),
+    FigureSpec(FEWEST, None, "stages", "the freed memory lets the model run with less pipelining"),
+    FigureSpec(SPEED, 1.13, "x",
+               "streaming 12 bytes/param each way over PCIe Gen3 (two GPUs per switch) per iteration against "
+               "the pipeline bubble that fewer stages save",
+               "on one DGX-1 the stage all-reduce (NVLink) is far too short to hide the PCIe streaming, "
+               "unlike the paper's 48-384 GPUs over the network (Summit's 6-GPU nodes are not "
+               "modelled here)"),
+)
 
 
 def scenario_path() -> str:
@@ -31,86 +54,52 @@ def bytes_per_parameter(result) -> float:
     return sum(at_peak.get(k, 0.0) for k in MODEL_STATE) / params
 
 
-@register_paper("axonn", "AxoNN (Singh & Bhatele): optimizer-state offload in a message-driven pipeline")
-def reproduce_axonn(**_options) -> Reproduction:
+def evaluate(setting: Setting, free, runs: RunCache, fits: dict) -> Evaluation:
+    """Every pipeline depth with and without offload; a configuration that did not fit 16 GB at the stated
+    physics is not run again under scaled physics (memory does not depend on bandwidths or FLOP/s)."""
     from trainsim.formats.scenario_loader import load_scenario
-    from trainsim.sim.simulation import Simulation
 
-    path = scenario_path()
-    base = load_scenario(path)
+    base = load_scenario(scenario_path())
     rows, results = [], {}
     for variant in (None, "offload"):
+        sets = overrides(setting, free, SCENARIO, variant)
         for stages in STAGES:
-            dp = 8 // stages
-            micro = base.batch_size // dp
-            sc = load_scenario(
-                path,
-                [f"strategy.pipeline.stages={stages}", f"strategy.pipeline.micro_batches={micro}"],
-                variant=variant,
-            )
-            result = Simulation(sc, record=False).run()
+            key = (variant, stages, tuple(sets))
+            if fits.get(key) is False:
+                continue
+            micro = base.batch_size // (8 // stages)
+            sc = load_scenario(scenario_path(), [f"strategy.pipeline.stages={stages}",
+                                                 f"strategy.pipeline.micro_batches={micro}", *sets],
+                               variant=variant)
+            result = runs.simulate(sc, setting.physics)
+            fits[key] = not result.oom
             results[variant, stages] = result
-            rows.append(
-                {
-                    "offload": variant == "offload",
-                    "stages": stages,
-                    "data_parallel": dp,
-                    "iteration_s": round(result.iteration_time_s, 4),
-                    "samples_per_s": round(result.samples_per_s, 3),
-                    "memory_peak_gib": round(max(g.memory_peak_bytes for g in result.gpus) / 2**30, 2),
-                    "fits": not result.oom,
-                    "bytes_per_param": round(bytes_per_parameter(result), 3),
-                }
-            )
+            rows.append({"offload": variant == "offload", "stages": stages, "data_parallel": 8 // stages,
+                         "iteration_s": round(result.iteration_time_s, 4),
+                         "samples_per_s": round(result.samples_per_s, 3),
+                         "memory_peak_gib": round(max(g.memory_peak_bytes for g in result.gpus) / 2**30, 2),
+                         "fits": not result.oom, "bytes_per_param": round(bytes_per_parameter(result), 3)})
+
+    def fitting(variant):
+        return [s for s in STAGES if (variant, s) in results and not results[variant, s].oom]
 
     def best(variant):
-        fits = [results[variant, s] for s in STAGES if not results[variant, s].oom]
-        return min(fits, key=lambda r: r.iteration_time_s) if fits else None
-
-    def fewest_stages(variant):
-        fits = [s for s in STAGES if not results[variant, s].oom]
-        return min(fits) if fits else None
+        return min((results[variant, s] for s in fitting(variant)), key=lambda r: r.iteration_time_s,
+                   default=None)
 
     plain, offload = best(None), best("offload")
-    per_param_plain = bytes_per_parameter(results[None, 8])
+    per_param = bytes_per_parameter(results[None, 8])
     per_param_off = bytes_per_parameter(results["offload", 8])
-    speed = (offload.samples_per_s / plain.samples_per_s) if plain and offload else None
-    return Reproduction(
-        paper="axonn",
-        title="AxoNN (Singh & Bhatele): optimizer-state offload in a message-driven pipeline",
-        figures=[
-            Figure(
-                "GPU model state per parameter, no offload",
-                round(per_param_plain, 2),
-                16.0,
-                "bytes",
-                "fp16 weights + grads (4) + fp32 master, m, v (12), on 8 stages",
-            ),
-            Figure(
-                "GPU model state per parameter, offload",
-                round(per_param_off, 2),
-                4.0,
-                "bytes",
-                "fp16 weights + grads, plus two 64 MiB streaming buffers (the excess over 4)",
-            ),
-            Figure("GPU memory reduction", round(per_param_plain / per_param_off, 2), 4.0, "x", ""),
-            Figure(
-                "fewest pipeline stages that fit 16 GB, no offload / offload",
-                f"{fewest_stages(None)} / {fewest_stages('offload')}",
-                None,
-                "stages",
-                "the freed memory lets the model run with less pipelining and more data parallelism",
-            ),
-            Figure(
-                "throughput, best fitting offload config / best fitting without",
-                round(speed, 3) if speed else None,
-                1.13,
-                "x",
-                "streaming 12 bytes/param each way over PCIe Gen3 (two GPUs per switch) per iteration costs "
-                "more than the pipeline bubble that fewer stages save; on one DGX-1 the stage all-reduce "
-                "(NVLink) is far too short to hide it, unlike the paper's 48-384 GPUs over the network",
-            ),
-        ],
-        assumptions=list(base.assumptions),
-        tables={"configurations": rows},
-    )
+    fewest = [min(fitting(v), default=None) for v in (None, "offload")]
+    figures = {
+        PER_PARAM: round(per_param, 2), PER_PARAM_OFF: round(per_param_off, 2),
+        REDUCTION: round(per_param / per_param_off, 2), FEWEST: f"{fewest[0]} / {fewest[1]}",
+        SPEED: round(offload.samples_per_s / plain.samples_per_s, 3) if plain and offload else None,
+    }
+    return Evaluation(figures, {"configurations": rows})
+
+
+@register_paper("axonn", TITLE)
+def reproduce_axonn(**_options):
+    evaluate_here = partial(evaluate, runs=RunCache(), fits={})
+    return build("axonn", TITLE, [(SCENARIO, scenario_path())], SPECS, evaluate_here, PHYSICAL)

@@ -2,8 +2,10 @@
 
 A reproduction is a function registered under the paper's short name, in a module of this package beside
 the scenarios it runs (whose YAML files state every assumption the paper does not) and returns our figures
-next to the published ones. A figure that lands far from the paper is a finding to explain, not a number
-to tune toward: the ``note`` of a figure says which assumption drives it.
+next to the published ones: per figure the published value, ours at the stated assumptions, the ``low`` and
+``high`` over a sweep of the physical parameters and the free assumptions (`.ranges`), and whether the
+published value is ``in_range``. A figure that lands outside is a finding to explain, not a number to tune
+toward: its ``reason`` says why where that is known, and its ``note`` says what drives it.
 """
 
 from __future__ import annotations
@@ -16,21 +18,35 @@ from trainsim.errors import unknown_name
 
 @dataclass
 class Figure:
-    """One published claim and what the simulator says."""
+    """One published claim and what the simulator says: ``ours`` at the stated assumptions, ``low`` and
+    ``high`` over the sweep (and the settings that gave them), ``in_range`` (None where the claim has no
+    value to compare), and the ``reason`` when the published value is outside and the cause is known."""
 
     name: str
-    ours: float | str | None
     published: float | str | None
+    ours: float | str | None
+    low: float | str | None = None
+    high: float | str | None = None
+    in_range: bool | None = None
     unit: str = ""
     note: str = ""
+    reason: str = ""
+    low_at: str | None = None
+    high_at: str | None = None
 
 
 @dataclass
 class Reproduction:
+    """A paper's figures; ``assumptions``: its free assumptions (scenario, name, value, choices or range,
+    reason); ``physics``: the physical parameters swept and by how much; ``notes``: the scenarios' stated
+    setting in sentences."""
+
     paper: str
     title: str
     figures: list[Figure]
-    assumptions: list[str] = field(default_factory=list)
+    assumptions: list[dict] = field(default_factory=list)
+    physics: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
     tables: dict[str, list[dict]] = field(default_factory=dict)  # extra detail, e.g. a scaling table
 
     def to_dict(self) -> dict:

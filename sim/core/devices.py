@@ -138,6 +138,20 @@ _SPECS = [
     # K80 is two GK210s on one board; one GK210 is one CUDA device: 4.37 TFLOP/s boost, 240 GB/s, 12 GB
     # (NVIDIA Tesla K80 datasheet: 8.73 TFLOP/s, 480 GB/s, 24 GB per board). No fast fp16.
     _gpu("k80", 4.37, 240, 12, 13, f"{_REF}; Tesla K80 datasheet (per GK210)", aliases=("tesla k80",)),
+    # Older GPUs of the seed papers (vendor datasheets; boost-clock peaks as above):
+    # Tesla K40: 4.29 TFLOP/s fp32 (with GPU Boost), 288 GB/s GDDR5, 12 GB, 15 SMX, PCIe Gen3 x16
+    _gpu("k40", 4.29, 288, 12, 15, "Tesla K40 GPU accelerator board specification / datasheet",
+         aliases=("tesla k40", "tesla k40c", "tesla k40m")),
+    # GeForce GTX Titan X (Maxwell GM200): 3072 CUDA cores at 1075 MHz boost = 6.6 TFLOP/s fp32 (6.1 at
+    # the 1000 MHz base clock), 336.5 GB/s GDDR5, 12 GB, 24 SMs, PCIe Gen3 x16 (GeForce GTX Titan X specs)
+    _gpu("titanx-maxwell", 6.6, 336.5, 12, 24, "NVIDIA GeForce GTX TITAN X (Maxwell) specifications",
+         aliases=("geforce gtx titan x", "gtx titan x", "titan x maxwell")),
+    # P100 PCIe 16 GB: 9.3 fp32, 18.7 fp16, 732 GB/s, 56 SMs, PCIe Gen3 x16 (Tesla P100 PCIe datasheet)
+    _gpu("p100-pcie", 9.3, 732, 16, 56, "Tesla P100 PCIe datasheet (16 GB)", fp16=18.7,
+         aliases=("p100-pcie-16gb", "tesla p100-pcie-16gb")),
+    # V100 PCIe 16 GB: 14 fp32, 112 fp16 tensor, 900 GB/s, 80 SMs, PCIe Gen3 x16 (Tesla V100 datasheet, PCIe)
+    _gpu("v100-pcie", 14, 900, 16, 80, "Tesla V100 datasheet (PCIe)", fp16=112,
+         aliases=("v100-pcie-16gb", "tesla v100-pcie-16gb")),
     # P100 SXM2: 10.6 fp32, 21.2 fp16 (no tensor cores), 732 GB/s, 16 GB; 56 SMs (P100 whitepaper)
     _gpu("p100", 10.6, 732, 16, 56, f"{_REF}; Tesla P100 datasheet (SXM2)", fp16=21.2,
          aliases=("p100-sxm2", "tesla p100")),

@@ -81,12 +81,14 @@ class Gpu:
 
 
 class Host:
-    def __init__(self, env: simpy.Environment, name: str, cores: int, dram: str, dram_bandwidth: float):
+    def __init__(self, env: simpy.Environment, name: str, cores: int, dram: str, dram_bandwidth: float,
+                 copy_rate: float = PAGEABLE_COPY_RATE):
         self.name = name
         self.dram = dram
         self.dram_bandwidth = dram_bandwidth
         self.num_cores = cores
         self.cores = simpy.Resource(env, capacity=cores)
+        self.copy_rate = copy_rate  # bytes/s one core copies memory (pageable staging, CPU-side updates)
 
 
 class Machine:
@@ -220,7 +222,7 @@ class Machine:
             if not pinned and host is not None:
                 core = host.cores.request()
                 yield core
-            max_rate = math.inf if pinned else PAGEABLE_COPY_RATE
+            max_rate = math.inf if pinned else (host.copy_rate if host is not None else PAGEABLE_COPY_RATE)
             for leg, latency in zip(legs, latencies or [None] * len(legs), strict=True):
                 yield from self.rank_transfer([gpu, peer], leg, nbytes, latency=latency, max_rate=max_rate,
                                               tag=tag or f"it{iteration}:{op}:{gpu}")
@@ -327,7 +329,7 @@ class Machine:
         requests = [host.cores.request() for _ in range(cores)]
         yield self.env.all_of(requests)
         start = self.env.now
-        rate = cores * PAGEABLE_COPY_RATE
+        rate = cores * host.copy_rate
         total = reads + writes
         if total > 0:
             yield self.env.all_of([

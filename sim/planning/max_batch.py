@@ -43,13 +43,15 @@ def _ranks(scenario, bundle) -> int:
     return 1 if scenario.strategy.name == "single" else len(resolve_gpus(scenario, topology))
 
 
-def largest_batch(scenario, offload, bundle=None) -> int:
-    """The largest per-GPU batch whose run fits in every GPU's memory (0 if not even one sample fits)."""
+def largest_batch(scenario, offload, bundle=None, run=None) -> int:
+    """The largest per-GPU batch whose run fits in every GPU's memory (0 if not even one sample fits).
+    ``run``: how a probe scenario is simulated (default: a plain Simulation with ``bundle``)."""
     n = _ranks(scenario, bundle)
+    run = run or (lambda sc: _run(sc, bundle))
 
     def fits(per_gpu: int) -> bool:
         probe = _with(scenario, per_gpu * n, offload, iterations=2, warmup_iterations=0)
-        return not _run(probe, bundle).oom
+        return not run(probe).oom
 
     if not fits(1):
         return 0
@@ -67,11 +69,12 @@ def largest_batch(scenario, offload, bundle=None) -> int:
     return lo
 
 
-def _figures(scenario, per_gpu: int, n: int, offload, bundle) -> dict:
+def _figures(scenario, per_gpu: int, n: int, offload, bundle, run=None) -> dict:
     out: dict = {"per_gpu_batch": per_gpu, "global_batch": per_gpu * n}
     if per_gpu == 0:
         return {**out, "samples_per_s": 0.0, "iteration_s": None, "memory_peak_gib": None}
-    result = _run(_with(scenario, per_gpu * n, offload), bundle)
+    run = run or (lambda sc: _run(sc, bundle))
+    result = run(_with(scenario, per_gpu * n, offload))
     out.update(
         samples_per_s=result.samples_per_s,
         iteration_s=result.iteration_time_s,
@@ -88,9 +91,11 @@ def _figures(scenario, per_gpu: int, n: int, offload, bundle) -> dict:
     return out
 
 
-def max_batch(scenario, *, policy: str | list[str] = "all", bundle=None) -> dict:
+def max_batch(scenario, *, policy: str | list[str] = "all", bundle=None, run=None) -> dict:
     """The largest per-GPU batch of ``scenario`` (a validated Scenario; ``bundle``: a loaded calibration
-    bundle or None) without and with offload, and the samples/s at each (see the module)."""
+    bundle or None) without and with offload, and the samples/s at each (see the module). ``run``: how a
+    scenario is simulated (default: a plain Simulation with ``bundle``; a reproduction's sweep passes one on
+    a machine with scaled physics)."""
     if scenario.strategy.name not in SHARDED:
         raise TrainsimError(
             f"max-batch searches the per-GPU batch of strategies {', '.join(SHARDED)}, "
@@ -101,8 +106,8 @@ def max_batch(scenario, *, policy: str | list[str] = "all", bundle=None) -> dict
     current = scenario.optimizations.offload_activations
     offload = current if current not in ("none", []) else policy
     n = _ranks(scenario, bundle)
-    without = _figures(scenario, largest_batch(scenario, None, bundle), n, None, bundle)
-    with_ = _figures(scenario, largest_batch(scenario, offload, bundle), n, offload, bundle)
+    without = _figures(scenario, largest_batch(scenario, None, bundle, run), n, None, bundle, run)
+    with_ = _figures(scenario, largest_batch(scenario, offload, bundle, run), n, offload, bundle, run)
 
     def gain(key):
         return with_[key] / without[key] if without[key] else None

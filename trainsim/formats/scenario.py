@@ -203,12 +203,62 @@ class Optimizations(_Strict):
         return normalise(data)
 
 
+Scalar = str | int | float | bool | None
+
+
+class Assumption(_Strict):
+    """A free assumption the source leaves open, fixed before the run: its stated ``value``, the ``choices``
+    or numeric ``range`` a reproduction sweeps it over, and a one-line ``reason``. ``set`` is the scenario
+    field (an override path such as ``strategy.easgd.tau``) that carries it; ``variants`` limits it to those
+    variants (default: every run of the scenario)."""
+
+    name: str = Field(min_length=1)
+    value: Scalar
+    choices: list[Scalar] | None = Field(default=None, min_length=2)
+    range: list[float] | None = Field(default=None, min_length=2, max_length=2, description="[low, high]")
+    reason: str = Field(min_length=1)
+    set: str | None = Field(default=None, min_length=1, description="the scenario field it sets")
+    variants: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("reason")
+    @classmethod
+    def _one_line(cls, reason: str) -> str:
+        if "\n" in reason.strip():
+            raise ValueError("a reason is one line")
+        return reason.strip()
+
+    @model_validator(mode="after")
+    def _value_within(self):
+        if (self.choices is None) == (self.range is None):
+            raise ValueError(f"assumption {self.name!r}: give choices or range (one of them)")
+        if self.choices is not None and self.value not in self.choices:
+            raise ValueError(f"assumption {self.name!r}: value {self.value!r} is not one of its choices "
+                             f"{self.choices}")
+        if self.range is not None:
+            low, high = self.range
+            if not low <= high:
+                raise ValueError(f"assumption {self.name!r}: range low {low} is above high {high}")
+            if isinstance(self.value, bool) or not isinstance(self.value, int | float) or not (
+                    low <= self.value <= high):
+                raise ValueError(f"assumption {self.name!r}: value {self.value!r} is outside its range "
+                                 f"[{low}, {high}]")
+        return self
+
+    @property
+    def sweep(self) -> list[Scalar]:
+        """The values a reproduction runs: the choices, or the range's ends (the stated value is the
+        reproduction's stated run)."""
+        return list(self.choices) if self.choices is not None else list(self.range)
+
+
 class Scenario(_Strict):
     schema_: Literal["trainsim.scenario/1"] = Field(default=SCHEMA, alias="schema")
     name: str = Field(default="scenario", min_length=1)
     description: str = ""
-    assumptions: list[str] = Field(
-        default_factory=list, description="what the scenario assumes that its source does not state"
+    assumptions: list[str | Assumption] = Field(
+        default_factory=list,
+        description="what the scenario assumes that its source does not state: a sentence, or a free "
+        "assumption {name, value, choices | range, reason, set, variants} that reproductions sweep",
     )
     topology: str | dict[str, Any]
     workload: str | WorkloadRef
@@ -237,6 +287,25 @@ class Scenario(_Strict):
     @property
     def base_dir(self) -> str | None:
         return self._base_dir
+
+    @field_validator("assumptions", mode="before")
+    @classmethod
+    def _assumption_entries(cls, entries):
+        # a mapping is a free assumption: its own errors, not "should be a valid string"
+        if not isinstance(entries, list):
+            return entries
+        out = []
+        for index, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                try:
+                    entry = Assumption.model_validate(entry)
+                except ValidationError as exc:
+                    first = exc.errors()[0]
+                    where = ".".join(str(part) for part in first.get("loc", ()))
+                    msg = first.get("msg", str(exc)).removeprefix("Value error, ")
+                    raise ValueError(f"entry {index}{'.' + where if where else ''}: {msg}") from None
+            out.append(entry)
+        return out
 
     @field_validator("gpus")
     @classmethod
