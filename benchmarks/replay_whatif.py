@@ -22,13 +22,18 @@ so on its line.
 from __future__ import annotations
 
 import argparse
+import logging
 import re
+import tempfile
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
 from trainsim.errors import TrainsimError
 from trainsim.formats.kineto import load_traces
-from trainsim.sim.replay.engine import ReplayResult, replay
+from trainsim.hta_agreement import hta_figures, largest_gaps, replayed_figures
+from trainsim.sim.replay import kineto_ranks
+from trainsim.sim.replay.engine import ReplayResult, replay, replay_traces
 from trainsim.sim.replay.trace_graph import build_graph
 from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, home_topology, trace_device
 
@@ -79,6 +84,22 @@ def collective_times(result: ReplayResult, model: WhatIfModel) -> tuple[dict, di
     return every, big
 
 
+def hta_agreement(paths: list[Path]) -> str:
+    """HTA's reading of the replayed traces against trainsim's breakdown (largest gap over ranks, over HTA's
+    window), where HolisticTraceAnalysis is installed."""
+    try:
+        import hta  # noqa: F401
+    except ImportError:
+        return "not run (pip install 'trainsim[hta]')"
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    report = replay_traces(paths, checks=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        kineto_ranks.write_rank_traces(report, Path(tmp))
+        gaps = largest_gaps(replayed_figures(report), hta_figures(tmp))
+    return ", ".join(f"{k.removesuffix('_pct')} {v:.2f}" for k, v in gaps.items()) + " points (aim <= 2)"
+
+
 def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None:
     print(f"\n== {name} ({len(paths)} file{'s' * (len(paths) > 1)})")
     try:
@@ -95,6 +116,7 @@ def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None
                                        not graphs[0].trace.devices else None)
     how, ident = identity(graphs, ran_on)
     print(f"   identity ({how}): max |step change| {ident:.4f} %")
+    print(f"   HTA agreement (largest |HTA - trainsim| over ranks): {hta_agreement(paths)}")
     try:
         model = WhatIfModel(graphs, WhatIf(gpu=gpu, ran_on=ran_on))
     except TrainsimError as exc:
