@@ -19,7 +19,10 @@ that time: ps-resnet50-pcie-4gpu-gen3 by 2.4 points, dp-gpu0-resnet50-pcie-4gpu-
 the GPUs gpu0 copies to (``benchmarks/hta_agreement.py``).
 
 HTA's window runs from the first to the last GPU event of those steps; ``window="hta"`` takes trainsim's
-breakdown over that same window, ``window="steps"`` over the whole steps, as trainsim reports them (the
+breakdown over that same window and the same GPU work: HTA files an op under a step through the runtime call
+that launched it (its correlation id) and leaves out ops whose launch the trace lacks (614 of the V100
+CUDA-graph trace's 15,632, whose launches the profiler did not record; the replay keeps them at their
+measured start), so over that window trainsim counts only ops with a known launch too; ``window="steps"`` over the whole steps, as trainsim reports them (the
 two differ by the time the GPU waits at the edges of the steps: the CPU's work before the first launch and
 after the last kernel). What remains between HTA and trainsim over one window is how HTA reads the trace:
 which events it counts as which kind and its rounding of each event to whole microseconds (start up, end
@@ -109,7 +112,7 @@ def replayed_figures(report, window: str = "hta") -> dict[int, dict]:
             continue
         if window == "hta":
             numbers = {s.step for s in steps}
-            ops = [o for o in rr.graph.ops if o.step in numbers]
+            ops = [o for o in rr.graph.ops if o.step in numbers and o.launch is not None]
             span = (min(rr.op_start[o.index] for o in ops), max(rr.op_end[o.index] for o in ops))
             parts = [breakdown(ops, rr.op_start, rr.op_end, span)]
             total = span[1] - span[0]
