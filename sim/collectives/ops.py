@@ -91,7 +91,8 @@ def feasible_protocols(topo: Topology, op: str, gpus: list[str], algo: str) -> l
     if cc is None or algo == "nvls":
         return ["simple"]
     plan = plan_collective(topo, op, gpus, algo, "simple")
-    classes = {hop_class(topo, t.route) for lane in plan.lanes for p in lane for t in p.transfers}
+    routes = {t.route for lane in plan.lanes for p in lane for t in p.transfers}  # the distinct hops
+    classes = {hop_class(topo, route) for route in routes}
     return ["ll", "ll128", "simple"] if tune.ll128_default(cc, classes) else ["ll", "simple"]
 
 

@@ -32,6 +32,7 @@ protocol reaches; both paths divide by it (the flow path sends share x S / effic
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -85,11 +86,23 @@ def hop_class(topo: Topology, route) -> str:
     return "pcie"  # PCIe, the inter-socket link, host memory
 
 
+_hops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # topology -> {(a, b): hop facts}
+
+
+def _hop(topo: Topology, a: str, b: str) -> tuple[tuple[Edge, ...], float, str]:
+    """(route, wire latency, hop class) from ``a`` to ``b``; cached, as plans of thousands of ranks ask for
+    the same hops again (each ring step, every candidate ring, both trees)."""
+    cache = _hops.setdefault(topo, {})
+    if (a, b) not in cache:
+        route = tuple(topo.route(a, b))
+        cache[a, b] = (route, topo.route_latency(route), hop_class(topo, route))
+    return cache[a, b]
+
+
 def _transfer(topo: Topology, a: str, b: str, share: float, extra_latency: float = 0.0,
               tuning: Tuning = LEGACY) -> Transfer:
-    route = tuple(topo.route(a, b))
-    wire = topo.route_latency(route) if tuning.route_latency else 0.0
-    latency = wire + tuning.hop[hop_class(topo, route)] + extra_latency
+    route, wire, klass = _hop(topo, a, b)
+    latency = (wire if tuning.route_latency else 0.0) + tuning.hop[klass] + extra_latency
     return Transfer(route, share, latency)
 
 

@@ -20,6 +20,7 @@ the same per-edge accounting the flow model produces):
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from trainsim.topologies import Topology
 
 MAX_CYCLES = 20_000  # Hamiltonian cycles enumerated per mesh (8 GPUs have at most 2,520)
 MAX_PACKING_NODES = 200_000  # search nodes when packing cycles onto the links
+
+_channels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # topology -> {gpus: channels}
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,25 @@ def ring_cost(topo: Topology, channels: tuple[Channel, ...]) -> float:
 
 
 def build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
-    """The ring channels for a group of GPUs (see the module docstring)."""
+    """The ring channels for a group of GPUs (see the module docstring); cached per topology and group.
+    A group inside one machine that copies an earlier one (`Topology.representative`) gets the channels of
+    the same GPUs there, renamed."""
+    cache = _channels.setdefault(topo, {})
+    key = tuple(gpus)
+    if key not in cache:
+        machines = {topo.machine_of(g) for g in gpus}
+        machine = machines.pop() if len(machines) == 1 else None
+        first = topo.representative(machine) if machine is not None else None
+        if first is not None and first != machine:
+            channels = build_channels(topo, [topo.rename(g, first) for g in gpus])
+            cache[key] = tuple(Channel(tuple(topo.rename(g, machine) for g in c.order), c.weight)
+                               for c in channels)
+        else:
+            cache[key] = _build_channels(topo, gpus)
+    return cache[key]
+
+
+def _build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
     if len(gpus) < 2:
         return ()
     if len(gpus) == 2:
@@ -154,9 +175,10 @@ def _greedy_order(topo: Topology, gpus: list[str]) -> tuple[str, ...]:
 def _nvlink_counts(topo: Topology, gpus: list[str]) -> dict[frozenset, int]:
     members = set(gpus)
     counts = {}
-    for u, v, d in topo.graph.edges(data=True):
-        if u in members and v in members and d["kind"] == "nvlink":
-            counts[frozenset((u, v))] = int(d.get("count") or 1)
+    for u in gpus:  # the group's own links, not the whole cluster's
+        for v, d in topo.graph.adj[u].items():
+            if v in members and d["kind"] == "nvlink":
+                counts[frozenset((u, v))] = int(d.get("count") or 1)
     return counts
 
 
