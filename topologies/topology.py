@@ -54,6 +54,7 @@ class Topology:
         self._host: dict[str, str] = {}
         self._nic: dict[str, str] = {}
         self._ports: dict[str, dict[str, int]] = {}
+        self.memo: dict = {}  # what other modules derive from this topology and keep (collective hops, ...)
 
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, {len(self.gpus)} GPUs, {self.graph.number_of_nodes()} nodes)"
@@ -67,6 +68,16 @@ class Topology:
     def gpus(self) -> list[str]:
         """GPU node names by global GPU index: gpu i is ``gpus[i]``."""
         return self._of_kind("gpu")
+
+    @cached_property
+    def edge_kind(self) -> dict[tuple[str, str], str]:
+        """Directed edge -> its kind (pcie, nvlink, ...), for hot loops over routes."""
+        return {(u, v): k for u, v, k in self.graph.edges(data="kind")}
+
+    @cached_property
+    def gpu_index(self) -> dict[str, int]:
+        """GPU name -> global GPU index (the position in ``gpus``)."""
+        return {g: i for i, g in enumerate(self.gpus)}
 
     @cached_property
     def cpus(self) -> list[str]:
@@ -309,8 +320,12 @@ class Topology:
         by_machine: dict[int, list[str]] = {}
         for gpu in self.gpus:
             by_machine.setdefault(self.machine_of(gpu), []).append(gpu)
+        infra: dict[int, list[str]] = {}  # each machine's nodes that may carry traffic
+        for n, d in self.graph.nodes(data=True):
+            if d["kind"] not in ("gpu", "dram"):
+                infra.setdefault(d["machine"], []).append(n)
         for machine, gpus in by_machine.items():
-            self._check_machine(machine, gpus)
+            self._check_machine(infra.get(machine, []), gpus)
         if len(by_machine) > 1:
             fabric = self.graph.subgraph(
                 [n for n, d in self.graph.nodes(data=True) if d["kind"] == "nic" or d["machine"] == NETWORK])
@@ -328,10 +343,8 @@ class Topology:
                     raise TrainsimError(f"no route between {first[0]} and {gpu}: their NICs' networks are "
                                         "not connected", file=self.source, field="links")
 
-    def _check_machine(self, machine: int, gpus: list[str]) -> None:
-        nodes = self.graph.nodes
-        infra = self.graph.subgraph([n for n, d in nodes(data=True) if d["machine"] == machine
-                                     and d["kind"] not in ("gpu", "dram")])
+    def _check_machine(self, infra_nodes: list[str], gpus: list[str]) -> None:
+        infra = self.graph.subgraph(infra_nodes)
         component = {n: i for i, comp in enumerate(nx.weakly_connected_components(infra)) for n in comp}
         reach = {g: {component[n] for n in self.graph.successors(g) if n in component} for g in gpus}
         if gpus and set.intersection(*reach.values()):

@@ -80,7 +80,8 @@ def _check_proto(proto: str) -> None:
 def compute_capability(topo: Topology, gpus: Sequence[str]) -> int | None:
     """The smallest SM version in the group, as NCCL tunes for (None: a CPU rank or an unknown device, where
     NCCL's model does not apply and the LEGACY Simple figures stay)."""
-    ccs = [tune.compute_capability(topo.graph.nodes[g].get("spec")) for g in gpus]
+    nodes = topo.graph.nodes
+    ccs = [tune.compute_capability(spec) for spec in {nodes[g].get("spec") for g in gpus}]
     return None if not ccs or None in ccs else min(ccs)
 
 
@@ -120,7 +121,7 @@ def resolve_gpus(topo: Topology, gpus: Sequence[str | int] | None) -> list[str]:
                 raise TrainsimError(f"GPU index {i} out of range: {topo.name} has {len(topo.gpus)} GPUs",
                                     field="gpus")
             names.append(topo.gpus[i])
-        elif g in topo.gpus:
+        elif g in topo.gpu_index:
             names.append(g)
         else:
             raise unknown_name("GPU", str(g), topo.gpus, field="gpus")
@@ -249,6 +250,38 @@ def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, n
     if len(names) < 2:
         return 0.0
     return _time(topo, op, names, algo, proto, nbytes)
+
+
+def collective_link_bytes(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
+                          algo: str = "auto", proto: str = "auto") -> dict[tuple[str, str], float]:
+    """Bytes each directed link carries in one collective: what the flow path's transfers move (share x S /
+    efficiency / NCCL's size correction per step), summed over the plan; for the analytic path's link
+    accounting."""
+    names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
+    if len(names) < 2:
+        return {}
+    plan = plan_collective(topo, op, names, algo, proto)
+    wire = nbytes / plan.efficiency / _correction(topo, names, algo, proto, nbytes)
+    return {edge: share * wire for edge, share in _edge_shares(topo, plan).items()}
+
+
+_shares: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # topology -> {id(plan): (plan, shares)}
+
+
+def _edge_shares(topo: Topology, plan: Plan) -> dict[tuple[str, str], float]:
+    """Per directed edge, the sum over the plan's transfers crossing it of share x repeat (cached per plan,
+    which the plan cache keeps alive)."""
+    cache = _shares.setdefault(topo, {})
+    entry = cache.get(id(plan))
+    if entry is None or entry[0] is not plan:
+        shares: dict[tuple[str, str], float] = {}
+        for lane in plan.lanes:
+            for phase in lane:
+                for t in phase.transfers:
+                    for edge in t.route:
+                        shares[edge] = shares.get(edge, 0.0) + t.share * phase.repeat
+        entry = cache[id(plan)] = (plan, shares)
+    return entry[1]
 
 
 def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op: str,

@@ -32,14 +32,13 @@ protocol reaches; both paths divide by it (the flow path sends share x S / effic
 from __future__ import annotations
 
 import math
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
 from trainsim.topologies import Topology
 
 from .nccl_tuning import LEGACY, Tuning
-from .rings import Channel, build_channels, rail_starts
+from .rings import Channel, build_channels, by_machine, rail_starts
 
 US = 1e-6
 BASE_LATENCY = LEGACY.base  # per collective, where NCCL's model does not apply
@@ -78,7 +77,17 @@ class Plan:
 
 
 def hop_class(topo: Topology, route) -> str:
-    kinds = {topo.graph.edges[e]["kind"] for e in route}
+    """"network" (any IB / Ethernet edge), "nvlink" (only NVLink) or "pcie" (the rest); kept per route."""
+    cache = topo.memo.setdefault("hop_classes", {})
+    route = tuple(route)
+    if route not in cache:
+        cache[route] = _classify(topo, route)
+    return cache[route]
+
+
+def _classify(topo: Topology, route: tuple[Edge, ...]) -> str:
+    kind = topo.edge_kind
+    kinds = {kind[e] for e in route}
     if kinds & {"ib", "ethernet"}:
         return "network"
     if kinds and kinds <= {"nvlink"}:
@@ -86,13 +95,10 @@ def hop_class(topo: Topology, route) -> str:
     return "pcie"  # PCIe, the inter-socket link, host memory
 
 
-_hops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # topology -> {(a, b): hop facts}
-
-
 def _hop(topo: Topology, a: str, b: str) -> tuple[tuple[Edge, ...], float, str]:
-    """(route, wire latency, hop class) from ``a`` to ``b``; cached, as plans of thousands of ranks ask for
-    the same hops again (each ring step, every candidate ring, both trees)."""
-    cache = _hops.setdefault(topo, {})
+    """(route, wire latency, hop class) from ``a`` to ``b``; kept with the topology, as plans of thousands
+    of ranks ask for the same hops again (each ring step, every candidate ring, both trees)."""
+    cache = topo.memo.setdefault("collective_hops", {})
     if (a, b) not in cache:
         route = tuple(topo.route(a, b))
         cache[a, b] = (route, topo.route_latency(route), hop_class(topo, route))
@@ -176,9 +182,10 @@ def _chain_order(topo: Topology, gpus: list[str]) -> list[str]:
 
 
 def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
-    machines = sorted({topo.machine_of(g) for g in gpus})
+    groups = by_machine(topo, gpus)
+    machines = list(groups)
     # Inside a machine the tree is a chain along the machine's best ring (NVLink hops on a mesh).
-    local = [_chain_order(topo, [g for g in gpus if topo.machine_of(g) == m]) for m in machines]
+    local = [_chain_order(topo, groups[m]) for m in machines]
     # One pair of trees per rail (distinct NIC) between machines, as NCCL runs several tree channels:
     # the chain of rail r starts at its r-th GPU, so every NIC heads a tree.
     rails = rail_starts(topo, local[0]) if len(machines) > 1 else [0]

@@ -95,9 +95,17 @@ def _build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
 
 # ---- several machines ------------------------------------------------------------------------------------
 
+def by_machine(topo: Topology, gpus: list[str]) -> dict[int, list[str]]:
+    """The GPUs of each machine in the order given, machines in number order."""
+    groups: dict[int, list[str]] = {}
+    for g in gpus:
+        groups.setdefault(topo.machine_of(g), []).append(g)
+    return {m: groups[m] for m in sorted(groups)}
+
+
 def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tuple[Channel, ...]:
     # Inside each machine the ring follows that machine's own best ring (NVLink hops on a mesh).
-    local = {m: [g for g in gpus if topo.machine_of(g) == m] for m in machines}
+    local = by_machine(topo, gpus)
     local = {m: list(build_channels(topo, lst)[0].order) if len(lst) > 1 else lst for m, lst in local.items()}
     channels = []
     for start in rail_starts(topo, local[machines[0]]):
@@ -113,7 +121,7 @@ def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tupl
 def _spread_machine_rings(topo: Topology, gpus: list[str], machines: list[int]) -> tuple[Channel, ...]:
     """Every ring of a machine (e.g. a mesh's NVLink cycles) chained across the machines, each entering and
     leaving a machine by the NICs the other rings use least, so NVLinks and NICs both share the load."""
-    local = [[g for g in gpus if topo.machine_of(g) == m] for m in machines]
+    local = list(by_machine(topo, gpus).values())
     rings = [build_channels(topo, lst) if len(lst) > 1 else (Channel(tuple(lst), 1.0),) for lst in local]
     count = min(len(r) for r in rings)
     if count < 2:
