@@ -8,14 +8,19 @@ as a user would, in a fresh process, twice: one iteration (no warm-up) and two. 
 - whole process: wall seconds of the one-iteration run (imports, loading, planning, simulating, printing);
 - per further iteration: the two-iteration run's wall time minus the one-iteration run's;
 - events per iteration: the SimPy events of the second iteration (the difference of the two runs' counts);
-- peak RSS of the one-iteration process (its own maximum resident set, from wait4);
-- the simulated iteration time (so results can be compared before and after a change).
+- peak RSS of the one-iteration process (its own maximum resident set, from wait4), and its CPU seconds
+  (steadier than wall time on a shared machine);
+- the ranks simulated (fewer where machines are mirrored, sim/symmetry.py) and the simulated iteration
+  time (so results can be compared before and after a change, and between the two paths).
+
+Each GPU count runs with the scenario's flow-level collectives and with ``strategy.collectives=analytic``
+(where DDP mirrors identical machines).
 
 Also the start-up line of the issue: `trainsim simulate ddp-resnet50-dgx-a100` against
 ``python -c "import numpy, simpy"`` (best of 3 each).
 
 Run: python benchmarks/scale_bench.py                 # 8, 64, 256, 1024 GPUs
-     python benchmarks/scale_bench.py --max-gpus 16384 --timeout 300
+     python benchmarks/scale_bench.py --max-gpus 16384 --timeout 300 --collectives analytic
 A point that runs past ``--timeout`` seconds is printed as such and the larger ones are skipped.
 """
 
@@ -45,10 +50,10 @@ def topology(gpus: int) -> str | None:
     return f"{{generator: fat_tree, tiers: 3, {common}}}"
 
 
-def command(gpus: int, iterations: int) -> list[str]:
+def command(gpus: int, iterations: int, collectives: str) -> list[str]:
     args = [sys.executable, "-m", "trainsim.cli", "simulate", "ddp-resnet50-dgx-a100", "--json",
             "--set", f"iterations={iterations}", "--set", "warmup_iterations=0",
-            "--set", f"batch_size={256 * gpus}"]
+            "--set", f"batch_size={256 * gpus}", "--set", f"strategy.collectives={collectives}"]
     topo = topology(gpus)
     if topo:
         args += ["--set", f"topology={topo}"]
@@ -80,7 +85,8 @@ def run(args: list[str], timeout: float) -> dict | None:
     proc.stdout.close()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(args)}")
-    return {"wall_s": wall, "rss": usage.ru_maxrss * 1024, "result": json.loads(out)}
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024,
+            "result": json.loads(out)}
 
 
 def startup(repeats: int = 3) -> tuple[float, float]:
@@ -102,26 +108,34 @@ def main() -> None:
                         ", ".join(map(str, GPUS)) + ")")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per process")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up comparison")
+    parser.add_argument("--collectives", default="flow,analytic",
+                        help="collective paths to run, comma-separated (flow: the default of the scenario)")
     opts = parser.parse_args()
 
     if not opts.no_startup:
         base, sim = startup()
         print(f"start-up: import numpy, simpy {base:.3f} s; trainsim simulate ddp-resnet50-dgx-a100 "
               f"{sim:.3f} s (+{sim - base:.3f} s)")
-    print(f"{'GPUs':>6} {'fabric':<16} {'whole process':>14} {'per further iter':>17} "
-          f"{'events/iter':>12} {'peak RSS':>10} {'simulated iter':>15}")
-    for gpus in (g for g in GPUS if g <= opts.max_gpus):
-        fabric = "one node" if gpus == PER_NODE else (
-            "rail-optimised" if gpus // PER_NODE <= RAIL_MAX_NODES else "3-tier fat-tree")
-        one = run(command(gpus, 1), opts.timeout)
-        two = run(command(gpus, 2), opts.timeout) if one else None
-        if one is None or two is None:
-            print(f"{gpus:>6} {fabric:<16} past the {opts.timeout:g} s limit; larger counts skipped")
-            break
-        events = two["result"]["stats"]["events"] - one["result"]["stats"]["events"]
-        print(f"{gpus:>6} {fabric:<16} {one['wall_s']:>12.2f} s {two['wall_s'] - one['wall_s']:>15.2f} s "
-              f"{events:>12,} {one['rss'] / 2**20:>6.0f} MiB "
-              f"{one['result']['iteration_time_s'] * 1e3:>12.3f} ms", flush=True)
+    print(f"{'GPUs':>6} {'fabric':<16} {'collectives':<11} {'whole process':>14} {'(CPU)':>8} "
+          f"{'per further iter':>17} {'events/iter':>12} {'ranks run':>9} {'peak RSS':>10} "
+          f"{'simulated iter':>15}")
+    for collectives in opts.collectives.split(","):
+        for gpus in (g for g in GPUS if g <= opts.max_gpus):
+            fabric = "one node" if gpus == PER_NODE else (
+                "rail-optimised" if gpus // PER_NODE <= RAIL_MAX_NODES else "3-tier fat-tree")
+            one = run(command(gpus, 1, collectives), opts.timeout)
+            two = run(command(gpus, 2, collectives), opts.timeout) if one else None
+            if one is None or two is None:
+                print(f"{gpus:>6} {fabric:<16} {collectives:<11} past the {opts.timeout:g} s limit; larger "
+                      "counts skipped", flush=True)
+                break
+            stats = one["result"]["stats"]
+            events = two["result"]["stats"]["events"] - stats["events"]
+            ranks = stats.get("simulated_ranks", gpus)
+            further = two["wall_s"] - one["wall_s"]
+            print(f"{gpus:>6} {fabric:<16} {collectives:<11} {one['wall_s']:>12.2f} s {one['cpu_s']:>6.2f} s "
+                  f"{further:>15.2f} s {events:>12,} {ranks:>9} {one['rss'] / 2**20:>6.0f} MiB "
+                  f"{one['result']['iteration_time_s'] * 1e3:>12.3f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -373,7 +373,7 @@ class Simulation:
         starts = [ends[i - 1] if i > 0 else 0.0 for i in range(total)]
         windows = [(starts[i], ends[i]) for i in range(w, total)]
         last = ctx.iteration_end[total - 1]
-        critical = max(self.ranks, key=lambda g: (last[g], -self.ranks.index(g)))
+        critical = max(enumerate(self.ranks), key=lambda ig: (last[ig[1]], -ig[0]))[1]  # first of the last
         n_it = len(windows)
         parts = breakdown(self.machine.ops, critical, windows)
         span = (windows[0][0], windows[-1][1])

@@ -43,6 +43,7 @@ METHODS = ("flow", "analytic")
 MAX_FLOWS = 8192  # per collective on the flow path, before repeated steps are grouped (run_collective)
 
 GB = 1e9
+Edge = tuple[str, str]
 
 # Plans and their alpha-beta per topology, so repeated collectives (DDP buckets, sweeps) cost a lookup.
 _plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -87,14 +88,20 @@ def compute_capability(topo: Topology, gpus: Sequence[str]) -> int | None:
 
 def feasible_protocols(topo: Topology, op: str, gpus: list[str], algo: str) -> list[str]:
     """What "auto" chooses among for ``algo``: Simple only off NCCL or for NVLS; LL128 where NCCL enables it
-    by default (NVLink in one node on SM70/80/90)."""
-    cc = compute_capability(topo, gpus)
-    if cc is None or algo == "nvls":
-        return ["simple"]
-    plan = plan_collective(topo, op, gpus, algo, "simple")
-    routes = {t.route for lane in plan.lanes for p in lane for t in p.transfers}  # the distinct hops
-    classes = {hop_class(topo, route) for route in routes}
-    return ["ll", "ll128", "simple"] if tune.ll128_default(cc, classes) else ["ll", "simple"]
+    by default (NVLink in one node on SM70/80/90). Cached with the plans."""
+    names = _names(topo, gpus)
+    key = ("protocols", op, algo, names)
+    cache = _plans.setdefault(topo, {})
+    if key not in cache:
+        cc = compute_capability(topo, names)
+        if cc is None or algo == "nvls":
+            cache[key] = ["simple"]
+        else:
+            plan = plan_collective(topo, op, names, algo, "simple")
+            routes = {t.route for lane in plan.lanes for p in lane for t in p.transfers}  # the distinct hops
+            classes = {hop_class(topo, route) for route in routes}
+            cache[key] = ["ll", "ll128", "simple"] if tune.ll128_default(cc, classes) else ["ll", "simple"]
+    return list(cache[key])
 
 
 def _check_proto_for(topo: Topology, gpus: list[str], algo: str, proto: str) -> None:
@@ -130,6 +137,15 @@ def resolve_gpus(topo: Topology, gpus: Sequence[str | int] | None) -> list[str]:
     return names
 
 
+class _Resolved(tuple):
+    """GPU names already checked by `resolve_gpus` (internal calls pass them on without checking again: a
+    group of thousands of ranks is asked about many times per collective)."""
+
+
+def _names(topo: Topology, gpus) -> _Resolved:
+    return gpus if isinstance(gpus, _Resolved) else _Resolved(resolve_gpus(topo, gpus))
+
+
 def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
     """The algorithms ``op`` can run as on this group (NVLS only where one switch reduces for all)."""
     algos = list(SUPPORTED[op])
@@ -150,7 +166,7 @@ def _cached(topo: Topology, op: str, gpus, algo: str, proto: str) -> tuple[Plan,
     _check_proto(proto)
     if algo == "auto" or proto == "auto":
         raise ValueError("plan_collective needs a concrete algorithm and protocol; use choose first")
-    names = tuple(resolve_gpus(topo, gpus))
+    names = _names(topo, gpus)
     cache = _plans.setdefault(topo, {})
     key = (op, algo, proto, names)
     if key not in cache:
@@ -165,13 +181,14 @@ def _build(topo: Topology, op: str, gpus: list[str], algo: str,
     and caps against the plan's own bus bandwidth at full link rate)."""
     cc = compute_capability(topo, gpus)
     plan = _plan(topo, op, gpus, algo, tune.tuning(cc, algo, proto))
+    alpha, beta = alpha_beta(topo, plan)  # at full link rate (efficiency 1)
     if cc is not None and plan.lanes:
-        _, beta = alpha_beta(topo, plan)
         busbw = bus_factor(op, len(gpus)) / beta / GB if beta > 0 else 0.0
         nodes = len({topo.machine_of(g) for g in gpus})
         eff = tune.efficiency(cc, op, algo, proto, nodes, len(gpus) / nodes, busbw)
         plan = dataclasses.replace(plan, efficiency=eff)
-    return plan, alpha_beta(topo, plan)
+        beta /= eff  # alpha_beta of the plan with its efficiency
+    return plan, (alpha, beta)
 
 
 def _plan(topo: Topology, op: str, gpus: list[str], algo: str, tuning: tune.Tuning) -> Plan:
@@ -201,7 +218,7 @@ def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: fl
     _check_op(op)
     _check_algo(op, algo)
     _check_proto(proto)
-    names = resolve_gpus(topo, gpus)
+    names = _names(topo, gpus)
     algos = feasible_algorithms(topo, op, names) if algo == "auto" else [algo]
     if proto != "auto":
         if algo == "auto" and proto != "simple":
@@ -238,7 +255,7 @@ def _resolve(topo: Topology, op: str, gpus, nbytes: float, algo: str, proto: str
     _check_proto(proto)
     if not nbytes >= 0:
         raise TrainsimError(f"nbytes must be >= 0, got {nbytes}", field="nbytes")
-    names = resolve_gpus(topo, gpus)
+    names = _names(topo, gpus)
     return (names, *choose(topo, op, names, nbytes, algo=algo, proto=proto))
 
 
@@ -250,6 +267,16 @@ def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, n
     if len(names) < 2:
         return 0.0
     return _time(topo, op, names, algo, proto, nbytes)
+
+
+def analytic_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
+                        algo: str = "auto", proto: str = "auto") -> tuple[float, dict[Edge, float]]:
+    """`collective_time` and `collective_link_bytes` of one call, choosing the algorithm once."""
+    names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
+    if len(names) < 2:
+        return 0.0, {}
+    return (_time(topo, op, names, algo, proto, nbytes),
+            collective_link_bytes(topo, op, names, nbytes, algo=algo, proto=proto))
 
 
 def collective_link_bytes(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,

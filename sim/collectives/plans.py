@@ -199,14 +199,21 @@ def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
             edges = [(c[i + 1], c[i]) for c in chains for i in range(len(c) - 1)]  # child -> parent
             edges += [(chains[m][0], chains[p][0]) for m, p in enumerate(parents) if p >= 0]
             share = 0.5 / len(rails)
-            up = [_transfer(topo, a, b, share, tuning=tuning) for a, b in edges]
-            down = [_transfer(topo, b, a, share, tuning=tuning) for a, b in edges]
-            # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines).
-            intra = max((x.latency for x in up if hop_class(topo, x.route) != "network"), default=0.0)
-            inter = max((x.latency for x in up if hop_class(topo, x.route) == "network"), default=0.0)
+            # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines), from the
+            # largest step latency of each hop class going up
+            intra = inter = 0.0
+            for a, b in edges:
+                route, wire, klass = _hop(topo, a, b)
+                step = (wire if tuning.route_latency else 0.0) + tuning.hop[klass]
+                if klass == "network":
+                    inter = max(inter, step)
+                else:
+                    intra = max(intra, step)
             depth = max(len(c) for c in chains) - 1
             latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
-            lanes.append((Phase(tuple(Transfer(x.route, x.share, latency) for x in up + down)),))
+            up = [Transfer(_hop(topo, a, b)[0], share, latency) for a, b in edges]
+            down = [Transfer(_hop(topo, b, a)[0], share, latency) for a, b in edges]
+            lanes.append((Phase(tuple(up + down)),))
     return Plan("allreduce", "tree", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
 
 
