@@ -3,11 +3,12 @@
 DDP ResNet-50, batch 256 per GPU, TF32, on DGX-A100 nodes (8 GPUs, 8 HDR NICs each): one node alone (the
 shipped ``ddp-resnet50-dgx-a100``), then N/8 nodes on a rail-optimised HDR fabric of radix-64 switches
 where two tiers hold it, else on a 3-tier radix-64 fat-tree. Each point runs `trainsim simulate ... --json`
-as a user would, in a fresh process, twice: one iteration (no warm-up) and two. Printed per GPU count:
+as a user would, in a fresh process: with its table output for one iteration (no warm-up) and for two,
+then with ``--json`` for one iteration to read its figures. Printed per GPU count:
 
 - whole process: wall seconds of the one-iteration run (imports, loading, planning, simulating, printing);
 - per further iteration: the two-iteration run's wall time minus the one-iteration run's;
-- events per iteration: the SimPy events of the second iteration (the difference of the two runs' counts);
+- events: the SimPy events of the one iteration (stats.events of the JSON run);
 - peak RSS of the one-iteration process (its own maximum resident set, from wait4), and its CPU seconds
   (steadier than wall time on a shared machine);
 - the ranks simulated (fewer where machines are mirrored, sim/symmetry.py) and the simulated iteration
@@ -50,9 +51,10 @@ def topology(gpus: int) -> str | None:
     return f"{{generator: fat_tree, tiers: 3, {common}}}"
 
 
-def command(gpus: int, iterations: int, collectives: str) -> list[str]:
-    args = [sys.executable, "-m", "trainsim.cli", "simulate", "ddp-resnet50-dgx-a100", "--json",
-            "--set", f"iterations={iterations}", "--set", "warmup_iterations=0",
+def command(gpus: int, iterations: int, collectives: str, as_json: bool = False) -> list[str]:
+    args = [sys.executable, "-m", "trainsim.cli", "simulate", "ddp-resnet50-dgx-a100",
+            *(["--json"] if as_json else []), "--set", f"iterations={iterations}",
+            "--set", "warmup_iterations=0",
             "--set", f"batch_size={256 * gpus}", "--set", f"strategy.collectives={collectives}"]
     topo = topology(gpus)
     if topo:
@@ -61,7 +63,8 @@ def command(gpus: int, iterations: int, collectives: str) -> list[str]:
 
 
 def run(args: list[str], timeout: float) -> dict | None:
-    """Wall seconds, peak RSS bytes and the parsed JSON of one process; None past ``timeout``."""
+    """Wall and CPU seconds, peak RSS bytes and the output (parsed if JSON) of one process; None past
+    ``timeout``."""
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as devnull:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=devnull)
@@ -85,8 +88,9 @@ def run(args: list[str], timeout: float) -> dict | None:
     proc.stdout.close()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(args)}")
+    text = out.decode()
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024,
-            "result": json.loads(out)}
+            "result": json.loads(text) if "--json" in args else text}
 
 
 def startup(repeats: int = 3) -> tuple[float, float]:
@@ -117,7 +121,7 @@ def main() -> None:
         print(f"start-up: import numpy, simpy {base:.3f} s; trainsim simulate ddp-resnet50-dgx-a100 "
               f"{sim:.3f} s (+{sim - base:.3f} s)")
     print(f"{'GPUs':>6} {'fabric':<16} {'collectives':<11} {'whole process':>14} {'(CPU)':>8} "
-          f"{'per further iter':>17} {'events/iter':>12} {'ranks run':>9} {'peak RSS':>10} "
+          f"{'per further iter':>17} {'events':>12} {'ranks run':>9} {'peak RSS':>10} "
           f"{'simulated iter':>15}")
     for collectives in opts.collectives.split(","):
         for gpus in (g for g in GPUS if g <= opts.max_gpus):
@@ -125,17 +129,18 @@ def main() -> None:
                 "rail-optimised" if gpus // PER_NODE <= RAIL_MAX_NODES else "3-tier fat-tree")
             one = run(command(gpus, 1, collectives), opts.timeout)
             two = run(command(gpus, 2, collectives), opts.timeout) if one else None
-            if one is None or two is None:
+            figures = run(command(gpus, 1, collectives, as_json=True), opts.timeout) if two else None
+            if figures is None:
                 print(f"{gpus:>6} {fabric:<16} {collectives:<11} past the {opts.timeout:g} s limit; larger "
                       "counts skipped", flush=True)
                 break
-            stats = one["result"]["stats"]
-            events = two["result"]["stats"]["events"] - stats["events"]
+            stats = figures["result"]["stats"]
+            events = stats["events"]
             ranks = stats.get("simulated_ranks", gpus)
             further = two["wall_s"] - one["wall_s"]
             print(f"{gpus:>6} {fabric:<16} {collectives:<11} {one['wall_s']:>12.2f} s {one['cpu_s']:>6.2f} s "
                   f"{further:>15.2f} s {events:>12,} {ranks:>9} {one['rss'] / 2**20:>6.0f} MiB "
-                  f"{one['result']['iteration_time_s'] * 1e3:>12.3f} ms", flush=True)
+                  f"{figures['result']['iteration_time_s'] * 1e3:>12.3f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from trainsim.sim.hosts.call_latency import Latency
 from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
 from trainsim.sim.strategies.pipeline import options as pipeline_options
 from trainsim.sim.symmetry import mirror_ranks
+from trainsim.topologies.machine_classes import rename
 
 __all__ = ["Simulation", "build_machine", "load_inputs"]
 
@@ -436,12 +437,13 @@ class Simulation:
             flows = flows - (self._link_snapshot - self._snapshot_credited)
         moved = moved.copy()
         copies = self.mirror.machines
+        machine = dict(topo.graph.nodes(data="machine"))
         for i, (u, v) in enumerate(net.links):
-            m = topo.machine_of(u)
+            m = machine[u]
             first = copies.get(m, m)
-            if first == m or topo.machine_of(v) != m:
+            if first == m or machine[v] != m:
                 continue
-            j = net.index_of((topo.rename(u, first), topo.rename(v, first)))
+            j = net.index_of((rename(u, m, first), rename(v, m, first)))
             moved[i] += flows[j]
         return moved
 

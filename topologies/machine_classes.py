@@ -45,11 +45,13 @@ def _signature(graph: nx.DiGraph, machine: int, names: list[str], network: int) 
     nodes = graph.nodes
 
     def plain(attrs: dict) -> tuple:
-        return tuple(sorted((k, v[cut:] if isinstance(v, str) and v.startswith(pre) else _hashable(v))
-                            for k, v in attrs.items() if k != "machine"))
+        # in the attributes' own order: copies are built by the same code, so it matches (and a mismatch
+        # only makes two classes where one would do)
+        return tuple((k, v[cut:] if isinstance(v, str) and v.startswith(pre) else _hashable(v))
+                     for k, v in attrs.items() if k != "machine")
 
     items = []
-    for n in sorted(names):
+    for n in names:  # in the graph's order, which copies share
         on_network = any(nodes[v]["machine"] == network for v in graph.successors(n))
         items.append((n[cut:], plain(nodes[n]), on_network))
         for v, attrs in graph.adj[n].items():
@@ -59,6 +61,8 @@ def _signature(graph: nx.DiGraph, machine: int, names: list[str], network: int) 
 
 
 def _hashable(value):
+    if isinstance(value, str | int | float | bool | None):
+        return value
     if isinstance(value, list | tuple):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):

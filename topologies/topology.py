@@ -325,7 +325,8 @@ class Topology:
             if d["kind"] not in ("gpu", "dram"):
                 infra.setdefault(d["machine"], []).append(n)
         for machine, gpus in by_machine.items():
-            self._check_machine(infra.get(machine, []), gpus)
+            if self.representative(machine) == machine:  # a copy routes as its class's first machine
+                self._check_machine(infra.get(machine, []), gpus)
         if len(by_machine) > 1:
             fabric = self.graph.subgraph(
                 [n for n, d in self.graph.nodes(data=True) if d["kind"] == "nic" or d["machine"] == NETWORK])

@@ -29,7 +29,17 @@ from trainsim.sim.core.flows import FlowNetwork
 from trainsim.topologies import Topology, load_topology
 
 from . import nccl_tuning as tune
-from .plans import Plan, alpha_beta, hop_class, nvls_plan, nvls_switch, p2p_plan, ring_plan, tree_plan
+from .plans import (
+    Plan,
+    alpha_beta,
+    bandwidth_term,
+    hop_class,
+    nvls_plan,
+    nvls_switch,
+    p2p_plan,
+    ring_plan,
+    tree_plan,
+)
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv")
 ALGORITHMS = ("auto", "ring", "tree", "nvls", "p2p")
@@ -181,7 +191,12 @@ def _build(topo: Topology, op: str, gpus: list[str], algo: str,
     and caps against the plan's own bus bandwidth at full link rate)."""
     cc = compute_capability(topo, gpus)
     plan = _plan(topo, op, gpus, algo, tune.tuning(cc, algo, proto))
-    alpha, beta = alpha_beta(topo, plan)  # at full link rate (efficiency 1)
+    # the shares on the links do not depend on the protocol: one bandwidth term per algorithm and group
+    cache = _plans.setdefault(topo, {})
+    key = ("bandwidth", op, algo, tuple(gpus))
+    if key not in cache:
+        cache[key] = bandwidth_term(topo, plan)
+    alpha, beta = alpha_beta(topo, plan, cache[key])  # at full link rate (efficiency 1)
     if cc is not None and plan.lanes:
         busbw = bus_factor(op, len(gpus)) / beta / GB if beta > 0 else 0.0
         nodes = len({topo.machine_of(g) for g in gpus})

@@ -260,32 +260,47 @@ def p2p_plan(topo: Topology, op: str, gpus: list[str], tuning: Tuning = LEGACY) 
 
 # ---- the analytic path ------------------------------------------------------------------------------------
 
-def alpha_beta(topo: Topology, plan: Plan) -> tuple[float, float]:
+def alpha_beta(topo: Topology, plan: Plan, beta: float | None = None) -> tuple[float, float]:
     """(alpha seconds, beta seconds per byte of S): t(S) = alpha + beta x S, beta divided by the plan's
     protocol efficiency.
 
     Phase k of every lane runs at the same time: its latency is the largest of its transfers', and its
     bandwidth term the most loaded edge's (sum of the shares crossing it) / bandwidth, so links shared by
-    several ring hops, channels or trees count once per user.
+    several ring hops, channels or trees count once per user. ``beta``: `bandwidth_term` when the caller
+    has it (plans of one algorithm on one group move the same shares whatever the protocol).
     """
     if not plan.lanes:
         return 0.0, 0.0
-    n_phases = {len(lane) for lane in plan.lanes}
-    if len(n_phases) != 1:
-        raise ValueError("the lanes of a plan must have the same number of phases")
     alpha = plan.base_latency
+    for phases in _phases(plan):
+        repeat = max(p.repeat for p in phases)
+        alpha += repeat * max((t.latency for phase in phases for t in phase.transfers), default=0.0)
+    if beta is None:
+        beta = bandwidth_term(topo, plan)
+    return alpha, beta / plan.efficiency
+
+
+def bandwidth_term(topo: Topology, plan: Plan) -> float:
+    """Seconds per byte of S at the links' full rate: per phase, ``repeat`` x the most loaded edge's shares
+    over its bandwidth (see `alpha_beta`)."""
     beta = 0.0
-    for k in range(n_phases.pop()):
-        phases = [lane[k] for lane in plan.lanes]
+    for phases in _phases(plan):
         repeat = max(p.repeat for p in phases)
         load: dict[Edge, float] = defaultdict(float)
-        latency = 0.0
         for phase in phases:
             scale = phase.repeat / repeat
             for t in phase.transfers:
-                latency = max(latency, t.latency)
                 for e in t.route:
                     load[e] += t.share * scale
-        alpha += repeat * latency
         beta += repeat * max((x / topo.graph.edges[e]["bandwidth"] for e, x in load.items()), default=0.0)
-    return alpha, beta / plan.efficiency
+    return beta
+
+
+def _phases(plan: Plan) -> list[list[Phase]]:
+    """Phase k of every lane, for each k (lanes run side by side); none without lanes."""
+    if not plan.lanes:
+        return []
+    n_phases = {len(lane) for lane in plan.lanes}
+    if len(n_phases) != 1:
+        raise ValueError("the lanes of a plan must have the same number of phases")
+    return [[lane[k] for lane in plan.lanes] for k in range(n_phases.pop())]

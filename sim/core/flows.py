@@ -224,10 +224,11 @@ class FlowNetwork:
     def credit(self, loads: Mapping[Hashable, float]) -> None:
         """Count bytes on links that moved without flows here (an analytic collective: its plan's bytes per
         link), so link bytes and utilisation include them."""
-        for link, nbytes in loads.items():
-            i = self._index[link]
-            self.link_bytes[i] += nbytes
-            self.credited[i] += nbytes
+        index = self._index
+        at = np.fromiter((index[link] for link in loads), dtype=np.int64, count=len(loads))
+        nbytes = np.fromiter(loads.values(), dtype=float, count=len(loads))
+        np.add.at(self.link_bytes, at, nbytes)
+        np.add.at(self.credited, at, nbytes)
 
     def utilisation(self, elapsed: float | None = None) -> dict[Hashable, float]:
         """Average fraction of each link's capacity used since time 0 (or over `elapsed` seconds)."""
