@@ -22,7 +22,7 @@ import networkx as nx
 
 from trainsim.errors import TrainsimError, unknown_name
 
-from .machine_classes import machine_classes, rename
+from .machine_classes import machine_classes, prefix, rename
 from .network_paths import NetworkPaths
 from .schema import TopologySpec
 
@@ -177,8 +177,8 @@ class Topology:
             first = self.representative(machine)
             if first != machine:  # inside a copy of an earlier machine: that machine's path, renamed
                 route = self._path(rename(src, machine, first), rename(dst, machine, first), {first})
-                self._paths[key] = tuple((rename(u, first, machine), rename(v, first, machine))
-                                         for u, v in route)
+                cut, here = len(prefix(first)), prefix(machine)
+                self._paths[key] = tuple((here + u[cut:], here + v[cut:]) for u, v in route)
                 return list(self._paths[key])
             try:
                 if machines == {NETWORK}:
