@@ -70,9 +70,15 @@ class Topology:
         return self._of_kind("gpu")
 
     @cached_property
+    def edge_attrs(self) -> dict[tuple[str, str], dict]:
+        """Directed edge -> its attributes (the graph's own dicts), for hot loops over routes: a plain dict
+        lookup instead of a networkx view per edge."""
+        return {(u, v): d for u, v, d in self.graph.edges(data=True)}
+
+    @cached_property
     def edge_kind(self) -> dict[tuple[str, str], str]:
         """Directed edge -> its kind (pcie, nvlink, ...), for hot loops over routes."""
-        return {(u, v): k for u, v, k in self.graph.edges(data="kind")}
+        return {e: d["kind"] for e, d in self.edge_attrs.items()}
 
     @cached_property
     def gpu_index(self) -> dict[str, int]:
@@ -308,11 +314,13 @@ class Topology:
 
     def route_latency(self, route: Route) -> float:
         """Seconds: the sum of the edges' latencies."""
-        return sum(self.graph.edges[e]["latency"] for e in route)
+        attrs = self.edge_attrs
+        return sum(attrs[e]["latency"] for e in route)
 
     def bottleneck(self, route: Route) -> float:
         """Bytes/s: the smallest edge bandwidth on the route (infinite for an empty route)."""
-        return min((self.graph.edges[e]["bandwidth"] for e in route), default=float("inf"))
+        attrs = self.edge_attrs
+        return min((attrs[e]["bandwidth"] for e in route), default=float("inf"))
 
     # ---- checks -------------------------------------------------------------------------------------------
     def check_routes(self) -> None:

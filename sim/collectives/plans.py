@@ -202,8 +202,8 @@ def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
             # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines), from the
             # largest step latency of each hop class going up
             intra = inter = 0.0
-            for a, b in edges:
-                route, wire, klass = _hop(topo, a, b)
+            ups = [_hop(topo, a, b) for a, b in edges]
+            for _, wire, klass in ups:
                 step = (wire if tuning.route_latency else 0.0) + tuning.hop[klass]
                 if klass == "network":
                     inter = max(inter, step)
@@ -211,7 +211,7 @@ def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
                     intra = max(intra, step)
             depth = max(len(c) for c in chains) - 1
             latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
-            up = [Transfer(_hop(topo, a, b)[0], share, latency) for a, b in edges]
+            up = [Transfer(route, share, latency) for route, _, _ in ups]
             down = [Transfer(_hop(topo, b, a)[0], share, latency) for a, b in edges]
             lanes.append((Phase(tuple(up + down)),))
     return Plan("allreduce", "tree", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
@@ -292,7 +292,8 @@ def bandwidth_term(topo: Topology, plan: Plan) -> float:
             for t in phase.transfers:
                 for e in t.route:
                     load[e] += t.share * scale
-        beta += repeat * max((x / topo.graph.edges[e]["bandwidth"] for e, x in load.items()), default=0.0)
+        attrs = topo.edge_attrs
+        beta += repeat * max((x / attrs[e]["bandwidth"] for e, x in load.items()), default=0.0)
     return beta
 
 

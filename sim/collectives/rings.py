@@ -53,7 +53,8 @@ def ring_cost(topo: Topology, channels: tuple[Channel, ...]) -> float:
         for a, b in channel.hops():
             for edge in topo.route(a, b):
                 load[edge] += channel.weight
-    return max((share / topo.graph.edges[e]["bandwidth"] for e, share in load.items()), default=0.0)
+    attrs = topo.edge_attrs
+    return max((share / attrs[e]["bandwidth"] for e, share in load.items()), default=0.0)
 
 
 def build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
