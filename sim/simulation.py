@@ -38,6 +38,8 @@ from trainsim.sim.hosts import RunMeasurements, call_latency, host_model_for
 from trainsim.sim.hosts.call_latency import Latency
 from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
 from trainsim.sim.strategies.pipeline import options as pipeline_options
+from trainsim.sim.symmetry import mirror_ranks
+from trainsim.topologies.machine_classes import rename
 
 __all__ = ["Simulation", "build_machine", "load_inputs"]
 
@@ -205,10 +207,13 @@ class Simulation:
         bundle: Bundle | None = None,
         machine: Machine | None = None,
         record: bool = True,
+        mirror: bool = True,
     ):
         """``bundle``: a loaded calibration bundle (`trainsim.api.load_bundle`); its topology, its workload of
         the scenario's model and its measured device replace the scenario's, and what validation measured for
-        this run (``bundle.run``, `RunMeasurements`) applies."""
+        this run (``bundle.run``, `RunMeasurements`) applies. ``record``: keep every op, flow, link-rate and
+        memory change (for records and traces). ``mirror``: where it is exact, simulate one machine per class
+        of identical ones and mirror it (sim/symmetry.py); False simulates every rank (to check that)."""
         if not isinstance(scenario, Scenario):
             raise TypeError(
                 "Simulation takes a validated Scenario (trainsim.api.load_scenario), "
@@ -302,6 +307,12 @@ class Simulation:
             jitter_spec=st.jitter if st.jitter is not None else self._measured_jitter(per_gpu),
             host=self.host,
         )
+        self.mirror = None
+        if mirror:
+            self.mirror = mirror_ranks(sc, topology, self.ranks, costs, detail=record, host=self.host,
+                                       jitter=self.ctx.jitter_spec)
+        if self.mirror is not None:
+            self.ctx.mirrors = self.mirror.stands_for
         from trainsim.sim.optimizations.data_movement import prepare
 
         # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates
@@ -337,6 +348,7 @@ class Simulation:
             net = self.machine.net
             net.utilisation()  # drains the flows up to now
             self._link_snapshot = net.link_bytes.copy()
+            self._snapshot_credited = net.credited.copy()
 
     def run(self) -> Result:
         sc, ctx, env = self.scenario, self.ctx, self.env
@@ -362,7 +374,7 @@ class Simulation:
         starts = [ends[i - 1] if i > 0 else 0.0 for i in range(total)]
         windows = [(starts[i], ends[i]) for i in range(w, total)]
         last = ctx.iteration_end[total - 1]
-        critical = max(self.ranks, key=lambda g: (last[g], -self.ranks.index(g)))
+        critical = max(enumerate(self.ranks), key=lambda ig: (last[ig[1]], -ig[0]))[1]  # first of the last
         n_it = len(windows)
         parts = breakdown(self.machine.ops, critical, windows)
         span = (windows[0][0], windows[-1][1])
@@ -387,6 +399,7 @@ class Simulation:
                 "wall_s": round(wall, 6),
                 "flows": self.machine.net.stats.flows_started,
                 "recomputes": self.machine.net.stats.recomputes,
+                "simulated_ranks": len(ctx.simulated),
             },
             machine=self.machine,
             extra=dict(ctx.extra),
@@ -397,28 +410,49 @@ class Simulation:
         for op in self.machine.ops:
             if op.stream == "compute" and op.resource in by_gpu:
                 by_gpu[op.resource].append((op.start, op.end))
-        out = []
+        out = {}
         length = span[1] - span[0]
-        for g in self.ranks:
+        for g in self.ctx.simulated:
             gpu = self.machine.gpus[g]
             util = busy_time(by_gpu[g], *span) / length if length > 0 else 0.0
-            out.append(
-                GpuResult(
-                    g,
-                    gpu.index,
+            for copy in self.ctx.mirrors.get(g, [g]) if self.ctx.mirrors is not None else [g]:
+                out[copy] = GpuResult(
+                    copy,
+                    self.machine.gpus[copy].index,
                     gpu.device.name,
                     util,
                     gpu.memory.peak,
                     gpu.memory.capacity,
                     dict(gpu.memory.peak_by_category),
                 )
-            )
-        return out
+        return [out[g] for g in self.ranks]
+
+    def _mirrored_bytes(self, moved):
+        """Link bytes with each mirrored machine's own links carrying what its representative's flows moved
+        (sim/symmetry.py); credited collective bytes are every link's own already. Only whole runs are
+        mirrored, so the warm-up snapshot scales the same way and drops out."""
+        net, topo = self.machine.net, self.topology
+        flows = net.link_bytes - net.credited
+        if self._link_snapshot is not None:
+            flows = flows - (self._link_snapshot - self._snapshot_credited)
+        moved = moved.copy()
+        copies = self.mirror.machines
+        machine = dict(topo.graph.nodes(data="machine"))
+        for i, (u, v) in enumerate(net.links):
+            m = machine[u]
+            first = copies.get(m, m)
+            if first == m or machine[v] != m:
+                continue
+            j = net.index_of((rename(u, m, first), rename(v, m, first)))
+            moved[i] += flows[j]
+        return moved
 
     def _link_results(self, span) -> list[LinkResult]:
         net = self.machine.net
         net.utilisation()
         moved = net.link_bytes - (self._link_snapshot if self._link_snapshot is not None else 0.0)
+        if self.mirror is not None:
+            moved = self._mirrored_bytes(moved)
         length = span[1] - span[0]
         out = []
         graph = self.topology.graph

@@ -131,6 +131,7 @@ def _link_figures(link, field: str, file) -> phys.LinkFigures:
 def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
     """The directed graph of a spec, checking names, endpoints and bandwidths."""
     graph = nx.DiGraph(name=spec.name)
+    names = {node.name for node in spec.nodes}
     for i, node in enumerate(spec.nodes):
         field = f"nodes[{i}]"
         if node.name in graph:
@@ -155,7 +156,7 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
         graph.add_node(node.name, **attrs)
         if node.kind == "cpu":
             dram_node = attrs["dram"]
-            if any(other.name == dram_node for other in spec.nodes):
+            if dram_node in names:
                 raise TrainsimError(f"node name {dram_node!r} is reserved for the DRAM of {node.name!r}",
                                     file=file, field=f"{field}.name")
             graph.add_node(dram_node, kind="dram", machine=machine, cpu=node.name)

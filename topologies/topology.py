@@ -22,6 +22,8 @@ import networkx as nx
 
 from trainsim.errors import TrainsimError, unknown_name
 
+from .machine_classes import machine_classes, prefix, rename
+from .network_paths import NetworkPaths
 from .schema import TopologySpec
 
 Edge = tuple[str, str]
@@ -51,6 +53,8 @@ class Topology:
         self._paths: dict[tuple, tuple[Edge, ...]] = {}
         self._host: dict[str, str] = {}
         self._nic: dict[str, str] = {}
+        self._ports: dict[str, dict[str, int]] = {}
+        self.memo: dict = {}  # what other modules derive from this topology and keep (collective hops, ...)
 
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, {len(self.gpus)} GPUs, {self.graph.number_of_nodes()} nodes)"
@@ -64,6 +68,22 @@ class Topology:
     def gpus(self) -> list[str]:
         """GPU node names by global GPU index: gpu i is ``gpus[i]``."""
         return self._of_kind("gpu")
+
+    @cached_property
+    def edge_attrs(self) -> dict[tuple[str, str], dict]:
+        """Directed edge -> its attributes (the graph's own dicts), for hot loops over routes: a plain dict
+        lookup instead of a networkx view per edge."""
+        return {(u, v): d for u, v, d in self.graph.edges(data=True)}
+
+    @cached_property
+    def edge_kind(self) -> dict[tuple[str, str], str]:
+        """Directed edge -> its kind (pcie, nvlink, ...), for hot loops over routes."""
+        return {e: d["kind"] for e, d in self.edge_attrs.items()}
+
+    @cached_property
+    def gpu_index(self) -> dict[str, int]:
+        """GPU name -> global GPU index (the position in ``gpus``)."""
+        return {g: i for i, g in enumerate(self.gpus)}
 
     @cached_property
     def cpus(self) -> list[str]:
@@ -108,6 +128,10 @@ class Topology:
             return attrs["dram"]
         if node not in self._host:
             machine = attrs["machine"]
+            first = self.representative(machine)
+            if first != machine:  # a copy of an earlier machine: its answer, renamed
+                self._host[node] = rename(self.host_memory(rename(node, machine, first)), first, machine)
+                return self._host[node]
             dist = self._distances(node, {machine})
             cpus = [c for c in self.cpus if c in dist]
             if not cpus:
@@ -116,6 +140,23 @@ class Topology:
             nearest = min(cpus, key=lambda c: dist[c])
             self._host[node] = self.graph.nodes[nearest]["dram"]
         return self._host[node]
+
+    # ---- machine classes ----------------------------------------------------------------------------------
+    @cached_property
+    def _classes(self) -> dict[int, int]:
+        return machine_classes(self.graph, NETWORK)
+
+    def representative(self, machine: int) -> int:
+        """The first machine of ``machine``'s class (`machine_classes`): routes, nearest NICs and host
+        memory inside ``machine`` are that machine's, renamed. A machine without copies (or the network) is
+        its own."""
+        if machine == NETWORK or len(self.machines) < 2:
+            return machine
+        return self._classes.get(machine, machine)
+
+    def rename(self, node: str, machine: int) -> str:
+        """``node`` (in a machine of the class of ``machine``) as the same node of ``machine``."""
+        return rename(node, self.machine_of(node), machine)
 
     # ---- routing ------------------------------------------------------------------------------------------
     def _weight(self, dst: str | None, machines: set[int]):
@@ -138,6 +179,13 @@ class Topology:
     def _path(self, src: str, dst: str, machines: set[int]) -> Route:
         key = (src, dst, frozenset(machines))
         if key not in self._paths:  # cached: cross-machine routes share their GPU -> NIC segments
+            machine = next(iter(machines)) if len(machines) == 1 else NETWORK
+            first = self.representative(machine)
+            if first != machine:  # inside a copy of an earlier machine: that machine's path, renamed
+                route = self._path(rename(src, machine, first), rename(dst, machine, first), {first})
+                cut, here = len(prefix(first)), prefix(machine)
+                self._paths[key] = tuple((here + u[cut:], here + v[cut:]) for u, v in route)
+                return list(self._paths[key])
             try:
                 if machines == {NETWORK}:
                     nodes = self._network_path(src, dst)
@@ -148,10 +196,26 @@ class Topology:
             self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
         return list(self._paths[key])
 
+    @cached_property
+    def _network_paths(self) -> NetworkPaths | None:
+        """The search-free router when every network hop costs the same (else None: networkx per pair)."""
+        if not NetworkPaths.uniform(self.graph, NETWORK, lambda d: HOP_COST[d["kind"]]):
+            return None
+        return NetworkPaths(self.graph, NETWORK, natural_key)
+
     def _network_path(self, src: str, dst: str) -> list[str]:
         """Between two NICs: one of the equal shortest paths, picked by the destination's port number on its
         leaf switch modulo their number (static destination-based routing, "D-mod-k", as InfiniBand
         fat-tree routing does), so traffic to the NICs under one leaf spreads over the spines."""
+        if self._network_paths is not None:
+            nodes = self._network_paths.path(src, dst, lambda: self._leaf_port(dst))
+            if nodes is None:
+                raise nx.NetworkXNoPath
+            return nodes
+        return self._searched_network_path(src, dst)
+
+    def _searched_network_path(self, src: str, dst: str) -> list[str]:
+        """`_network_path` by listing every shortest path (networkx): any link costs, and the reference."""
         paths = sorted(nx.all_shortest_paths(self.graph, src, dst, weight=self._weight(dst, {NETWORK})),
                        key=lambda path: [natural_key(n) for n in path])
         if len(paths) == 1:
@@ -164,14 +228,20 @@ class Topology:
         leaf = next((v for v in self.graph.successors(nic) if nodes[v]["machine"] == NETWORK), None)
         if leaf is None:
             return 0
-        ports = sorted((u for u in self.graph.predecessors(leaf) if self.graph.nodes[u]["kind"] == "nic"),
-                       key=lambda n: (self.graph.nodes[n]["machine"], natural_key(n)))
-        return ports.index(nic)
+        if leaf not in self._ports:
+            ports = sorted((u for u in self.graph.predecessors(leaf) if nodes[u]["kind"] == "nic"),
+                           key=lambda n: (nodes[n]["machine"], natural_key(n)))
+            self._ports[leaf] = {n: i for i, n in enumerate(ports)}
+        return self._ports[leaf][nic]
 
     def nic_of(self, node: str) -> str:
         """The network-attached NIC that traffic of ``node`` leaves its machine through."""
         if node not in self._nic:
             machine = self.machine_of(node)
+            first = self.representative(machine)
+            if first != machine:  # a copy of an earlier machine: its answer, renamed
+                self._nic[node] = rename(self.nic_of(rename(node, machine, first)), first, machine)
+                return self._nic[node]
             nics = [n for n in self.nics if self.graph.nodes[n]["machine"] == machine
                     and any(self.graph.nodes[x]["machine"] == NETWORK for x in self.graph.successors(n))]
             if self.graph.nodes[node]["kind"] == "gpu":
@@ -244,11 +314,13 @@ class Topology:
 
     def route_latency(self, route: Route) -> float:
         """Seconds: the sum of the edges' latencies."""
-        return sum(self.graph.edges[e]["latency"] for e in route)
+        attrs = self.edge_attrs
+        return sum(attrs[e]["latency"] for e in route)
 
     def bottleneck(self, route: Route) -> float:
         """Bytes/s: the smallest edge bandwidth on the route (infinite for an empty route)."""
-        return min((self.graph.edges[e]["bandwidth"] for e in route), default=float("inf"))
+        attrs = self.edge_attrs
+        return min((attrs[e]["bandwidth"] for e in route), default=float("inf"))
 
     # ---- checks -------------------------------------------------------------------------------------------
     def check_routes(self) -> None:
@@ -256,8 +328,13 @@ class Topology:
         by_machine: dict[int, list[str]] = {}
         for gpu in self.gpus:
             by_machine.setdefault(self.machine_of(gpu), []).append(gpu)
+        infra: dict[int, list[str]] = {}  # each machine's nodes that may carry traffic
+        for n, d in self.graph.nodes(data=True):
+            if d["kind"] not in ("gpu", "dram"):
+                infra.setdefault(d["machine"], []).append(n)
         for machine, gpus in by_machine.items():
-            self._check_machine(machine, gpus)
+            if self.representative(machine) == machine:  # a copy routes as its class's first machine
+                self._check_machine(infra.get(machine, []), gpus)
         if len(by_machine) > 1:
             fabric = self.graph.subgraph(
                 [n for n, d in self.graph.nodes(data=True) if d["kind"] == "nic" or d["machine"] == NETWORK])
@@ -275,10 +352,8 @@ class Topology:
                     raise TrainsimError(f"no route between {first[0]} and {gpu}: their NICs' networks are "
                                         "not connected", file=self.source, field="links")
 
-    def _check_machine(self, machine: int, gpus: list[str]) -> None:
-        nodes = self.graph.nodes
-        infra = self.graph.subgraph([n for n, d in nodes(data=True) if d["machine"] == machine
-                                     and d["kind"] not in ("gpu", "dram")])
+    def _check_machine(self, infra_nodes: list[str], gpus: list[str]) -> None:
+        infra = self.graph.subgraph(infra_nodes)
         component = {n: i for i, comp in enumerate(nx.weakly_connected_components(infra)) for n in comp}
         reach = {g: {component[n] for n in self.graph.successors(g) if n in component} for g in gpus}
         if gpus and set.intersection(*reach.values()):

@@ -64,6 +64,12 @@ def simulate(
     calibration: str | os.PathLike | Bundle | None = None,
     overrides: Sequence[str] = (),
     variant: str | None = None,
+    record: bool = True,
 ) -> Result:
-    """Load ``scenario`` (and the calibration bundle), simulate it, return the Result."""
-    return simulation(scenario, calibration=calibration, overrides=overrides, variant=variant).run()
+    """Load ``scenario`` (and the calibration bundle), simulate it, return the Result.
+
+    ``record``: keep every op, flow, link-rate change and memory change (what records and traces are
+    written from); False keeps one record per stretch of back-to-back layers, enough for the Result, which
+    is far cheaper in time and memory at scale."""
+    return simulation(scenario, calibration=calibration, overrides=overrides, variant=variant,
+                      record=record).run()

@@ -582,9 +582,12 @@ def simulate_cmd(
     bundle = api.load_bundle(calibration) if calibration is not None else None
     err = Console(stderr=True)
     with err.status(f"simulating {sc.name}"):
-        result = api.simulate(sc, calibration=bundle)
-    prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
-                      calibration=calibration)
+        # every op and rate change is kept only for the files that show them
+        result = api.simulate(sc, calibration=bundle, record=bool(trace_out or records_out))
+    prov = None
+    if trace_out or as_json:  # only files and JSON carry it (looking up versions costs start-up time)
+        prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
+                          calibration=calibration)
     if trace_out:
         from trainsim.sim.output.kineto_ranks import write_trace
 

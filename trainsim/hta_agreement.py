@@ -22,7 +22,8 @@ HTA's window runs from the first to the last GPU event of those steps; ``window=
 breakdown over that same window and the same GPU work: HTA files an op under a step through the runtime call
 that launched it (its correlation id) and leaves out ops whose launch the trace lacks (614 of the V100
 CUDA-graph trace's 15,632, whose launches the profiler did not record; the replay keeps them at their
-measured start), so over that window trainsim counts only ops with a known launch too; ``window="steps"`` over the whole steps, as trainsim reports them (the
+measured start), so over that window trainsim counts only ops with a known launch too;
+``window="steps"`` over the whole steps, as trainsim reports them (the
 two differ by the time the GPU waits at the edges of the steps: the CPU's work before the first launch and
 after the last kernel). What remains between HTA and trainsim over one window is how HTA reads the trace:
 which events it counts as which kind and its rounding of each event to whole microseconds (start up, end

@@ -30,7 +30,17 @@ from trainsim.topologies import Topology, load_topology
 
 from . import measured
 from . import nccl_tuning as tune
-from .plans import Plan, alpha_beta, hop_class, nvls_plan, nvls_switch, p2p_plan, ring_plan, tree_plan
+from .plans import (
+    Plan,
+    alpha_beta,
+    bandwidth_term,
+    hop_class,
+    nvls_plan,
+    nvls_switch,
+    p2p_plan,
+    ring_plan,
+    tree_plan,
+)
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv")
 ALGORITHMS = ("auto", "ring", "tree", "nvls", "p2p")
@@ -44,6 +54,7 @@ METHODS = ("flow", "analytic")
 MAX_FLOWS = 8192  # per collective on the flow path, before repeated steps are grouped (run_collective)
 
 GB = 1e9
+Edge = tuple[str, str]
 
 # Plans and their alpha-beta per topology, so repeated collectives (DDP buckets, sweeps) cost a lookup.
 _plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -81,19 +92,27 @@ def _check_proto(proto: str) -> None:
 def compute_capability(topo: Topology, gpus: Sequence[str]) -> int | None:
     """The smallest SM version in the group, as NCCL tunes for (None: a CPU rank or an unknown device, where
     NCCL's model does not apply and the LEGACY Simple figures stay)."""
-    ccs = [tune.compute_capability(topo.graph.nodes[g].get("spec")) for g in gpus]
+    nodes = topo.graph.nodes
+    ccs = [tune.compute_capability(spec) for spec in {nodes[g].get("spec") for g in gpus}]
     return None if not ccs or None in ccs else min(ccs)
 
 
 def feasible_protocols(topo: Topology, op: str, gpus: list[str], algo: str) -> list[str]:
     """What "auto" chooses among for ``algo``: Simple only off NCCL or for NVLS; LL128 where NCCL enables it
-    by default (NVLink in one node on SM70/80/90)."""
-    cc = compute_capability(topo, gpus)
-    if cc is None or algo == "nvls":
-        return ["simple"]
-    plan = plan_collective(topo, op, gpus, algo, "simple")
-    classes = {hop_class(topo, t.route) for lane in plan.lanes for p in lane for t in p.transfers}
-    return ["ll", "ll128", "simple"] if tune.ll128_default(cc, classes) else ["ll", "simple"]
+    by default (NVLink in one node on SM70/80/90). Cached with the plans."""
+    names = _names(topo, gpus)
+    key = ("protocols", op, algo, names)
+    cache = _plans.setdefault(topo, {})
+    if key not in cache:
+        cc = compute_capability(topo, names)
+        if cc is None or algo == "nvls":
+            cache[key] = ["simple"]
+        else:
+            plan = plan_collective(topo, op, names, algo, "simple")
+            routes = {t.route for lane in plan.lanes for p in lane for t in p.transfers}  # the distinct hops
+            classes = {hop_class(topo, route) for route in routes}
+            cache[key] = ["ll", "ll128", "simple"] if tune.ll128_default(cc, classes) else ["ll", "simple"]
+    return list(cache[key])
 
 
 def _check_proto_for(topo: Topology, gpus: list[str], algo: str, proto: str) -> None:
@@ -120,13 +139,22 @@ def resolve_gpus(topo: Topology, gpus: Sequence[str | int] | None) -> list[str]:
                 raise TrainsimError(f"GPU index {i} out of range: {topo.name} has {len(topo.gpus)} GPUs",
                                     field="gpus")
             names.append(topo.gpus[i])
-        elif g in topo.gpus:
+        elif g in topo.gpu_index:
             names.append(g)
         else:
             raise unknown_name("GPU", str(g), topo.gpus, field="gpus")
     if len(set(names)) != len(names):
         raise TrainsimError(f"a GPU appears twice in {names}", field="gpus")
     return names
+
+
+class _Resolved(tuple):
+    """GPU names already checked by `resolve_gpus` (internal calls pass them on without checking again: a
+    group of thousands of ranks is asked about many times per collective)."""
+
+
+def _names(topo: Topology, gpus) -> _Resolved:
+    return gpus if isinstance(gpus, _Resolved) else _Resolved(resolve_gpus(topo, gpus))
 
 
 def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
@@ -149,7 +177,7 @@ def _cached(topo: Topology, op: str, gpus, algo: str, proto: str) -> tuple[Plan,
     _check_proto(proto)
     if algo == "auto" or proto == "auto":
         raise ValueError("plan_collective needs a concrete algorithm and protocol; use choose first")
-    names = tuple(resolve_gpus(topo, gpus))
+    names = _names(topo, gpus)
     cache = _plans.setdefault(topo, {})
     key = (op, algo, proto, names)
     if key not in cache:
@@ -165,18 +193,25 @@ def _build(topo: Topology, op: str, gpus: list[str], algo: str,
     cc = compute_capability(topo, gpus)
     tuning = tune.tuning(cc, algo, proto)
     plan = _plan(topo, op, gpus, algo, tuning)
+    # the shares on the links do not depend on the protocol: one bandwidth term per algorithm and group
+    cache = _plans.setdefault(topo, {})
+    key = ("bandwidth", op, algo, tuple(gpus))
+    if key not in cache:
+        cache[key] = bandwidth_term(topo, plan)
     fig = measured.figure(topo, op, algo, proto)
     if fig is not None and plan.lanes:  # the box's own figures over NCCL's tables
         group = measured.measured_group(topo)
         reference = plan if list(gpus) == group else _plan(topo, op, group, algo, tuning)
         plan = measured.apply(plan, reference, topo, fig, bus_factor(op, len(group)))
-    elif cc is not None and plan.lanes:
-        _, beta = alpha_beta(topo, plan)
+        return plan, alpha_beta(topo, plan, cache[key])
+    alpha, beta = alpha_beta(topo, plan, cache[key])  # at full link rate (efficiency 1)
+    if cc is not None and plan.lanes:
         busbw = bus_factor(op, len(gpus)) / beta / GB if beta > 0 else 0.0
         nodes = len({topo.machine_of(g) for g in gpus})
         eff = tune.efficiency(cc, op, algo, proto, nodes, len(gpus) / nodes, busbw)
         plan = dataclasses.replace(plan, efficiency=eff)
-    return plan, alpha_beta(topo, plan)
+        beta /= eff  # alpha_beta of the plan with its efficiency
+    return plan, (alpha, beta)
 
 
 def _plan(topo: Topology, op: str, gpus: list[str], algo: str, tuning: tune.Tuning) -> Plan:
@@ -206,7 +241,7 @@ def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: fl
     _check_op(op)
     _check_algo(op, algo)
     _check_proto(proto)
-    names = resolve_gpus(topo, gpus)
+    names = _names(topo, gpus)
     algos = feasible_algorithms(topo, op, names) if algo == "auto" else [algo]
     if proto != "auto":
         if algo == "auto" and proto != "simple":
@@ -245,7 +280,7 @@ def _resolve(topo: Topology, op: str, gpus, nbytes: float, algo: str, proto: str
     _check_proto(proto)
     if not nbytes >= 0:
         raise TrainsimError(f"nbytes must be >= 0, got {nbytes}", field="nbytes")
-    names = resolve_gpus(topo, gpus)
+    names = _names(topo, gpus)
     return (names, *choose(topo, op, names, nbytes, algo=algo, proto=proto))
 
 
@@ -257,6 +292,48 @@ def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, n
     if len(names) < 2:
         return 0.0
     return _time(topo, op, names, algo, proto, nbytes)
+
+
+def analytic_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
+                        algo: str = "auto", proto: str = "auto") -> tuple[float, dict[Edge, float]]:
+    """`collective_time` and `collective_link_bytes` of one call, choosing the algorithm once."""
+    names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
+    if len(names) < 2:
+        return 0.0, {}
+    return (_time(topo, op, names, algo, proto, nbytes),
+            collective_link_bytes(topo, op, names, nbytes, algo=algo, proto=proto))
+
+
+def collective_link_bytes(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
+                          algo: str = "auto", proto: str = "auto") -> dict[tuple[str, str], float]:
+    """Bytes each directed link carries in one collective: what the flow path's transfers move (share x S /
+    efficiency / NCCL's size correction per step), summed over the plan; for the analytic path's link
+    accounting."""
+    names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
+    if len(names) < 2:
+        return {}
+    plan = plan_collective(topo, op, names, algo, proto)
+    wire = nbytes / plan.efficiency / _correction(topo, names, algo, op, proto, nbytes)
+    return {edge: share * wire for edge, share in _edge_shares(topo, plan).items()}
+
+
+_shares: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # topology -> {id(plan): (plan, shares)}
+
+
+def _edge_shares(topo: Topology, plan: Plan) -> dict[tuple[str, str], float]:
+    """Per directed edge, the sum over the plan's transfers crossing it of share x repeat (cached per plan,
+    which the plan cache keeps alive)."""
+    cache = _shares.setdefault(topo, {})
+    entry = cache.get(id(plan))
+    if entry is None or entry[0] is not plan:
+        shares: dict[tuple[str, str], float] = {}
+        for lane in plan.lanes:
+            for phase in lane:
+                for t in phase.transfers:
+                    for edge in t.route:
+                        shares[edge] = shares.get(edge, 0.0) + t.share * phase.repeat
+        entry = cache[id(plan)] = (plan, shares)
+    return entry[1]
 
 
 def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op: str,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from trainsim.topologies import Topology
 
 from .nccl_tuning import LEGACY, Tuning
-from .rings import Channel, build_channels, rail_starts
+from .rings import Channel, build_channels, by_machine, rail_starts
 
 US = 1e-6
 BASE_LATENCY = LEGACY.base  # per collective, where NCCL's model does not apply
@@ -77,7 +77,17 @@ class Plan:
 
 
 def hop_class(topo: Topology, route) -> str:
-    kinds = {topo.graph.edges[e]["kind"] for e in route}
+    """"network" (any IB / Ethernet edge), "nvlink" (only NVLink) or "pcie" (the rest); kept per route."""
+    cache = topo.memo.setdefault("hop_classes", {})
+    route = tuple(route)
+    if route not in cache:
+        cache[route] = _classify(topo, route)
+    return cache[route]
+
+
+def _classify(topo: Topology, route: tuple[Edge, ...]) -> str:
+    kind = topo.edge_kind
+    kinds = {kind[e] for e in route}
     if kinds & {"ib", "ethernet"}:
         return "network"
     if kinds and kinds <= {"nvlink"}:
@@ -85,11 +95,20 @@ def hop_class(topo: Topology, route) -> str:
     return "pcie"  # PCIe, the inter-socket link, host memory
 
 
+def _hop(topo: Topology, a: str, b: str) -> tuple[tuple[Edge, ...], float, str]:
+    """(route, wire latency, hop class) from ``a`` to ``b``; kept with the topology, as plans of thousands
+    of ranks ask for the same hops again (each ring step, every candidate ring, both trees)."""
+    cache = topo.memo.setdefault("collective_hops", {})
+    if (a, b) not in cache:
+        route = tuple(topo.route(a, b))
+        cache[a, b] = (route, topo.route_latency(route), hop_class(topo, route))
+    return cache[a, b]
+
+
 def _transfer(topo: Topology, a: str, b: str, share: float, extra_latency: float = 0.0,
               tuning: Tuning = LEGACY) -> Transfer:
-    route = tuple(topo.route(a, b))
-    wire = topo.route_latency(route) if tuning.route_latency else 0.0
-    latency = wire + tuning.hop[hop_class(topo, route)] + extra_latency
+    route, wire, klass = _hop(topo, a, b)
+    latency = (wire if tuning.route_latency else 0.0) + tuning.hop[klass] + extra_latency
     return Transfer(route, share, latency)
 
 
@@ -167,9 +186,10 @@ def _chain_order(topo: Topology, gpus: list[str]) -> list[str]:
 
 
 def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
-    machines = sorted({topo.machine_of(g) for g in gpus})
+    groups = by_machine(topo, gpus)
+    machines = list(groups)
     # Inside a machine the tree is a chain along the machine's best ring (NVLink hops on a mesh).
-    local = [_chain_order(topo, [g for g in gpus if topo.machine_of(g) == m]) for m in machines]
+    local = [_chain_order(topo, groups[m]) for m in machines]
     # One pair of trees per rail (distinct NIC) between machines, as NCCL runs several tree channels:
     # the chain of rail r starts at its r-th GPU, so every NIC heads a tree.
     rails = rail_starts(topo, local[0]) if len(machines) > 1 else [0]
@@ -183,14 +203,21 @@ def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
             edges = [(c[i + 1], c[i]) for c in chains for i in range(len(c) - 1)]  # child -> parent
             edges += [(chains[m][0], chains[p][0]) for m, p in enumerate(parents) if p >= 0]
             share = 0.5 / len(rails)
-            up = [_transfer(topo, a, b, share, tuning=tuning) for a, b in edges]
-            down = [_transfer(topo, b, a, share, tuning=tuning) for a, b in edges]
-            # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines).
-            intra = max((x.latency for x in up if hop_class(topo, x.route) != "network"), default=0.0)
-            inter = max((x.latency for x in up if hop_class(topo, x.route) == "network"), default=0.0)
+            # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines), from the
+            # largest step latency of each hop class going up
+            intra = inter = 0.0
+            ups = [_hop(topo, a, b) for a, b in edges]
+            for _, wire, klass in ups:
+                step = (wire if tuning.route_latency else 0.0) + tuning.hop[klass]
+                if klass == "network":
+                    inter = max(inter, step)
+                else:
+                    intra = max(intra, step)
             depth = max(len(c) for c in chains) - 1
             latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
-            lanes.append((Phase(tuple(Transfer(x.route, x.share, latency) for x in up + down)),))
+            up = [Transfer(route, share, latency) for route, _, _ in ups]
+            down = [Transfer(_hop(topo, b, a)[0], share, latency) for a, b in edges]
+            lanes.append((Phase(tuple(up + down)),))
     return Plan("allreduce", "tree", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
 
 
@@ -237,32 +264,48 @@ def p2p_plan(topo: Topology, op: str, gpus: list[str], tuning: Tuning = LEGACY) 
 
 # ---- the analytic path ------------------------------------------------------------------------------------
 
-def alpha_beta(topo: Topology, plan: Plan) -> tuple[float, float]:
+def alpha_beta(topo: Topology, plan: Plan, beta: float | None = None) -> tuple[float, float]:
     """(alpha seconds, beta seconds per byte of S): t(S) = alpha + beta x S, beta divided by the plan's
     protocol efficiency.
 
     Phase k of every lane runs at the same time: its latency is the largest of its transfers', and its
     bandwidth term the most loaded edge's (sum of the shares crossing it) / bandwidth, so links shared by
-    several ring hops, channels or trees count once per user.
+    several ring hops, channels or trees count once per user. ``beta``: `bandwidth_term` when the caller
+    has it (plans of one algorithm on one group move the same shares whatever the protocol).
     """
     if not plan.lanes:
         return 0.0, 0.0
-    n_phases = {len(lane) for lane in plan.lanes}
-    if len(n_phases) != 1:
-        raise ValueError("the lanes of a plan must have the same number of phases")
     alpha = plan.base_latency
+    for phases in _phases(plan):
+        repeat = max(p.repeat for p in phases)
+        alpha += repeat * max((t.latency for phase in phases for t in phase.transfers), default=0.0)
+    if beta is None:
+        beta = bandwidth_term(topo, plan)
+    return alpha, beta / plan.efficiency
+
+
+def bandwidth_term(topo: Topology, plan: Plan) -> float:
+    """Seconds per byte of S at the links' full rate: per phase, ``repeat`` x the most loaded edge's shares
+    over its bandwidth (see `alpha_beta`)."""
     beta = 0.0
-    for k in range(n_phases.pop()):
-        phases = [lane[k] for lane in plan.lanes]
+    for phases in _phases(plan):
         repeat = max(p.repeat for p in phases)
         load: dict[Edge, float] = defaultdict(float)
-        latency = 0.0
         for phase in phases:
             scale = phase.repeat / repeat
             for t in phase.transfers:
-                latency = max(latency, t.latency)
                 for e in t.route:
                     load[e] += t.share * scale
-        alpha += repeat * latency
-        beta += repeat * max((x / topo.graph.edges[e]["bandwidth"] for e, x in load.items()), default=0.0)
-    return alpha, beta / plan.efficiency
+        attrs = topo.edge_attrs
+        beta += repeat * max((x / attrs[e]["bandwidth"] for e, x in load.items()), default=0.0)
+    return beta
+
+
+def _phases(plan: Plan) -> list[list[Phase]]:
+    """Phase k of every lane, for each k (lanes run side by side); none without lanes."""
+    if not plan.lanes:
+        return []
+    n_phases = {len(lane) for lane in plan.lanes}
+    if len(n_phases) != 1:
+        raise ValueError("the lanes of a plan must have the same number of phases")
+    return [[lane[k] for lane in plan.lanes] for k in range(n_phases.pop())]

@@ -20,6 +20,7 @@ the same per-edge accounting the flow model produces):
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from trainsim.topologies import Topology
 
 MAX_CYCLES = 20_000  # Hamiltonian cycles enumerated per mesh (8 GPUs have at most 2,520)
 MAX_PACKING_NODES = 200_000  # search nodes when packing cycles onto the links
+
+_channels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # topology -> {gpus: channels}
 
 
 @dataclass(frozen=True)
@@ -50,11 +53,30 @@ def ring_cost(topo: Topology, channels: tuple[Channel, ...]) -> float:
         for a, b in channel.hops():
             for edge in topo.route(a, b):
                 load[edge] += channel.weight
-    return max((share / topo.graph.edges[e]["bandwidth"] for e, share in load.items()), default=0.0)
+    attrs = topo.edge_attrs
+    return max((share / attrs[e]["bandwidth"] for e, share in load.items()), default=0.0)
 
 
 def build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
-    """The ring channels for a group of GPUs (see the module docstring)."""
+    """The ring channels for a group of GPUs (see the module docstring); cached per topology and group.
+    A group inside one machine that copies an earlier one (`Topology.representative`) gets the channels of
+    the same GPUs there, renamed."""
+    cache = _channels.setdefault(topo, {})
+    key = tuple(gpus)
+    if key not in cache:
+        machines = {topo.machine_of(g) for g in gpus}
+        machine = machines.pop() if len(machines) == 1 else None
+        first = topo.representative(machine) if machine is not None else None
+        if first is not None and first != machine:
+            channels = build_channels(topo, [topo.rename(g, first) for g in gpus])
+            cache[key] = tuple(Channel(tuple(topo.rename(g, machine) for g in c.order), c.weight)
+                               for c in channels)
+        else:
+            cache[key] = _build_channels(topo, gpus)
+    return cache[key]
+
+
+def _build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
     if len(gpus) < 2:
         return ()
     if len(gpus) == 2:
@@ -74,9 +96,17 @@ def build_channels(topo: Topology, gpus: list[str]) -> tuple[Channel, ...]:
 
 # ---- several machines ------------------------------------------------------------------------------------
 
+def by_machine(topo: Topology, gpus: list[str]) -> dict[int, list[str]]:
+    """The GPUs of each machine in the order given, machines in number order."""
+    groups: dict[int, list[str]] = {}
+    for g in gpus:
+        groups.setdefault(topo.machine_of(g), []).append(g)
+    return {m: groups[m] for m in sorted(groups)}
+
+
 def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tuple[Channel, ...]:
     # Inside each machine the ring follows that machine's own best ring (NVLink hops on a mesh).
-    local = {m: [g for g in gpus if topo.machine_of(g) == m] for m in machines}
+    local = by_machine(topo, gpus)
     local = {m: list(build_channels(topo, lst)[0].order) if len(lst) > 1 else lst for m, lst in local.items()}
     channels = []
     for start in rail_starts(topo, local[machines[0]]):
@@ -92,7 +122,7 @@ def _rail_channels(topo: Topology, gpus: list[str], machines: list[int]) -> tupl
 def _spread_machine_rings(topo: Topology, gpus: list[str], machines: list[int]) -> tuple[Channel, ...]:
     """Every ring of a machine (e.g. a mesh's NVLink cycles) chained across the machines, each entering and
     leaving a machine by the NICs the other rings use least, so NVLinks and NICs both share the load."""
-    local = [[g for g in gpus if topo.machine_of(g) == m] for m in machines]
+    local = list(by_machine(topo, gpus).values())
     rings = [build_channels(topo, lst) if len(lst) > 1 else (Channel(tuple(lst), 1.0),) for lst in local]
     count = min(len(r) for r in rings)
     if count < 2:
@@ -154,9 +184,10 @@ def _greedy_order(topo: Topology, gpus: list[str]) -> tuple[str, ...]:
 def _nvlink_counts(topo: Topology, gpus: list[str]) -> dict[frozenset, int]:
     members = set(gpus)
     counts = {}
-    for u, v, d in topo.graph.edges(data=True):
-        if u in members and v in members and d["kind"] == "nvlink":
-            counts[frozenset((u, v))] = int(d.get("count") or 1)
+    for u in gpus:  # the group's own links, not the whole cluster's
+        for v, d in topo.graph.adj[u].items():
+            if v in members and d["kind"] == "nvlink":
+                counts[frozenset((u, v))] = int(d.get("count") or 1)
     return counts
 
 

@@ -164,6 +164,7 @@ class FlowNetwork:
                 raise ValueError(f"link {link!r} has capacity {cap}; capacities must be > 0")
         self._latency = dict(latencies or {})
         self.link_bytes = np.zeros(len(self.links))
+        self.credited = np.zeros(len(self.links))  # the part of link_bytes `credit` added (no flows)
         self.records: list[FlowRecord] | None = [] if record_flows else None
         self.link_rate_changes: list[LinkRateChange] | None = [] if record_link_rates else None
         self.stats = FlowStats()
@@ -220,6 +221,15 @@ class FlowNetwork:
             self._admit(flow)
         return done
 
+    def credit(self, loads: Mapping[Hashable, float]) -> None:
+        """Count bytes on links that moved without flows here (an analytic collective: its plan's bytes per
+        link), so link bytes and utilisation include them."""
+        index = self._index
+        at = np.fromiter((index[link] for link in loads), dtype=np.int64, count=len(loads))
+        nbytes = np.fromiter(loads.values(), dtype=float, count=len(loads))
+        np.add.at(self.link_bytes, at, nbytes)
+        np.add.at(self.credited, at, nbytes)
+
     def utilisation(self, elapsed: float | None = None) -> dict[Hashable, float]:
         """Average fraction of each link's capacity used since time 0 (or over `elapsed` seconds)."""
         self._advance()
@@ -228,6 +238,10 @@ class FlowNetwork:
             return {link: 0.0 for link in self.links}
         return {link: float(b / (c * span)) for link, b, c in
                 zip(self.links, self.link_bytes, self.capacity, strict=True)}
+
+    def index_of(self, link: Hashable) -> int:
+        """The position of ``link`` in ``links`` (and in ``link_bytes``, ``capacity``)."""
+        return self._index[link]
 
     def bytes_on(self, link: Hashable) -> float:
         self._advance()

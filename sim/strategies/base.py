@@ -82,6 +82,8 @@ class Context:
     jitter_spec: Any = None
     # the host plug-in (trainsim.sim.hosts) of a calibrated host; None: the plain model
     host: Any = None
+    # sim/symmetry.py: simulated rank -> the ranks it stands for (itself first); None: every rank runs
+    mirrors: dict[str, list[str]] | None = None
 
     @property
     def env(self) -> simpy.Environment:
@@ -95,8 +97,15 @@ class Context:
     def jitter(self) -> Jitter:
         return Jitter(self.jitter_spec)
 
+    @property
+    def simulated(self) -> list[str]:
+        """The ranks whose processes run (all of them unless `mirrors` says otherwise)."""
+        return self.ranks if self.mirrors is None else list(self.mirrors)
+
     def finish(self, iteration: int, gpu: str) -> None:
-        self.iteration_end.setdefault(iteration, {})[gpu] = self.env.now
+        ends = self.iteration_end.setdefault(iteration, {})
+        for g in self.mirrors.get(gpu, [gpu]) if self.mirrors is not None else [gpu]:
+            ends[g] = self.env.now
 
     # ---- data -----------------------------------------------------------------------------------------
     def loader(self, gpu: str) -> DataLoader:
@@ -243,7 +252,9 @@ class Context:
         if len(gpus) < 2 or nbytes <= 0:
             return
         machine, env = self.machine, self.env
-        requests = [machine.gpus[g].streams["comm"].request() for g in gpus]
+        # the ranks that run take part (mirrored ones are their representatives, sim/symmetry.py)
+        local = gpus if self.mirrors is None else [g for g in gpus if g in self.mirrors]
+        requests = [machine.gpus[g].streams["comm"].request() for g in local]
         yield env.all_of(requests)
         start = env.now
         tag = f"it{iteration}:{op}{label}"
@@ -253,9 +264,10 @@ class Context:
         # CPU ranks move gloo's bytes with their own cores: no layer runs meanwhile (Machine.rank_transfer)
         held = yield from machine.hold_compute(machine.cpu_ranks(gpus))
         if self.collectives == "analytic":
-            yield env.timeout(
-                coll.collective_time(machine.topology, op, gpus, nbytes, algo=self.collective_algo)
-            )
+            seconds, link_bytes = coll.analytic_collective(machine.topology, op, gpus, nbytes,
+                                                           algo=self.collective_algo)
+            yield env.timeout(seconds)
+            machine.net.credit(link_bytes)  # the links carry what the flow path would have moved on them
         else:
             yield env.process(
                 coll.run_collective(
@@ -263,7 +275,7 @@ class Context:
                 )
             )
         machine.release_compute(held)
-        for g, req in zip(gpus, requests, strict=True):
+        for g, req in zip(local, requests, strict=True):
             machine.gpus[g].streams["comm"].release(req)
         algo = self.collective_algo
         if algo == "auto":  # name the kernel after what "auto" ran, as NCCL's kernel names do
@@ -271,6 +283,8 @@ class Context:
         kernel = NCCL_KERNEL.get(op, "ncclDevKernel_" + op).format(dtype=DTYPE_NAME[self.precision],
                                                                    algo=algo.upper())
         for rank, g in enumerate(gpus):
+            if self.mirrors is not None and g not in self.mirrors:
+                continue
             machine.record(
                 iteration=iteration,
                 resource=g,

@@ -52,7 +52,7 @@ def _rank(ctx: Context, gpu: str, buckets: list[list[int]], ready, done, counts:
             counts[it, b] = counts.get((it, b), 0) + 1
             if counts[it, b] == 1:
                 skews[it, b] = ctx.env.now  # the first rank's arrival, until the last's
-            if counts[it, b] == ctx.n:  # every rank has this bucket's gradients: NCCL can start
+            if counts[it, b] == len(ctx.simulated):  # every rank has this bucket's gradients: NCCL starts
                 skews[it, b] = ctx.env.now - skews[it, b]  # how far apart the ranks arrived
                 ready(it, b).succeed()
 
@@ -149,7 +149,7 @@ def run_ddp(ctx: Context) -> None:
     ready, done = _events(ctx.env), _events(ctx.env)
     counts: dict[tuple[int, int], int] = {}
     skews: dict[tuple[int, int], float] = {}  # per bucket: how far apart the ranks filled it
-    for gpu in ctx.ranks:
+    for gpu in ctx.simulated:  # mirrored ranks (sim/symmetry.py) are their representatives
         # DDP's buckets are flat copies of the gradients (gradient_as_bucket_view=False, the default)
         ctx.hold_model(gpu, buckets=sum(bucket_bytes))
         ctx.env.process(_rank(ctx, gpu, buckets, ready, done, counts, skews))

@@ -1,0 +1,108 @@
+"""Equal shortest paths across a switched network without a graph search per pair of NICs.
+
+`Topology` routes between two NICs over network switches only, on one of the equal shortest paths: the one
+at position ``pick % count`` when all of them are sorted by their nodes' natural names (destination-based
+"D-mod-k" routing). Enumerating them per pair (networkx ``all_shortest_paths``, a Dijkstra over the whole
+cluster each time) grows with the square of the cluster. Here, when every network link costs the same
+(InfiniBand and Ethernet hops both do), the hop distances toward a destination's switches come from one
+breadth-first search (numpy, over the switches only) shared by every NIC under those switches, and the
+chosen path is read off by counting paths instead of listing them: at each hop, skip the successors (in
+natural-name order) whose paths all sort before the wanted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import networkx as nx
+import numpy as np
+
+
+class NetworkPaths:
+    """Shortest paths between NICs through the switches of ``graph`` whose ``machine`` is ``network``."""
+
+    def __init__(self, graph: nx.DiGraph, network: int, key: Callable[[str], list]):
+        self.graph = graph
+        nodes = graph.nodes
+        self.key = key
+        self.switches = sorted((n for n, m in nodes(data="machine") if m == network), key=key)
+        self.index = {s: i for i, s in enumerate(self.switches)}
+        # successors among switches, in natural-name order (the order paths are compared in)
+        self.succ = [[self.index[v] for v in sorted(graph.successors(s), key=key) if v in self.index]
+                     for s in self.switches]
+        # predecessors as CSR arrays, for the search backwards from a destination
+        preds = [[self.index[u] for u in graph.predecessors(s) if u in self.index] for s in self.switches]
+        self._ptr = np.zeros(len(preds) + 1, dtype=np.int64)
+        self._ptr[1:] = np.cumsum([len(p) for p in preds])
+        self._ind = np.array([u for p in preds for u in p], dtype=np.int64)
+        self._dist: dict[Hashable, list[int]] = {}
+        self._count: dict[Hashable, dict[int, int]] = {}
+
+    @staticmethod
+    def uniform(graph: nx.DiGraph, network: int, cost: Callable[[dict], float]) -> bool:
+        """Whether every link touching a network switch costs the same (hop counts then order paths)."""
+        nodes = graph.nodes
+        costs = {cost(d) for u, v, d in graph.edges(data=True)
+                 if nodes[u]["machine"] == network or nodes[v]["machine"] == network}
+        return len(costs) <= 1
+
+    def path(self, src: str, dst: str, pick: Callable[[], int]) -> list[str] | None:
+        """The nodes of the ``pick() % count``-th shortest path from NIC ``src`` to NIC ``dst`` in
+        natural-name order (``pick`` is only called when there are several); None when there is none."""
+        if self.graph.has_edge(src, dst):
+            return [src, dst]  # one hop: the only shortest path
+        entry = frozenset(self.index[u] for u in self.graph.predecessors(dst) if u in self.index)
+        if not entry:
+            return None
+        dist = self._distances(entry)
+        first = [self.index[v] for v in sorted(self.graph.successors(src), key=self.key) if v in self.index]
+        first = [s for s in first if dist[s] > 0]
+        if not first:
+            return None
+        hops = min(dist[s] for s in first)
+        candidates = [s for s in first if dist[s] == hops]
+        counts = self._count.setdefault(entry, {})
+        total = sum(self._paths_from(s, dist, counts) for s in candidates)
+        k = pick() % total if total > 1 else 0
+        nodes = [src]
+        while candidates:
+            for s in candidates:
+                c = self._paths_from(s, dist, counts)
+                if k < c:
+                    break
+                k -= c
+            nodes.append(self.switches[s])
+            candidates = [u for u in self.succ[s] if dist[u] == dist[s] - 1 and dist[u] > 0]
+        nodes.append(dst)
+        return nodes
+
+    def _distances(self, entry: frozenset) -> list[int]:
+        """Hops from every switch to the destination through ``entry`` (its switches, at 1); -1: none."""
+        if entry not in self._dist:
+            dist = np.full(len(self.switches), -1, dtype=np.int64)
+            frontier = np.array(sorted(entry), dtype=np.int64)
+            dist[frontier] = hops = 1
+            while frontier.size:
+                starts, ends = self._ptr[frontier], self._ptr[frontier + 1]
+                sizes = ends - starts
+                total = int(sizes.sum())
+                if not total:
+                    break
+                # the predecessors of every frontier switch, gathered in one go
+                offsets = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(total)
+                near = self._ind[offsets]
+                frontier = np.unique(near[dist[near] < 0])
+                hops += 1
+                dist[frontier] = hops
+            self._dist[entry] = dist.tolist()
+        return self._dist[entry]
+
+    def _paths_from(self, s: int, dist: list[int], counts: dict[int, int]) -> int:
+        """Shortest paths from switch ``s`` to the destination (memoised per destination)."""
+        if s not in counts:
+            if dist[s] == 1:
+                counts[s] = 1
+            else:
+                counts[s] = sum(self._paths_from(u, dist, counts) for u in self.succ[s]
+                                if dist[u] == dist[s] - 1 and dist[u] > 0)
+        return counts[s]
