@@ -9,8 +9,8 @@ then with ``--json`` for one iteration to read its figures. Printed per GPU coun
 - whole process: wall seconds of the one-iteration run (imports, loading, planning, simulating, printing);
 - per further iteration: the two-iteration run's wall time minus the one-iteration run's;
 - events: the SimPy events of the one iteration (stats.events of the JSON run);
-- peak RSS of the one-iteration process (its own maximum resident set, from wait4), and its CPU seconds
-  (steadier than wall time on a shared machine);
+- peak RSS of the one-iteration process (VmHWM of its own address space, Linux), and its CPU seconds
+  (from wait4; steadier than wall time on a shared machine);
 - the ranks simulated (fewer where machines are mirrored, sim/symmetry.py) and the simulated iteration
   time (so results can be compared before and after a change, and between the two paths).
 
@@ -32,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 GPUS = [8, 64, 256, 1024, 4096, 16384]
@@ -51,8 +52,19 @@ def topology(gpus: int) -> str | None:
     return f"{{generator: fat_tree, tiers: 3, {common}}}"
 
 
+# Runs `python -m trainsim.cli ARGS` and, at exit, writes the process's peak resident memory (VmHWM of its own
+# address space: ru_maxrss would also count the benchmark's memory that the child had before exec) to stderr.
+PEAK = ("import atexit, runpy, sys\n"
+        "def peak():\n"
+        "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
+        "    sys.stderr.write('PEAK_KB ' + line.split()[1] + '\\n')\n"
+        "atexit.register(peak)\n"
+        "sys.argv = ['trainsim', *sys.argv[1:]]\n"
+        "runpy.run_module('trainsim.cli', run_name='__main__')\n")
+
+
 def command(gpus: int, iterations: int, collectives: str, as_json: bool = False) -> list[str]:
-    args = [sys.executable, "-m", "trainsim.cli", "simulate", "ddp-resnet50-dgx-a100",
+    args = [sys.executable, "-c", PEAK, "simulate", "ddp-resnet50-dgx-a100",
             *(["--json"] if as_json else []), "--set", f"iterations={iterations}",
             "--set", "warmup_iterations=0",
             "--set", f"batch_size={256 * gpus}", "--set", f"strategy.collectives={collectives}"]
@@ -66,8 +78,8 @@ def run(args: list[str], timeout: float) -> dict | None:
     """Wall and CPU seconds, peak RSS bytes and the output (parsed if JSON) of one process; None past
     ``timeout``."""
     t0 = time.perf_counter()
-    with open(os.devnull, "wb") as devnull:
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=devnull)
+    errors = tempfile.TemporaryFile()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors)
     out = bytearray()
     deadline = t0 + timeout
     os.set_blocking(proc.stdout.fileno(), False)
@@ -89,7 +101,10 @@ def run(args: list[str], timeout: float) -> dict | None:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(args)}")
     text = out.decode()
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024,
+    errors.seek(0)
+    lines = errors.read().decode().splitlines()
+    peak = [int(line.split()[1]) for line in lines if line.startswith("PEAK_KB")]
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss": peak[-1] * 1024 if peak else 0,
             "result": json.loads(text) if "--json" in args else text}
 
 

@@ -22,6 +22,7 @@ import re
 import weakref
 from collections.abc import Callable, Generator, Iterable, Sequence
 
+import numpy as np
 import simpy
 
 from trainsim.errors import TrainsimError, unknown_name
@@ -92,9 +93,14 @@ def _check_proto(proto: str) -> None:
 def compute_capability(topo: Topology, gpus: Sequence[str]) -> int | None:
     """The smallest SM version in the group, as NCCL tunes for (None: a CPU rank or an unknown device, where
     NCCL's model does not apply and the LEGACY Simple figures stay)."""
-    nodes = topo.graph.nodes
-    ccs = [tune.compute_capability(spec) for spec in {nodes[g].get("spec") for g in gpus}]
-    return None if not ccs or None in ccs else min(ccs)
+    names = _names(topo, gpus)
+    cache = _plans.setdefault(topo, {})
+    key = ("cc", names)
+    if key not in cache:  # kept: asked about per plan, per protocol and per call
+        nodes = topo.graph.nodes
+        ccs = [tune.compute_capability(spec) for spec in {nodes[g].get("spec") for g in names}]
+        cache[key] = None if not ccs or None in ccs else min(ccs)
+    return cache[key]
 
 
 def feasible_protocols(topo: Topology, op: str, gpus: list[str], algo: str) -> list[str]:
@@ -160,8 +166,14 @@ def _names(topo: Topology, gpus) -> _Resolved:
 def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
     """The algorithms ``op`` can run as on this group (NVLS only where one switch reduces for all)."""
     algos = list(SUPPORTED[op])
-    if "nvls" in algos and nvls_switch(topo, gpus) is None:
-        algos.remove("nvls")
+    if "nvls" in algos:
+        names = _names(topo, gpus)
+        cache = _plans.setdefault(topo, {})
+        key = ("nvls switch", names)
+        if key not in cache:  # kept: every call of a collective asks
+            cache[key] = nvls_switch(topo, list(names))
+        if cache[key] is None:
+            algos.remove("nvls")
     return algos
 
 
@@ -295,13 +307,18 @@ def collective_time(topo: Topology, op: str, gpus: Sequence[str | int] | None, n
 
 
 def analytic_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
-                        algo: str = "auto", proto: str = "auto") -> tuple[float, dict[Edge, float]]:
-    """`collective_time` and `collective_link_bytes` of one call, choosing the algorithm once."""
+                        algo: str = "auto", proto: str = "auto"
+                        ) -> tuple[float, tuple[Edge, ...], np.ndarray]:
+    """`collective_time` and `collective_link_bytes` of one call, choosing the algorithm once: (seconds,
+    links, bytes on each); the links tuple is the same object for every call of one plan (so a
+    `FlowNetwork` can keep their positions)."""
     names, algo, proto = _resolve(topo, op, gpus, nbytes, algo, proto)
     if len(names) < 2:
-        return 0.0, {}
-    return (_time(topo, op, names, algo, proto, nbytes),
-            collective_link_bytes(topo, op, names, nbytes, algo=algo, proto=proto))
+        return 0.0, (), np.zeros(0)
+    plan = plan_collective(topo, op, names, algo, proto)
+    wire = nbytes / plan.efficiency / _correction(topo, names, algo, proto, nbytes)
+    edges, shares = _edge_share_arrays(topo, plan)
+    return _time(topo, op, names, algo, proto, nbytes), edges, shares * wire
 
 
 def collective_link_bytes(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float, *,
@@ -318,6 +335,18 @@ def collective_link_bytes(topo: Topology, op: str, gpus: Sequence[str | int] | N
 
 
 _shares: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # topology -> {id(plan): (plan, shares)}
+
+
+def _edge_share_arrays(topo: Topology, plan: Plan) -> tuple[tuple[Edge, ...], np.ndarray]:
+    """`_edge_shares` as (links, shares array), cached likewise."""
+    cache = _shares.setdefault(topo, {})
+    key = ("arrays", id(plan))
+    entry = cache.get(key)
+    if entry is None or entry[0] is not plan:
+        shares = _edge_shares(topo, plan)
+        values = np.fromiter(shares.values(), dtype=float, count=len(shares))
+        entry = cache[key] = (plan, tuple(shares), values)
+    return entry[1], entry[2]
 
 
 def _edge_shares(topo: Topology, plan: Plan) -> dict[tuple[str, str], float]:

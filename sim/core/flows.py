@@ -165,6 +165,7 @@ class FlowNetwork:
         self._latency = dict(latencies or {})
         self.link_bytes = np.zeros(len(self.links))
         self.credited = np.zeros(len(self.links))  # the part of link_bytes `credit` added (no flows)
+        self._positions: dict[int, tuple[Sequence, np.ndarray]] = {}  # id(links) -> (links, positions)
         self.records: list[FlowRecord] | None = [] if record_flows else None
         self.link_rate_changes: list[LinkRateChange] | None = [] if record_link_rates else None
         self.stats = FlowStats()
@@ -221,12 +222,16 @@ class FlowNetwork:
             self._admit(flow)
         return done
 
-    def credit(self, loads: Mapping[Hashable, float]) -> None:
-        """Count bytes on links that moved without flows here (an analytic collective: its plan's bytes per
-        link), so link bytes and utilisation include them."""
-        index = self._index
-        at = np.fromiter((index[link] for link in loads), dtype=np.int64, count=len(loads))
-        nbytes = np.fromiter(loads.values(), dtype=float, count=len(loads))
+    def credit(self, links: Sequence[Hashable], nbytes: Sequence[float]) -> None:
+        """Count ``nbytes[i]`` on ``links[i]``, bytes that moved without flows here (an analytic collective:
+        its plan's bytes per link), so link bytes and utilisation include them. The positions of a links
+        sequence are kept (with it) for the next call that passes the same object."""
+        entry = self._positions.get(id(links))
+        if entry is None or entry[0] is not links:
+            index = self._index
+            entry = (links, np.fromiter((index[link] for link in links), dtype=np.int64, count=len(links)))
+            self._positions[id(links)] = entry
+        at, nbytes = entry[1], np.asarray(nbytes, dtype=float)
         np.add.at(self.link_bytes, at, nbytes)
         np.add.at(self.credited, at, nbytes)
 

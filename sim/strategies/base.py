@@ -264,10 +264,10 @@ class Context:
         # CPU ranks move gloo's bytes with their own cores: no layer runs meanwhile (Machine.rank_transfer)
         held = yield from machine.hold_compute(machine.cpu_ranks(gpus))
         if self.collectives == "analytic":
-            seconds, link_bytes = coll.analytic_collective(machine.topology, op, gpus, nbytes,
-                                                           algo=self.collective_algo)
+            seconds, links, link_bytes = coll.analytic_collective(machine.topology, op, gpus, nbytes,
+                                                                  algo=self.collective_algo)
             yield env.timeout(seconds)
-            machine.net.credit(link_bytes)  # the links carry what the flow path would have moved on them
+            machine.net.credit(links, link_bytes)  # what the flow path would have moved on them
         else:
             yield env.process(
                 coll.run_collective(
