@@ -316,7 +316,7 @@ def analytic_collective(topo: Topology, op: str, gpus: Sequence[str | int] | Non
     if len(names) < 2:
         return 0.0, (), np.zeros(0)
     plan = plan_collective(topo, op, names, algo, proto)
-    wire = nbytes / plan.efficiency / _correction(topo, names, algo, proto, nbytes)
+    wire = nbytes / plan.efficiency / _correction(topo, names, algo, op, proto, nbytes)
     edges, shares = _edge_share_arrays(topo, plan)
     return _time(topo, op, names, algo, proto, nbytes), edges, shares * wire
 
