@@ -3,6 +3,8 @@ calibrate on CUDA from forced NCCL_ALGO / NCCL_PROTO sweeps) and how the collect
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -111,3 +113,17 @@ def test_forced_sweeps_on_two_gpus():
     protos = {(f["algo"], f["proto"]) for f in block["figures"]}
     assert {("ring", "ll"), ("ring", "simple")} <= protos
     assert len(_a100({**block, "ranks": 2}).spec.nccl.figures) == len(block["figures"])
+
+
+def test_topo_show_reports_the_measured_figures(tmp_path):
+    from typer.testing import CliRunner
+
+    with open(_preset_path("dgx-a100")) as fh:
+        data = yaml.safe_load(fh)
+    path = tmp_path / "box.yaml"
+    path.write_text(yaml.safe_dump({**data, "nccl": MEASURED}))
+    result = CliRunner().invoke(app, ["topo", "show", str(path)])
+    assert result.exit_code == 0
+    assert "allreduce ring/simple 30.0 us 200.0 GB/s" in result.output
+    shown = CliRunner().invoke(app, ["topo", "show", str(path), "--json"])
+    assert json.loads(shown.output)["nccl"]["figures"][1]["proto"] == "ll"

@@ -188,6 +188,7 @@ def describe(topo: Topology) -> dict:
                        else round(t["oversubscription"], 3)} for t in net["tiers"]],
             "injection_gbps": _gbps(net["injection"]), "bisection_gbps": _gbps(net["bisection"]),
             "bisection_from_machines": net["from_machines"], "bisection_to_machines": net["to_machines"]},
+        "nccl": None if topo.spec.nccl is None else topo.spec.nccl.model_dump(),
         "paths": path_summary(topo),
         "paths_over": "all GPU pairs" if len(topo.gpus) <= MAX_PAIRS_GPUS
         else "GPU pairs of the first machine and from its first GPU to every other GPU",

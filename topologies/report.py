@@ -40,6 +40,11 @@ def show_lines(desc: dict, *, max_links: int = 80) -> list[str]:
         lines += ["", f"bisection: {cut['bandwidth_gbps']} GB/s per direction (max flow from "
                       f"{_span(cut['from'])} to {_span(cut['to'])})"]
     lines += network_lines(desc.get("network"))
+    nccl = desc.get("nccl")
+    if nccl:
+        lines += ["", f"NCCL measured on this box ({nccl['ranks']} ranks; used over NCCL's tuning tables): "
+                      + ", ".join(f"{f['collective']} {f['algo']}/{f['proto']} {f['latency_us']:.1f} us "
+                                  f"{f['busbw_gbps']:.1f} GB/s" for f in nccl["figures"])]
     if desc["paths"]:
         lines.append(f"paths between GPUs ({desc['paths_over']}): "
                      + ", ".join(f"{k} x{n}" for k, n in desc["paths"].items()))
