@@ -147,8 +147,13 @@ def efficiency(cc: int | None, op: str, algo: str, proto: str, nodes: int, ppn: 
 
 
 def ll128_default(cc: int | None, hop_classes: set[str]) -> bool:
-    """NCCL enables LL128 by default only on SM70/80/90 with NVLink inside the node (and nothing below
-    PCIe switches between nodes); elsewhere it must be forced."""
+    """LL128 runs by default only on SM70/80/90 over NVLink inside one node; elsewhere it must be forced.
+
+    NCCL (tuning.cc 2.20.3) also enables it between nodes whose NICs sit behind the GPUs' PCIe switches
+    (typeInter <= PATH_PXB: DGX boxes). The model does not: with NCCL's LL128 figures across the network,
+    multi-node all-reduce came out 23-60 % faster than published DGX runs at 1-256 MiB and the median error
+    over all published figures grew (benchmarks/nccl_curves.py), so LL128's cost over the network is not
+    what those figures say; it stays off until a calibration measures it (a topology's ``nccl`` block)."""
     return cc is not None and table_index(cc) == cc and hop_classes <= {"nvlink"}
 
 
