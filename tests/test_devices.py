@@ -105,6 +105,11 @@ def test_spec_validation():
     ("NVIDIA GeForce RTX 4090", None, "rtx4090"),
     ("Tesla T4", None, "t4"),
     ("Tesla K80", None, "k80"),
+    ("Tesla V100-PCIE-16GB", None, "v100-pcie"),
+    ("Tesla P100-PCIE-16GB", None, "p100-pcie"),
+    ("Tesla K40m", None, "k40"),
+    ("NVIDIA GeForce GTX TITAN X", None, "titanx-maxwell"),
+    ("NVIDIA TITAN X (Pascal)", None, None),
     ("NVIDIA L4", None, None),
 ])
 def test_match_cuda_name(cuda_name, memory, expected):

@@ -211,10 +211,15 @@ def match_cuda_name(cuda_name: str, memory_bytes: int | None = None) -> DeviceSp
     say the memory size, ``memory_bytes`` (total device memory) picks the variant.
     """
     text = cuda_name.lower()
-    families = [("h200", ["h200"]), ("h100", ["h100-pcie"] if "pcie" in text else ["h100-sxm"]),
-                ("a100", ["a100-40gb", "a100-80gb"]), ("v100", ["v100-16gb", "v100-32gb"]),
-                ("p100", ["p100"]), ("k80", ["k80"]), ("4090", ["rtx4090"]), ("3090", ["rtx3090"]),
-                ("t4", ["t4"])]
+    pcie = "pcie" in text
+    # "GeForce GTX TITAN X" is the Maxwell card; the later "TITAN X (Pascal)" and "TITAN Xp" are not
+    if "gtx titan x" in text and "pascal" not in text and "xp" not in text.split():
+        return DEVICES["titanx-maxwell"]
+    families = [("h200", ["h200"]), ("h100", ["h100-pcie"] if pcie else ["h100-sxm"]),
+                ("a100", ["a100-40gb", "a100-80gb"]),
+                ("v100", ["v100-pcie"] if pcie else ["v100-16gb", "v100-32gb"]),
+                ("p100", ["p100-pcie"] if pcie else ["p100"]), ("k80", ["k80"]), ("k40", ["k40"]),
+                ("4090", ["rtx4090"]), ("3090", ["rtx3090"]), ("t4", ["t4"])]
     for token, candidates in families:
         if token == "t4" and not any(word == "t4" for word in text.replace("-", " ").split()):
             continue
