@@ -39,7 +39,7 @@ def test_trace_shape_follows_kineto():
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert {"GPU memory", "bandwidth"} <= counters
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert {"GPU 0 (gpu0, v100-16gb)", "host cpu0"} <= names
+    assert {"GPU 0 (gpu0, v100-pcie)", "host cpu0"} <= names
     assert any(n.startswith("link ") for n in names)
     # µs, and no two slices overlap on one track
     by_track = {}
