@@ -87,7 +87,7 @@ class StrategySpec(_Strict):
     collectives: Literal["flow", "analytic"] = Field(
         default="flow", description="flow: collectives decomposed into flows; analytic: alpha-beta time"
     )
-    collective_algo: str = Field(default="auto", description="ring, tree, nvls or auto")
+    collective_algo: str = Field(default="auto", description="ring, tree, nvls, nvls_tree or auto")
     ps_cores: int | None = Field(
         default=None, ge=1, description="parameter server: cores updating (default: all of its socket)"
     )
