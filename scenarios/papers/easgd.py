@@ -53,7 +53,7 @@ def communication_share(result) -> float:
 
 
 def evaluate(setting: Setting, free) -> Evaluation:
-    """The K80 node's figures (`evaluate_k80`) and the KNL cluster's (`easgd_knl.evaluate`) for one setting."""
+    """One setting's figures: the K80 node's (`evaluate_k80`) and the KNL cluster's (`easgd_knl.evaluate`)."""
     k80, knl = evaluate_k80(setting, free), easgd_knl.evaluate(setting, free)
     return Evaluation(figures={**k80.figures, **knl.figures}, tables={**k80.tables, **knl.tables})
 
