@@ -275,7 +275,10 @@ class Simulation:
         for gpu in self.ranks:
             costs[gpu] = costs_for(gpu, per_gpu)
 
-        prep = self._prep_s_per_sample(measured.prep_s_per_sample, per_gpu, max(sharing.values()))
+        # a cost the scenario states wins over the bundle's measured pipeline and the workload's
+        stated = sc.host.prep_s_per_sample
+        given = stated if stated is not None else measured.prep_s_per_sample
+        prep = self._prep_s_per_sample(given, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
             machine=self.machine,
