@@ -353,48 +353,6 @@ class DataLoader:
             yield self.store.get()
 
 
-class SharedBatches:
-    """One host pipeline preparing whole batches for several GPUs, each taking its shard of every batch
-    (ScaleDNN's CPU-centric batch split: the host prepares the batch, then copies each GPU its part): every
-    GPU's view waits for the same batch, and the batches are fetched from the pipeline one after another,
-    in order, so the pipeline's workers (or, with none, the loop) do the same work as for one GPU."""
-
-    def __init__(self, loader: DataLoader):
-        self.loader = loader
-        self._ready: list[simpy.Event] = []
-
-    def _batch(self, k: int) -> simpy.Event:
-        env = self.loader.ctx.env
-        while len(self._ready) <= k:
-            ready = env.event()
-            env.process(self._fetch(len(self._ready), ready))
-            self._ready.append(ready)
-        return self._ready[k]
-
-    def _fetch(self, k: int, ready: simpy.Event):
-        if k > 0:
-            yield self._ready[k - 1]
-        yield from self.loader.get()
-        ready.succeed()
-
-    def view(self) -> _ShardView:
-        return _ShardView(self)
-
-
-class _ShardView:
-    """One GPU's view of `SharedBatches`: ``get`` waits for that GPU's next batch."""
-
-    def __init__(self, shared: SharedBatches):
-        self.shared = shared
-        self.batch = shared.loader.batch
-        self.taken = 0
-
-    def get(self):
-        ready = self.shared._batch(self.taken)
-        self.taken += 1
-        yield ready
-
-
 # ---- activation gradients in backward ----------------------------------------------------------------------
 
 

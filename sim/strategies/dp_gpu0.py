@@ -12,8 +12,7 @@ Every iteration, driven by one process:
 Peer copies into a GPU run on that GPU's copy-in (H2D) engine, copies out of a GPU on its copy-out (D2H)
 engine; without P2P they are staged through host memory. The replicas hold parameters, gradients and
 activations; only GPU0 holds optimizer state and the gathered outputs. With ``cpu_batch_split`` every GPU
-copies its own shard from host memory (the host's one input pipeline still prepares the whole batch) and
-GPU0 gathers the other shards' labels for the loss.
+loads its own shard and GPU0 gathers the other shards' labels for the loss.
 
 On a calibrated gloo box (CPU ranks) each phase is one blocking gloo call (broadcast, scatter, gather,
 reduce): its copies pay that call's measured latency (the machine's latency model), and the calls run in turn.
@@ -24,7 +23,7 @@ from __future__ import annotations
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMPUTE
 
-from .base import Context, SharedBatches, register
+from .base import Context, register
 
 LABEL_BYTES = 8  # one int64 class label per sample
 
@@ -161,11 +160,7 @@ def run_dp_gpu0(ctx: Context) -> None:
     root = ctx.ranks[0]
     for g in ctx.ranks:
         ctx.hold_model(g, state=(g == root))
-    # one loader, on GPU0's socket, prepares the whole batch; with cpu_batch_split the host still prepares
-    # it there (one process, one worker pool) and each GPU takes its shard of it
-    ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)
-    if ctx.cpu_batch_split:
-        shared = SharedBatches(ctx.loaders[root])
-        for g in ctx.ranks:
-            ctx.loaders[g] = shared.view()
+    # one loader, on GPU0's socket, prepares the whole batch (cpu_batch_split: each GPU's loader its shard)
+    if not ctx.cpu_batch_split:
+        ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)
     ctx.env.process(_driver(ctx))
