@@ -157,6 +157,11 @@ class HostSpec(_Strict):
     memory_gib: float | None = Field(
         default=None, ge=0, description="host memory per socket free for pinned buffers (default: no limit)"
     )
+    prep_s_per_sample: float | None = Field(
+        default=None, ge=0,
+        description="CPU seconds one core spends preparing one sample (decode, augment); default: the "
+        "workload's (measured by calibrate), none for analytic workloads",
+    )
 
 
 class Optimizations(_Strict):
