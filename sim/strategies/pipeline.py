@@ -34,9 +34,10 @@ stepped on the GPU and streamed back (D2H engine). The GPU then holds only the 1
 (mixed-precision Adam: 16 -> 4 bytes per parameter, REFERENCE "Memory accounting") plus the two buffers.
 
 ``strategy.pipeline.recompute`` checkpoints activations at stage granularity (Megatron/DeepSpeed-style
-recomputation, as AxoNN's large runs need on 16 GB GPUs): a forward keeps only its micro-batch's stage input
-(what the previous stage sent, or the batch), and the backward first reruns the stage's forward, holding that
-micro-batch's full activations until its backward ends. Backward then costs forward + backward.
+recomputation, as AxoNN's large runs need on 16 GB GPUs): a forward builds its micro-batch's activations and
+drops them when it ends, keeping only the stage input (what the previous stage sent, or the batch); the
+backward first reruns the stage's forward, holding those activations until it ends. Backward then costs
+forward + backward.
 
 ``strategy.jitter`` multiplies each stage's compute of one micro-batch by a reproducible random factor.
 
@@ -337,10 +338,12 @@ class _Pipeline:
                 if ctx.machine.gpus[gpu].device.kind != "cpu":  # a CPU rank's batch is in its own memory
                     yield from ctx.machine.h2d(gpu, stage.input_bytes, iteration=it, pinned=ctx.pinned)
             memory.alloc(ctx.env.now, self._kept(stage), "activations")
-        elif self.opts.recompute:  # the rerun forward rebuilds this micro-batch's activations
+        if self.opts.recompute:  # a forward (the first or the rerun) builds this micro-batch's activations
             memory.alloc(ctx.env.now, stage.saved_bytes, "activations")
         yield from self._compute(gpu, it, m, kind)
         if kind == "F":
+            if self.opts.recompute:  # dropped after the first forward, kept after the rerun until backward
+                memory.free(ctx.env.now, stage.saved_bytes, "activations")
             memory.free(ctx.env.now, stage.input_bytes if s == 0 else 0.0, "input")
             dst = self.gpu(r, s + 1) if s < self.S - 1 else None
             nbytes = stage.send_bytes
