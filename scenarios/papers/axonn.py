@@ -36,7 +36,6 @@ REDUCTION, FEWEST = "GPU memory reduction", "fewest pipeline stages that fit 16 
 SPEED = "throughput, best fitting offload config / best fitting without"
 SPEED_NODE = "throughput, best fitting offload / best fitting without, one Summit node (2.7 B)"
 GAIN_48 = "throughput, best fitting offload / best fitting without, 12 B on 48 V100 (8 Summit nodes)"
-PEAK_48 = "percent of fp16 peak per GPU, 12 B on 48 V100 (paper: 49.4-54.78 over 48-384 GPUs)"
 LARGEST = "largest GPU count simulated (paper: 48-384 V100)"
 SPECS = (
     FigureSpec(PER_PARAM, 16.0, "bytes", "fp16 weights + grads (4) + fp32 master, m, v (12), on 8 stages"),
@@ -64,16 +63,17 @@ SPECS = (
                "x S / GPUs micro-batches per pipeline, hardly depends on the depth S, and the inter-node "
                "activation sends are small against 2048-token layers: fewer stages save little, while "
                "streaming 12 bytes per parameter costs a little"),
-    FigureSpec(PEAK_48, (49.4, 54.78), "%",
-               "executed FLOPs (forward, recomputed forward, backward) / (iteration x GPUs x 125 TFLOP/s): "
-               "the roofline's 70 % GEMM efficiency less the pipeline bubble (8 %) and exposed sends; a "
-               "faster GPU gives a lower share (the sends do not speed up); in range: the paper's band and "
-               "ours overlap", "no known reason (the band is the paper's over all four GPU counts)"),
+    *(FigureSpec(summit.peak_figure(v), summit.PUBLISHED_PEAK, "%",
+                 "executed FLOPs (forward, recomputed forward, backward) / (iteration x GPUs x 125 TFLOP/s): "
+                 "the roofline's 70 % GEMM efficiency less the pipeline bubble (8 %) and exposed sends; a "
+                 "faster GPU gives a lower share (the sends do not speed up); in range: the paper's band "
+                 "and ours overlap", "no known reason (the band is the paper's over all four GPU counts)")
+      for v in summit.SWEPT),
     FigureSpec(LARGEST, 384, "GPUs",
                "the GPU counts `trainsim reproduce` sweeps (axonn_summit.SWEPT)",
-               "one 96-GPU run (24 B, 1024 sequences) takes 30-50 s here and a 192-GPU run about 110 s, "
-               "times the 11 settings of the sweep; benchmarks/axonn_summit_scale.py runs 48-384 GPUs "
-               "once each at the stated setting"),
+               "one 192-GPU run (50 B, 2048 sequences of 2048 tokens, 512 micro-batches per pipeline) "
+               "takes 74 s here, times the 11 settings of the sweep; benchmarks/axonn_summit_scale.py runs "
+               "48-384 GPUs once each at the stated setting (192 GPUs: 53.7 % of peak)"),
 )
 
 
@@ -145,7 +145,8 @@ def evaluate(setting: Setting, free, runs: RunCache, fits: dict) -> Evaluation:
         REDUCTION: round(per_param / per_param_off, 2), FEWEST: f"{fewest[0]} / {fewest[1]}",
         SPEED: _gain(results, STAGES), SPEED_NODE: _gain(node_results, NODE_STAGES),
         GAIN_48: round(gain_48, 3) if gain_48 else None,
-        PEAK_48: next(row["percent_of_peak"] for row in scaling if row["gpus"] == 48),
+        **{summit.peak_figure(v): row["percent_of_peak"]
+           for v, row in zip(summit.SWEPT, scaling, strict=True)},
         LARGEST: max(row["gpus"] for row in scaling),
     }
     return Evaluation(figures, {"configurations": rows, "summit_node_configurations": node_rows,

@@ -9,9 +9,9 @@ variants ``gpus96``, ``gpus192`` and ``gpus384`` the larger weak-scaling points.
   offload; the fastest configuration that fits 16 GB with offload over the fastest without (AxoNN's "4x the
   parameters per GPU, fewer GPUs per pipeline, less communication").
 
-`trainsim reproduce axonn` sweeps the scales in ``SWEPT`` (one run of 96 GPUs takes 30-50 s here and 192
-GPUs about 110 s, times every setting of the sweep); ``benchmarks/axonn_summit_scale.py`` runs every scale
-once at the stated setting and prints its percent of peak and wall time.
+`trainsim reproduce axonn` sweeps the scales in ``SWEPT`` (a 192-GPU run takes over a minute here, times
+every setting of the sweep); ``benchmarks/axonn_summit_scale.py`` runs every scale once at the stated
+setting and prints its percent of peak and wall time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ from .ranges import Setting, Stated, overrides
 
 SCENARIO = "axonn-gpt-summit.yaml"
 SCALES = {None: 48, "gpus96": 96, "gpus192": 192, "gpus384": 384}  # variant -> GPUs
-SWEPT = (None,)  # the scales `trainsim reproduce axonn` simulates in every setting of its sweep
+MODEL_B = {None: 12, "gpus96": 24, "gpus192": 50, "gpus384": 100}  # billions of parameters, as stated
+# The scales `trainsim reproduce axonn` simulates in every setting of its sweep: those whose one run takes
+# under a minute here (benchmarks/axonn_summit_scale.py: 48 GPUs 3 s, 96 GPUs 15 s, 192 GPUs 74 s)
+SWEPT = (None, "gpus96")
+PUBLISHED_PEAK = (49.4, 54.78)  # percent of peak, the paper's band over 48-384 GPUs
 DEPTHS = (6, 12, 24)  # pipeline stages tried at 48 GPUs for the offload gain (data parallelism 8, 4, 2)
 V100_FP16_PEAK = 125e12  # FLOP/s, tensor cores (the device library's v100-16gb)
 CHUNK_FIELD = "optimizations.offload_chunk_mb"
@@ -31,6 +35,12 @@ CHUNK_FIELD = "optimizations.offload_chunk_mb"
 
 def scenario_path() -> str:
     return str(resources.files("trainsim.scenarios") / "papers" / SCENARIO)
+
+
+def peak_figure(variant) -> str:
+    """The name of a scale's percent-of-peak figure."""
+    return (f"percent of fp16 peak per GPU, {MODEL_B[variant]} B on {SCALES[variant]} V100 "
+            f"(paper: 49.4-54.78 over 48-384 GPUs)")
 
 
 def executed_flops(scenario) -> float:
@@ -61,10 +71,11 @@ def _load(setting: Setting, free: list[Stated], variant: str | None, extra: list
     return load_scenario(scenario_path(), [*extra, *sets], variant=variant)
 
 
-def scale_rows(setting: Setting, free, runs: RunCache, scales=SWEPT) -> list[dict]:
-    """One row per GPU count in ``scales``: the stated configuration's percent of peak and memory."""
+def scale_rows(setting: Setting, free, runs: RunCache, scales=None) -> list[dict]:
+    """One row per GPU count in ``scales`` (default ``SWEPT``): the stated configuration's percent of peak
+    and memory."""
     rows = []
-    for variant in scales:
+    for variant in SWEPT if scales is None else scales:
         sc = _load(setting, free, variant, [])
         result = runs.simulate(sc, setting.physics)
         rows.append(_row(sc, result, setting.physics, gpus=SCALES[variant]))
