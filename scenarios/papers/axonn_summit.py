@@ -25,7 +25,8 @@ SCENARIO = "axonn-gpt-summit.yaml"
 SCALES = {None: 48, "gpus96": 96, "gpus192": 192, "gpus384": 384}  # variant -> GPUs
 MODEL_B = {None: 12, "gpus96": 24, "gpus192": 50, "gpus384": 100}  # billions of parameters, as stated
 # The scales `trainsim reproduce axonn` simulates in every setting of its sweep: those whose one run takes
-# under a minute here (benchmarks/axonn_summit_scale.py: 48 GPUs 3 s, 96 GPUs 15 s, 192 GPUs 74 s)
+# under a minute here (benchmarks/axonn_summit_scale.py: 48 GPUs 3 s, 96 GPUs 15 s, 192 GPUs 74 s, 384 GPUs
+# 355 s)
 SWEPT = (None, "gpus96")
 PUBLISHED_PEAK = (49.4, 54.78)  # percent of peak, the paper's band over 48-384 GPUs
 DEPTHS = (6, 12, 24)  # pipeline stages tried at 48 GPUs for the offload gain (data parallelism 8, 4, 2)
