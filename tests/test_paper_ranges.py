@@ -137,6 +137,18 @@ def test_cli_reproduce_json_gives_each_figure_its_range_and_each_assumption_its_
     assert "assumes (easgd-alexnet-k80.yaml) tau" in table.output
 
 
+def test_cli_reproduce_prints_a_published_band(monkeypatch):
+    import trainsim.scenarios.papers.reproduce as papers
+
+    figure = papers.Figure(name="peak", published=(49.4, 54.78), ours=52.39, low=50.18, high=54.77,
+                           in_range=True, unit="%")
+    monkeypatch.setattr(papers, "reproduce", lambda key: papers.Reproduction("p", "P", [figure]))
+    table = runner.invoke(app, ["reproduce", "p"])
+    assert table.exit_code == 0 and "49.4-54.78" in table.output
+    doc = json.loads(runner.invoke(app, ["reproduce", "p", "--json"]).output)
+    assert doc["figures"][0]["published"] == [49.4, 54.78]
+
+
 def test_cli_reproduce_unknown_paper_names_the_choices():
     result = runner.invoke(app, ["reproduce", "nopaper"])
     assert result.exit_code != 0 and "valid choices: axonn, dryden, easgd, scalednn, vdnn" in result.stderr
