@@ -121,6 +121,9 @@ def test_what_only_the_simulator_models_is_skipped_with_the_reason_the_rest_runs
     assert "hybrid" in infeasible_reason(exec_config_from_scenario(BASE, "hybrid"))
     cfg = exec_config_from_scenario({**BASE, "optimizations": {"offload_optimizer_state": True}})
     assert cfg.optimizations.offload_optimizer_state and infeasible_reason(cfg) is None  # it runs
+    recompute = exec_config_from_scenario({**BASE, "strategy": {"name": "pipeline", "pipeline": {
+        "stages": 2, "micro_batches": 2, "schedule": "message-driven", "recompute": True}}, "gpus": 2})
+    assert recompute.pipeline.recompute and "checkpoint" in infeasible_reason(recompute)
 
 
 def test_merge_is_deep_and_leaves_inputs_alone():

@@ -91,6 +91,20 @@ def test_sweep_reports_extremes_and_whether_the_published_value_is_inside(tmp_pa
     assert [row["setting"] for row in tables["sweep"]][0] == "stated"
 
 
+def test_a_published_band_is_in_range_when_it_overlaps_ours(tmp_path):
+    path = _scenario(tmp_path, {"name": "batch", "value": 8, "choices": [8, 16], "set": "batch_size",
+                                "reason": "r"})
+    free = free_assumptions([("s.yaml", path)])
+
+    def evaluate(setting: Setting) -> Evaluation:
+        return Evaluation({"x": float(setting.value(free[0]))})  # 8 stated, 16 at the other choice
+
+    specs = [FigureSpec("x", (12.0, 30.0)), FigureSpec("x", (1.0, 7.9)), FigureSpec("x", (9.0, 10.0))]
+    overlapping, below, inside = sweep(specs, evaluate, free, [])[0]
+    assert (overlapping.low, overlapping.high) == (8.0, 16.0)
+    assert overlapping.in_range is True and below.in_range is False and inside.in_range is True
+
+
 def test_scaled_physics_scales_the_links_and_the_time():
     topology = load_topology("pcie-4gpu-gen3")
     scaled = scaled_topology(topology, Physics({"pcie_bandwidth": 0.5, "link_latency": 2.0}))
@@ -121,6 +135,18 @@ def test_cli_reproduce_json_gives_each_figure_its_range_and_each_assumption_its_
     table = runner.invoke(app, ["reproduce", "easgd"])
     assert table.exit_code == 0 and "in range" in table.output
     assert "assumes (easgd-alexnet-k80.yaml) tau" in table.output
+
+
+def test_cli_reproduce_prints_a_published_band(monkeypatch):
+    import trainsim.scenarios.papers.reproduce as papers
+
+    figure = papers.Figure(name="peak", published=(49.4, 54.78), ours=52.39, low=50.18, high=54.77,
+                           in_range=True, unit="%")
+    monkeypatch.setattr(papers, "reproduce", lambda key: papers.Reproduction("p", "P", [figure]))
+    table = runner.invoke(app, ["reproduce", "p"])
+    assert table.exit_code == 0 and "49.4-54.78" in table.output
+    doc = json.loads(runner.invoke(app, ["reproduce", "p", "--json"]).output)
+    assert doc["figures"][0]["published"] == [49.4, 54.78]
 
 
 def test_cli_reproduce_unknown_paper_names_the_choices():

@@ -225,6 +225,26 @@ def test_offload_optimizer_state_moves_state_off_the_gpu(workload_file):
     assert sum(op.nbytes for op in ops if op.op == "d2h_optimizer_state") == pytest.approx(state)
 
 
+def test_recompute_keeps_stage_inputs_and_reruns_the_forward(workload_file):
+    S, M, layers, out = 4, 8, 8, 500
+    path = workload_file(layers=layers, out=out)
+    plain = simulation(_scenario(path, stages=S, micro=M)).run()
+    sc = _scenario(path, stages=S, micro=M)
+    sc.strategy.pipeline.recompute = True
+    checkpointed = simulation(sc).run()
+    f_stage, b_stage = (layers // S) * F, (layers // S) * B
+    # backward reruns the stage's forward first: every slot is f + (f + b) (the 500-byte sends: ~5 ns each)
+    assert checkpointed.iteration_time_s == pytest.approx((M + S - 1) * (2 * f_stage + b_stage), abs=1e-6)
+    assert plain.iteration_time_s == pytest.approx((M + S - 1) * (f_stage + b_stage), abs=1e-6)
+    stage_saved = (layers // S) * SAVED
+    for s in range(S):
+        kept = out if s > 0 else 0  # what the previous stage sent (the first stage's input is empty here)
+        # 1F1B keeps S - s micro-batches in flight; only one micro-batch's activations live at a time
+        assert checkpointed.gpus[s].memory_peak_bytes == (S - s) * kept + stage_saved
+        assert plain.gpus[s].memory_peak_bytes == (S - s) * stage_saved
+    assert checkpointed.extra["pipeline"]["recompute"] is True
+
+
 def test_balance_splits_by_compute_time():
     assert balance([1, 1, 1, 1, 4], 2) == [4, 1]
     assert balance([1.0] * 8, 4) == [2, 2, 2, 2]

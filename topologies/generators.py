@@ -43,7 +43,7 @@ class PcieTreeParams(Meta):
     dram_bandwidth_gbps: float | None = Field(default=None, gt=0)
     dram_channels: int = Field(default=8, gt=0)
     dram_mt_s: float = Field(default=3200, gt=0)
-    inter_socket: str = Field(default="skl", description="qpi, skl, spr, emr or amd")
+    inter_socket: str = Field(default="skl", description="qpi, skl, spr, emr, amd or xbus")
     nics_per_switch: int = Field(default=0, ge=0)
     nic_network: Literal["ib", "ethernet"] = "ib"
     nic_generation: int | str = "hdr"

@@ -15,6 +15,7 @@ where the efficiency is the protocol overhead explained below. All figures per d
 | nvlink   | 4 (H100)               | 25 per link                      | 0.824 | NCCL SM90: 20.6 GB/s/link|
 | nvlink   | 5 (B200)               | 50 per link                      | 0.824 | assumed as NVLink 4      |
 | upi      | qpi/skl/spr/emr/amd    | 19.2/20.8/32/40/36 per link      | -     | NCCL: 6/10/22/40/16 GB/s |
+| upi      | xbus (IBM POWER9)      | 32 (64 GB/s both ways)           | -     | NCCL P9_BW: 32 GB/s      |
 | ib       | edr/hdr/ndr/xdr        | 12.5/25/50/100 per port          | 0.994 | 4096 B MTU vs 26 B hdrs  |
 | ethernet | speed in Gb/s          | speed / 8                        | 0.980 | RoCEv2 4096 B vs 82 B    |
 | dram     | channels x MT/s        | channels x MT/s x 8 B            | 0.78  | STREAM ~160 of 204.8     |
@@ -73,9 +74,10 @@ PCIE_EFFICIENCY = PCIE_COMPLETION_PAYLOAD_BYTES / (
 NVLINK = {1: (20.0, 18.0 / 20.0), 2: (25.0, 20.0 / 25.0), 3: (25.0, 20.0 / 25.0),
           4: (25.0, 20.6 / 25.0), 5: (50.0, 20.6 / 25.0)}
 
-# Inter-socket link -> (raw GB/s per link per direction, NCCL's figure for the socket pair).
+# Inter-socket link -> (raw GB/s per link per direction, NCCL's figure for the socket pair). POWER9's X-Bus
+# is 4 bytes x 16 GT/s = 64 GB/s both ways (WikiChip, Summit), which NCCL's P9_BW (32 GB/s) also takes.
 INTER_SOCKET = {"qpi": (19.2, 6.0), "skl": (20.8, 10.0), "spr": (32.0, 22.0), "emr": (40.0, 40.0),
-                "amd": (36.0, 16.0)}
+                "amd": (36.0, 16.0), "xbus": (32.0, 32.0)}
 
 # InfiniBand port data rate per direction (after 64b/66b), GB/s.
 IB_PORT_GBPS = {"sdr": 1.0, "ddr": 2.0, "qdr": 4.0, "fdr": 6.8, "edr": 12.5, "hdr": 25.0, "ndr": 50.0,

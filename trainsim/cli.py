@@ -1028,6 +1028,8 @@ def reproduce_cmd(
         print_json(result.to_dict())
         return
     def cell(value) -> str:
+        if isinstance(value, tuple | list):  # a published band
+            return "-".join(cell(v) for v in value)
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
     table = Table(title=result.title)

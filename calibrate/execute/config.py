@@ -9,7 +9,7 @@ base scenario and reads the fields the executor needs:
 - ``workload`` (zoo name or ``{name: tiny-cnn, image_size: 32}``) -> model, model_cfg
 - ``strategy.name`` / ``bucket_cap_mb`` / ``strategy.easgd`` (``variant``, ``tau``, ``centre``; the
   simulator's other EASGD switches are ignored) / ``strategy.pipeline`` (``stages``,
-  ``micro_batches``, ``schedule``, ``stage_layers``, ``blocking_sends``) -> strategy options
+  ``micro_batches``, ``schedule``, ``stage_layers``, ``blocking_sends``, ``recompute``) -> strategy options
 - ``batch_size`` (global), ``gpus`` (a count or a list of indices) -> ranks
 - ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
 - ``host.pinned``, ``host.data_workers`` -> pinned host batches; prefetch threads with preload, else on
@@ -128,8 +128,11 @@ class PipelineConfig:
     # gpipe/1f1b: a stage waiting for each send at once (Megatron's p2p, the simulator's default) is not run:
     # the executor issues isend and goes on, waiting for its sends at the end of the iteration
     blocking_sends: bool = False
+    recompute: bool = False  # activation checkpointing: the simulator models it, the executor does not run it
 
     def __post_init__(self):
+        if not isinstance(self.recompute, bool):
+            raise TrainsimError(f"must be true or false, got {self.recompute!r}", field="pipeline.recompute")
         if not isinstance(self.blocking_sends, bool):
             raise TrainsimError(f"must be true or false, got {self.blocking_sends!r}",
                                 field="pipeline.blocking_sends")
@@ -287,6 +290,8 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
 
         if model_spec(cfg.model).kind != "image":
             return f"the executor cuts only image models into pipeline stages, not {cfg.model}"
+        if cfg.pipeline.recompute:
+            return "the executor does not checkpoint activations (strategy.pipeline.recompute)"
         if cfg.pipeline.blocking_sends and cfg.pipeline.schedule != "message-driven":
             return ("the executor's gpipe and 1f1b issue each send and go on, they do not wait for it; set "
                     "strategy.pipeline.blocking_sends: false to run and predict that")
@@ -447,7 +452,7 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
         pipe_block = strategy.get("pipeline") or {}
         if not isinstance(pipe_block, dict):
             raise TrainsimError("must be a mapping", field="strategy.pipeline")
-        pipe_keys = {"stages", "micro_batches", "schedule", "stage_layers", "blocking_sends"}
+        pipe_keys = {"stages", "micro_batches", "schedule", "stage_layers", "blocking_sends", "recompute"}
         # the simulator's default: fixed schedules wait for each send (the runs must match it)
         pipeline = PipelineConfig(**{"blocking_sends": True, **{k: pipe_block[k] for k in pipe_keys
                                                                  if k in pipe_block}})

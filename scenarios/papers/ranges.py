@@ -4,7 +4,8 @@ A paper module gives an ``evaluate(setting)`` that returns its figures for one `
 plus a value per free assumption), and `sweep` runs it one parameter at a time: the stated setting, then
 each physical parameter at 1 - spread and 1 + spread, then each free assumption at each of its choices (or
 its range's ends), everything else at its stated value. A figure's ``low`` and ``high`` are the extremes
-over those runs and ``in_range`` says whether the published value lies between them. One at a time keeps
+over those runs and ``in_range`` says whether the published value lies between them (a published band, ``[low,
+high]``, is in range when it overlaps ours). One at a time keeps
 the sweep cheap (1 + 2 P + sum of choices runs); interactions between parameters are not explored.
 
 The free assumptions are the structured entries of the scenarios' ``assumptions:`` blocks
@@ -62,7 +63,7 @@ class FigureSpec:
     """A published claim: what the paper says and, where we know it, why we land outside."""
 
     name: str
-    published: float | str | None
+    published: float | str | tuple[float, float] | None  # a tuple: a band the paper reports (low, high)
     unit: str = ""
     note: str = ""  # what drives our figure
     reason: str = ""  # why the published value is outside our range, when that is known
@@ -162,7 +163,7 @@ def _figure(spec: FigureSpec, runs: list[tuple[Setting, dict]]) -> Figure:
     if numeric and len(numeric) == len(seen):
         low, low_at = min(numeric, key=lambda p: p[0])
         high, high_at = max(numeric, key=lambda p: p[0])
-        in_range = (low <= spec.published <= high) if isinstance(spec.published, int | float) else None
+        in_range = _overlaps(spec.published, low, high)
     else:  # a categorical figure: the outcomes seen
         outcomes = sorted({str(v) for v, _ in seen})
         low, high = (outcomes[0], outcomes[-1]) if outcomes else (None, None)
@@ -174,6 +175,13 @@ def _figure(spec: FigureSpec, runs: list[tuple[Setting, dict]]) -> Figure:
         unit=spec.unit, note=spec.note, reason=spec.reason if in_range is False else "",
         low_at=low_at.label if low_at else None, high_at=high_at.label if high_at else None,
     )
+
+
+def _overlaps(published, low: float, high: float) -> bool | None:
+    """Whether a published value lies in [low, high], or a published band (low, high) overlaps it."""
+    if isinstance(published, tuple):
+        return published[0] <= high and low <= published[1]
+    return (low <= published <= high) if isinstance(published, int | float) else None
 
 
 def build(paper: str, title: str, files: Sequence[tuple[str, str]], specs: Sequence[FigureSpec],

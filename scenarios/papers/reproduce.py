@@ -23,7 +23,7 @@ class Figure:
     value to compare), and the ``reason`` when the published value is outside and the cause is known."""
 
     name: str
-    published: float | str | None
+    published: float | str | tuple[float, float] | None  # a tuple: a band the paper reports
     ours: float | str | None
     low: float | str | None = None
     high: float | str | None = None

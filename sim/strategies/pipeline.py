@@ -33,6 +33,12 @@ weights and optimizer state in pinned host memory: they stream to the GPU in chu
 stepped on the GPU and streamed back (D2H engine). The GPU then holds only the 16-bit weights and gradients
 (mixed-precision Adam: 16 -> 4 bytes per parameter, REFERENCE "Memory accounting") plus the two buffers.
 
+``strategy.pipeline.recompute`` checkpoints activations at stage granularity (Megatron/DeepSpeed-style
+recomputation, as AxoNN's large runs need on 16 GB GPUs): a forward builds its micro-batch's activations and
+drops them when it ends, keeping only the stage input (what the previous stage sent, or the batch); the
+backward first reruns the stage's forward, holding those activations until it ends. Backward then costs
+forward + backward.
+
 ``strategy.jitter`` multiplies each stage's compute of one micro-batch by a reproducible random factor.
 
 It stays one module: the three schedules (gpipe, 1f1b, message-driven) share the stage and
@@ -41,6 +47,7 @@ micro-batch bookkeeping.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -141,6 +148,7 @@ class Stage:
     step_s: float
     send_bytes: float  # its output activation (and the gradient coming back), per micro-batch
     input_bytes: float  # the micro-batch's input (first stage only)
+    kept_bytes: float = 0.0  # with recompute: what a forward keeps until its backward (the stage input)
 
 
 def build_stages(ctx: Context, costs: RankCosts, counts: list[int]) -> list[Stage]:
@@ -168,6 +176,9 @@ def build_stages(ctx: Context, costs: RankCosts, counts: list[int]) -> list[Stag
             )
         )
         first += count
+    for s in range(len(out)):  # a stage's input is what the previous stage sends (the batch on the first)
+        kept = out[s - 1].send_bytes if s > 0 else out[0].input_bytes
+        out[s] = dataclasses.replace(out[s], kept_bytes=kept)
     return out
 
 
@@ -270,6 +281,8 @@ class _Pipeline:
     def _compute(self, gpu: str, it: int, m: int, kind: str):
         stage, machine = self.stages[gpu], self.ctx.machine
         base = stage.forward_s if kind == "F" else stage.backward_s
+        if kind == "B" and self.opts.recompute:
+            base += stage.forward_s  # the checkpointed forward runs again first
         factor = self.jitter.factor(machine.gpus[gpu].index, it, m, 0 if kind == "F" else 1)
         yield from machine.run(
             gpu,
@@ -288,6 +301,10 @@ class _Pipeline:
             src, dst, nbytes, iteration=it, op=op, engine_gpu=src, stream="d2h", category=COMM
         )
         self.inbox[dst].deliver(it, kind, m)
+
+    def _kept(self, stage: Stage) -> float:
+        """What a forward leaves allocated until its micro-batch's backward."""
+        return stage.kept_bytes if self.opts.recompute else stage.saved_bytes
 
     def _needs_message(self, s: int, kind: str) -> bool:
         return s > 0 if kind == "F" else s < self.S - 1
@@ -320,14 +337,20 @@ class _Pipeline:
                 memory.alloc(ctx.env.now, stage.input_bytes, "input")
                 if ctx.machine.gpus[gpu].device.kind != "cpu":  # a CPU rank's batch is in its own memory
                     yield from ctx.machine.h2d(gpu, stage.input_bytes, iteration=it, pinned=ctx.pinned)
+            memory.alloc(ctx.env.now, self._kept(stage), "activations")
+        if self.opts.recompute:  # a forward (the first or the rerun) builds this micro-batch's activations
             memory.alloc(ctx.env.now, stage.saved_bytes, "activations")
         yield from self._compute(gpu, it, m, kind)
         if kind == "F":
+            if self.opts.recompute:  # dropped after the first forward, kept after the rerun until backward
+                memory.free(ctx.env.now, stage.saved_bytes, "activations")
             memory.free(ctx.env.now, stage.input_bytes if s == 0 else 0.0, "input")
             dst = self.gpu(r, s + 1) if s < self.S - 1 else None
             nbytes = stage.send_bytes
         else:
-            memory.free(ctx.env.now, stage.saved_bytes, "activations")
+            memory.free(ctx.env.now, self._kept(stage), "activations")
+            if self.opts.recompute:
+                memory.free(ctx.env.now, stage.saved_bytes, "activations")
             dst = self.gpu(r, s - 1) if s > 0 else None
             nbytes = self.stages[dst].send_bytes if dst else 0.0
         if then is not None and self._needs_message(s, then[0]):
@@ -462,6 +485,7 @@ class _Pipeline:
             "stage_compute_s": [round(st.forward_s + st.backward_s, 12) for st in stages],
             "ideal_bubble_fraction": round((self.S - 1) / (self.M + self.S - 1), 6),
             "offload_optimizer_state": self.offload,
+            "recompute": self.opts.recompute,
         }
 
 

@@ -103,6 +103,11 @@ class PipelineOptions(BaseModel):
         description="gpipe/1f1b: each send is a rendezvous the stage waits for (Megatron's p2p); false: "
         "isend and go on, the sends waited for at the end of the iteration (message-driven never blocks)",
     )
+    recompute: bool = Field(
+        default=False,
+        description="activation checkpointing per stage: keep only each micro-batch's stage input, rerun the "
+        "stage's forward before its backward (memory for one micro-batch's activations at a time)",
+    )
 
     @model_validator(mode="after")
     def _stage_layers(self):
