@@ -28,7 +28,8 @@ def run(tmp_path, layout, *, gpus=4, workers=2, strategy="ddp", **extra):
 
 
 def prep_ops(result):
-    return [op for op in result.machine.ops if op.op == "data_prep" and op.iteration >= result.warmup_iterations]
+    return [op for op in result.machine.ops
+            if op.op == "data_prep" and op.iteration >= result.warmup_iterations]
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])
