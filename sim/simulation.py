@@ -289,6 +289,7 @@ class Simulation:
             optimizer=sc.optimizer.name,
             pinned=sc.host.pinned,
             data_workers=sc.host.data_workers,
+            loader_layout=sc.host.loader,
             prep_s_per_sample=prep,
             bucket_cap_bytes=st.bucket_cap_mb * 2**20,
             first_bucket_cap_bytes=(

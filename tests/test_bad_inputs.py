@@ -214,6 +214,11 @@ def test_bool_for_a_number(setting, field):
     fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", setting], field)
 
 
+def test_unknown_loader_layout_lists_the_valid_ones():
+    fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", "host.loader=both"],
+          "ddp-resnet50-pcie-4gpu-gen3.yaml", "host.loader", "'per-gpu' or 'shared'")
+
+
 def test_negative_data_preparation_cost():
     fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", "host.prep_s_per_sample=-1"],
           "ddp-resnet50-pcie-4gpu-gen3.yaml", "host.prep_s_per_sample", "greater than or equal to 0")

@@ -116,6 +116,14 @@ def test_scenario_errors_name_the_variant_and_field():
         exec_config_from_scenario(BASE, "missing")
 
 
+def test_a_shared_loader_is_simulated_not_executed():
+    # the executor gives every rank its own DataLoader: it runs host.loader per-gpu and refuses the other
+    assert exec_config_from_scenario(merge(BASE, {"host": {"loader": "per-gpu"}})).data.workers == 3
+    with pytest.raises(TrainsimError, match="per-gpu only") as err:
+        exec_config_from_scenario(merge(BASE, {"host": {"loader": "shared"}}))
+    assert err.value.field == "host.loader"
+
+
 def test_what_only_the_simulator_models_is_skipped_with_the_reason_the_rest_runs():
     assert "hogwild" in infeasible_reason(exec_config_from_scenario(BASE, "hogwild"))
     assert "hybrid" in infeasible_reason(exec_config_from_scenario(BASE, "hybrid"))

@@ -457,6 +457,10 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
         pipeline = PipelineConfig(**{"blocking_sends": True, **{k: pipe_block[k] for k in pipe_keys
                                                                  if k in pipe_block}})
         data_values = dict(executor.get("data") or {})
+        loader = _get(s.get("host"), "loader", "host")
+        if loader not in (None, "per-gpu"):  # the simulator's other layout has no runner here
+            raise TrainsimError(f"{loader!r}: the executor runs per-gpu only (every rank a DataLoader of its "
+                                "own); shared is simulated, not executed", field="host.loader")
         workers = _get(s.get("host"), "data_workers", "host")
         if workers is None:  # the scenario's default, which the simulator reads too
             from trainsim.formats.scenario import HostSpec

@@ -51,6 +51,7 @@ class Context:
     optimizer: str = "sgd"
     pinned: bool = True
     data_workers: int = 4
+    loader_layout: str = "per-gpu"  # or "shared": one DataLoader per machine feeds its ranks (SharedLoader)
     prep_s_per_sample: float = 0.0
     bucket_cap_bytes: float = 25 * 2**20
     first_bucket_cap_bytes: float = 1 * 2**20
@@ -61,6 +62,7 @@ class Context:
     detail: bool = True  # False: one record per run of back-to-back layers instead of one per layer
     iteration_end: dict[int, dict[str, float]] = field(default_factory=dict)
     loaders: dict[str, DataLoader] = field(default_factory=dict)
+    shared_loaders: dict[int, SharedLoader] = field(default_factory=dict)  # machine -> its one loader
     # for strategies that need more than the per-rank costs (pipeline, easgd): the scenario's pieces,
     # costs at another batch (a micro-batch), and strategy-specific figures that land in Result.extra
     workload: Any = None
@@ -109,9 +111,17 @@ class Context:
 
     # ---- data -----------------------------------------------------------------------------------------
     def loader(self, gpu: str) -> DataLoader:
-        """The data loader feeding ``gpu`` (created on first use, on the GPU's nearest socket)."""
+        """The data loader feeding ``gpu`` (created on first use): its own, on the GPU's nearest socket, or
+        with ``loader_layout`` shared its view of its machine's one loader."""
         if gpu not in self.loaders:
-            self.loaders[gpu] = DataLoader(self, gpu, self.costs[gpu].batch if gpu in self.costs else 0)
+            batch = self.costs[gpu].batch if gpu in self.costs else 0
+            if self.loader_layout == "shared":
+                machine = self.machine.topology.machine_of(gpu)
+                if machine not in self.shared_loaders:
+                    self.shared_loaders[machine] = SharedLoader(self, machine)
+                self.loaders[gpu] = self.shared_loaders[machine].view(gpu, batch)
+            else:
+                self.loaders[gpu] = DataLoader(self, gpu, batch)
         return self.loaders[gpu]
 
     def get_batch(self, gpu: str, iteration: int, batch: int | None = None):
@@ -353,6 +363,87 @@ class DataLoader:
             yield self.store.get()
 
 
+class SharedLoader:
+    """One DataLoader for the ranks of a machine (``host.loader: shared``: one process feeds every GPU, as
+    torch.nn.DataParallel does). Its ``data_workers`` processes, on the socket of the machine's first rank,
+    take the next task from one queue: a batch of the rank with the fewest batches handed out so far (ties
+    in rank order), so the ranks are served in turn; each task is ``batch x prep_s_per_sample`` seconds on
+    one core. At most two batches per worker wait to be taken, over all the ranks (``prefetch_factor=2``).
+    With 0 workers the one training loop prepares each rank's batch itself, one after another."""
+
+    PREFETCH = DataLoader.PREFETCH
+
+    def __init__(self, ctx: Context, machine: int):
+        self.ctx = ctx
+        first = next(g for g in ctx.ranks if ctx.machine.topology.machine_of(g) == machine)
+        self.host = ctx.machine.host_of(first)
+        self.order = {g: i for i, g in enumerate(ctx.ranks)}
+        self.views: list[_SharedView] = []
+        self.running = 0  # workers taking tasks
+        self.room: simpy.Container | None = None  # batches prepared and not yet taken
+        self.loop = simpy.Resource(ctx.env, capacity=1)  # the one process's loop (0 workers)
+
+    def view(self, gpu: str, batch: int) -> _SharedView:
+        view = _SharedView(self, gpu, batch)
+        self.views.append(view)
+        self.views.sort(key=lambda v: self.order[v.gpu])
+        if self.room is not None and self.running == 0:  # a rank joined after the others were served
+            self._start()
+        return view
+
+    def _start(self) -> None:
+        workers = self.ctx.data_workers
+        if self.room is None:
+            self.room = simpy.Container(self.ctx.env, capacity=self.PREFETCH * workers)
+        for _ in range(workers):
+            self.running += 1
+            self.ctx.env.process(self._worker())
+
+    def _next(self) -> _SharedView | None:
+        open_ = [v for v in self.views if v.issued < self.ctx.total_iterations]
+        if not open_:
+            return None
+        view = min(open_, key=lambda v: v.issued)  # stable: the first in rank order among the fewest
+        view.issued += 1
+        return view
+
+    def _worker(self):
+        while (view := self._next()) is not None:
+            iteration = view.issued - 1
+            yield from self.ctx.machine.host_work(self.host, view.batch * self.ctx.prep_s_per_sample,
+                                                  op="data_prep", iteration=iteration, gpu=view.gpu)
+            yield self.room.put(1)
+            yield view.store.put(iteration)
+        self.running -= 1
+
+    def get(self, view: _SharedView):
+        if self.ctx.prep_s_per_sample <= 0:  # nothing to prepare: every batch is ready at once
+            return
+        if self.ctx.data_workers == 0:  # num_workers=0: the one loop prepares this rank's batch
+            with self.loop.request() as turn:
+                yield turn
+                yield self.ctx.env.timeout(view.batch * self.ctx.prep_s_per_sample)
+            return
+        if self.room is None:
+            self._start()
+        yield view.store.get()
+        yield self.room.get(1)
+
+
+class _SharedView:
+    """One rank's view of a `SharedLoader`: ``get`` waits for that rank's next batch."""
+
+    def __init__(self, shared: SharedLoader, gpu: str, batch: int):
+        self.shared = shared
+        self.gpu = gpu
+        self.batch = batch
+        self.issued = 0  # tasks handed to the workers for this rank
+        self.store = simpy.Store(shared.ctx.env)
+
+    def get(self):
+        yield from self.shared.get(self)
+
+
 # ---- activation gradients in backward ----------------------------------------------------------------------
 
 
@@ -414,4 +505,5 @@ def get_strategy(name: str) -> StrategyFn:
     return registry[name]
 
 
-__all__ = ["COMM", "COMPUTE", "Context", "DataLoader", "get_strategy", "register", "strategies"]
+__all__ = ["COMM", "COMPUTE", "Context", "DataLoader", "SharedLoader", "get_strategy", "register",
+           "strategies"]

@@ -151,11 +151,18 @@ class HostSpec(_Strict):
     data_workers: int = Field(
         default=4,
         ge=0,
-        description="DataLoader worker processes per rank; 0: the training loop prepares each batch itself, "
-        "between iterations (PyTorch num_workers=0)",
+        description="worker processes per DataLoader (per rank, or per machine with loader: shared); 0: the "
+        "training loop prepares each batch itself, between iterations (PyTorch num_workers=0)",
     )
     memory_gib: float | None = Field(
         default=None, ge=0, description="host memory per socket free for pinned buffers (default: no limit)"
+    )
+    loader: Literal["per-gpu", "shared"] = Field(
+        default="per-gpu",
+        description="data loader layout: per-gpu, every rank has a DataLoader with its own pool of "
+        "data_workers (as trainsim execute runs it); shared, one DataLoader per machine (one process, as "
+        "torch.nn.DataParallel has) whose data_workers prepare every rank's batch, handed out to the ranks "
+        "in turn",
     )
     prep_s_per_sample: float | None = Field(
         default=None, ge=0,
