@@ -91,6 +91,26 @@ def test_sweep_reports_extremes_and_whether_the_published_value_is_inside(tmp_pa
     assert [row["setting"] for row in tables["sweep"]][0] == "stated"
 
 
+def test_reproduce_tells_its_progress_before_each_setting(tmp_path, monkeypatch):
+    import trainsim.scenarios.papers.reproduce as papers
+
+    path = _scenario(tmp_path, {"name": "batch", "value": 8, "choices": [8, 16, 32], "set": "batch_size",
+                                "reason": "r"})
+    free = free_assumptions([("s.yaml", path)])
+
+    def paper():
+        return sweep([FigureSpec("x", 1.0)], lambda s: Evaluation({"x": 1.0}), free, ["gpu_flops"])
+
+    monkeypatch.setitem(papers._PAPERS, "fake", ("Fake", paper))
+    monkeypatch.setattr(papers, "_load_all", lambda: None)
+    told = []
+    papers.reproduce("fake", progress=lambda done, total, label: told.append((done, total, label)))
+    assert told == [(0, 5, "stated setting"), (1, 5, "gpu_flops x0.8"), (2, 5, "gpu_flops x1.2"),
+                    (3, 5, "batch=16"), (4, 5, "batch=32")]
+    paper()  # outside a reproduction nobody is told
+    assert len(told) == 5
+
+
 def test_a_published_band_is_in_range_when_it_overlaps_ours(tmp_path):
     path = _scenario(tmp_path, {"name": "batch", "value": 8, "choices": [8, 16], "set": "batch_size",
                                 "reason": "r"})
@@ -142,7 +162,8 @@ def test_cli_reproduce_prints_a_published_band(monkeypatch):
 
     figure = papers.Figure(name="peak", published=(49.4, 54.78), ours=52.39, low=50.18, high=54.77,
                            in_range=True, unit="%")
-    monkeypatch.setattr(papers, "reproduce", lambda key: papers.Reproduction("p", "P", [figure]))
+    monkeypatch.setattr(papers, "reproduce",
+                        lambda key, progress=None: papers.Reproduction("p", "P", [figure]))
     table = runner.invoke(app, ["reproduce", "p"])
     assert table.exit_code == 0 and "49.4-54.78" in table.output
     doc = json.loads(runner.invoke(app, ["reproduce", "p", "--json"]).output)

@@ -1023,7 +1023,17 @@ def reproduce_cmd(
             for key, title in papers.items():
                 typer.echo(f"{key:12s} {title}")
         return
-    result = reproduce(paper)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    task = bar.add_task(paper, total=None)
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.update(task, completed=done, total=total, description=f"{paper}: {label}"[:72])
+
+    with bar:
+        result = reproduce(paper, progress=progress)
     if as_json:
         print_json(result.to_dict())
         return

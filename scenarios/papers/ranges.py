@@ -16,6 +16,7 @@ The free assumptions are the structured entries of the scenarios' ``assumptions:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from trainsim.errors import TrainsimError
@@ -24,6 +25,9 @@ from .physics import STATED, Physics
 from .reproduce import Figure
 
 SPREAD = 0.2  # the physical parameters' +-20 %
+#: told (settings run so far, settings in all, the label of the one starting) before each setting runs;
+#: set by `trainsim.scenarios.papers.reproduce.reproduce` for the length of one reproduction
+PROGRESS: ContextVar[Callable[[int, int, str], None] | None] = ContextVar("reproduce_progress", default=None)
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,13 @@ def sweep(specs: Sequence[FigureSpec], evaluate: Callable[[Setting], Evaluation]
           physical: Sequence[str], spread: float = SPREAD) -> tuple[list[Figure], dict[str, list[dict]]]:
     """Every figure with its stated value and range, and the tables: the stated setting's detail tables and
     ``sweep`` (one row per setting run, with its figures)."""
-    runs = [(s, evaluate(s)) for s in settings(free, physical, spread)]
+    todo = settings(free, physical, spread)
+    progress = PROGRESS.get()
+    runs = []
+    for done, setting in enumerate(todo):
+        if progress:
+            progress(done, len(todo), "stated setting" if done == 0 else setting.label)
+        runs.append((setting, evaluate(setting)))
     figures = [_figure(spec, [(s, e.figures) for s, e in runs]) for spec in specs]
     rows = [{"setting": s.label, **e.figures} for s, e in runs]
     return figures, {**runs[0][1].tables, "sweep": rows}

@@ -84,8 +84,16 @@ def list_papers() -> dict[str, str]:
     return {key: title for key, (title, _fn) in sorted(_PAPERS.items())}
 
 
-def reproduce(key: str, **options) -> Reproduction:
+def reproduce(key: str, progress: Callable[[int, int, str], None] | None = None, **options) -> Reproduction:
+    """The paper ``key``'s reproduction. ``progress(done, total, label)`` is told before each setting of its
+    sweep runs (`.ranges.sweep`); a paper that sweeps in several parts tells each part from 0."""
+    from .ranges import PROGRESS
+
     _load_all()
     if key not in _PAPERS:
         raise unknown_name("paper", key, _PAPERS, field="PAPER")
-    return _PAPERS[key][1](**options)
+    token = PROGRESS.set(progress)
+    try:
+        return _PAPERS[key][1](**options)
+    finally:
+        PROGRESS.reset(token)
