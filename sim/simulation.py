@@ -23,23 +23,25 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import simpy
 
 from trainsim.errors import TrainsimError
-from trainsim.formats.bundle import MACHINE, Bundle, CollectivesFile, workload_file
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.workload import Workload, load_workload, parse_workload
 from trainsim.sim.compute.costs import rank_costs
 from trainsim.sim.core.devices import DeviceSpec, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
-from trainsim.sim.hosts import RunMeasurements, call_latency, host_model_for
+from trainsim.sim.hosts import call_latency, host_model_for
 from trainsim.sim.hosts.call_latency import Latency
 from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
-from trainsim.sim.strategies.pipeline import options as pipeline_options
 from trainsim.sim.symmetry import mirror_ranks
 from trainsim.topologies.machine_classes import rename
+
+if TYPE_CHECKING:  # the bundle's file models are imported where a bundle is given
+    from trainsim.formats.bundle import Bundle, CollectivesFile
 
 __all__ = ["Simulation", "build_machine", "load_inputs"]
 
@@ -141,6 +143,8 @@ def bundle_devices(bundle: Bundle | None) -> dict[str, DeviceSpec]:
     spec = bundle.device_spec if bundle is not None else None
     if spec is None:
         return {}
+    from trainsim.formats.bundle import MACHINE
+
     device = device_from_file(spec, file=f"{bundle.path / MACHINE}: device_spec")
     devices = {device.name: device}
     if device.kind == "cpu":
@@ -157,6 +161,8 @@ def bundle_workload(bundle: Bundle, scenario) -> Workload:
     if isinstance(workload, Workload):
         return workload
     measured_in = scenario.precision if f"{wanted}.{scenario.precision}" in bundle.workloads else "fp32"
+    from trainsim.formats.bundle import workload_file
+
     return parse_workload(workload, file=str(bundle.path / workload_file(wanted, measured_in)))
 
 
@@ -219,7 +225,7 @@ class Simulation:
                 "Simulation takes a validated Scenario (trainsim.api.load_scenario), "
                 f"not {type(scenario).__name__}"
             )
-        measured = (bundle.run if bundle is not None else None) or RunMeasurements()
+        measured = bundle.run if bundle is not None else None  # RunMeasurements; None: nothing measured
 
         self.scenario = scenario
         sc = self.scenario
@@ -275,7 +281,8 @@ class Simulation:
         for gpu in self.ranks:
             costs[gpu] = costs_for(gpu, per_gpu)
 
-        prep = self._prep_s_per_sample(measured.prep_s_per_sample, per_gpu, max(sharing.values()))
+        given_prep = measured.prep_s_per_sample if measured else None
+        prep = self._prep_s_per_sample(given_prep, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
             machine=self.machine,
@@ -318,9 +325,9 @@ class Simulation:
         # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates
         # variants)
         prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, bundle=bundle, record=False).run())
-        if measured.codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on box
+        if measured and measured.codec_s is not None and self.ctx.codec is not None:  # measured on the box
             self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
-        overlap = measured.loader_overlap
+        overlap = measured.loader_overlap if measured else None
         if overlap and self.host is not None and self.ctx.preload_depth and self.ctx.data_workers:
             self.host.share_process_with_loader(self.ctx, overlap)
         self._link_snapshot = None
@@ -332,8 +339,11 @@ class Simulation:
         if self.host is None:
             return given if given is not None else self.workload.input.prep_s_per_sample or 0.0
         # a pipeline's first stage prepares the replica's whole batch at once, then splits it
-        pipelined = sc.strategy.name == "pipeline"
-        loaded = per_gpu * (pipeline_options(sc.strategy).micro_batches if pipelined else 1)
+        loaded = per_gpu
+        if sc.strategy.name == "pipeline":
+            from trainsim.sim.strategies.pipeline import options as pipeline_options
+
+            loaded *= pipeline_options(sc.strategy).micro_batches
         return self.host.prep_s_per_sample(given, [self.machine.gpus[g].device for g in self.ranks], loaded,
                                            sharing)
 

@@ -21,7 +21,6 @@ from trainsim.files import read_text
 from trainsim.yamlio import parse_yaml_mapping
 
 from . import links as phys
-from .generators import expand
 from .schema import DEFAULT_GPU_MEMORY_GIB, TopologySpec
 from .topology import Topology
 from .validation import validation_error
@@ -69,6 +68,8 @@ def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, st
 def spec_from_dict(data: dict, *, file: str | None, base_dir: Path | None = None) -> TopologySpec:
     """Validate a parsed file: explicit nodes/links, or a generator call expanded to them."""
     if "generator" in data:
+        from .generators import expand  # the generators' models are built only when a file calls one
+
         rest = {k: v for k, v in data.items() if k != "nccl"}  # measured figures are not the generator's
         spec = expand(rest, file=file, base_dir=base_dir, load_node=load_spec)
         if "nccl" not in data:
@@ -212,19 +213,27 @@ def save_topology(spec: TopologySpec, path: str | os.PathLike) -> Path:
 
 def pcie_tree(**params) -> TopologySpec:
     """A PCIe tree machine (see `PcieTreeParams` for the parameters)."""
+    from .generators import expand
+
     return expand({"generator": "pcie_tree", **params})
 
 
 def nvlink_mesh(links: list[list[int]], **params) -> TopologySpec:
     """A machine with direct NVLink sets from a link-count matrix (see `NvlinkMeshParams`)."""
+    from .generators import expand
+
     return expand({"generator": "nvlink_mesh", "links": links, **params})
 
 
 def nvswitch_system(**params) -> TopologySpec:
     """A machine whose GPUs meet in NVSwitch fabrics (see `NvswitchParams`)."""
+    from .generators import expand
+
     return expand({"generator": "nvswitch", **params})
 
 
 def cluster(node: str | dict, nodes: int, **params) -> TopologySpec:
     """``nodes`` machines like ``node`` on one network switch (see `ClusterParams`)."""
+    from .generators import expand
+
     return expand({"generator": "cluster", "node": node, "nodes": nodes, **params}, load_node=load_spec)
