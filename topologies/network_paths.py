@@ -12,7 +12,9 @@ natural-name order) whose paths all sort before the wanted one.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Hashable
+from itertools import accumulate
 
 import networkx as nx
 import numpy as np
@@ -37,6 +39,10 @@ class NetworkPaths:
         self._ind = np.array([u for p in preds for u in p], dtype=np.int64)
         self._dist: dict[Hashable, list[int]] = {}
         self._count: dict[Hashable, dict[int, int]] = {}
+        self._first: dict[str, list[int]] = {}  # NIC -> its switches, in natural-name order
+        self._entry: dict[str, frozenset[int]] = {}  # NIC -> the switches that reach it
+        # per destination: switch -> (its next switches towards it, running totals of their path counts)
+        self._steps: dict[Hashable, dict[int, tuple[list[int], list[int]]]] = {}
 
     @staticmethod
     def uniform(graph: nx.DiGraph, network: int, cost: Callable[[dict], float]) -> bool:
@@ -51,28 +57,36 @@ class NetworkPaths:
         natural-name order (``pick`` is only called when there are several); None when there is none."""
         if self.graph.has_edge(src, dst):
             return [src, dst]  # one hop: the only shortest path
-        entry = frozenset(self.index[u] for u in self.graph.predecessors(dst) if u in self.index)
+        entry = self._entry.get(dst)
+        if entry is None:
+            entry = frozenset(self.index[u] for u in self.graph.predecessors(dst) if u in self.index)
+            self._entry[dst] = entry
         if not entry:
             return None
         dist = self._distances(entry)
-        first = [self.index[v] for v in sorted(self.graph.successors(src), key=self.key) if v in self.index]
+        first = self._first.get(src)
+        if first is None:  # kept: a NIC starts paths to thousands of others
+            first = [self.index[v] for v in sorted(self.graph.successors(src), key=self.key) if v in self.index]
+            self._first[src] = first
         first = [s for s in first if dist[s] > 0]
         if not first:
             return None
         hops = min(dist[s] for s in first)
-        candidates = [s for s in first if dist[s] == hops]
         counts = self._count.setdefault(entry, {})
-        total = sum(self._paths_from(s, dist, counts) for s in candidates)
-        k = pick() % total if total > 1 else 0
+        candidates = [s for s in first if dist[s] == hops]
+        totals = list(accumulate(self._paths_from(s, dist, counts) for s in candidates))
+        k = pick() % totals[-1] if totals[-1] > 1 else 0
+        steps = self._steps.setdefault(entry, {})
         nodes = [src]
-        while candidates:
-            for s in candidates:
-                c = self._paths_from(s, dist, counts)
-                if k < c:
-                    break
-                k -= c
+        while candidates:  # the k-th path (from 0): skip the candidates whose paths all come before it
+            i = bisect_right(totals, k)
+            k -= totals[i - 1] if i else 0
+            s = candidates[i]
             nodes.append(self.switches[s])
-            candidates = [u for u in self.succ[s] if dist[u] == dist[s] - 1 and dist[u] > 0]
+            if s not in steps:  # kept per destination: every NIC's path to it goes down the same switches
+                down = [u for u in self.succ[s] if dist[u] == dist[s] - 1 and dist[u] > 0]
+                steps[s] = (down, list(accumulate(self._paths_from(u, dist, counts) for u in down)))
+            candidates, totals = steps[s]
         nodes.append(dst)
         return nodes
 

@@ -34,8 +34,12 @@ CPU_TRANSIT_COST = 30  # P2P through the host bridge only when no switch path ex
 NETWORK = -1  # the machine number of network switches: outside every machine
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def natural_key(name: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    """``name`` as its text and numbers, so that gpu2 sorts before gpu10."""
+    return [int(part) if part.isdigit() else part for part in _DIGITS.split(name)]
 
 
 class Topology:
@@ -63,6 +67,11 @@ class Topology:
     def _of_kind(self, kind: str) -> list[str]:
         nodes = [n for n, k in self.graph.nodes(data="kind") if k == kind]
         return sorted(nodes, key=lambda n: (self.graph.nodes[n]["machine"], natural_key(n)))
+
+    @cached_property
+    def _machine(self) -> dict[str, int]:
+        """Node -> machine number, for hot loops (routing thousands of pairs): a plain dict lookup."""
+        return dict(self.graph.nodes(data="machine"))
 
     @cached_property
     def gpus(self) -> list[str]:
@@ -106,7 +115,8 @@ class Topology:
 
     def machine_of(self, node: str) -> int:
         """The machine (node of a cluster) a graph node is in; 0 on single boxes, -1 for network switches."""
-        return self._node(node)["machine"]
+        machine = self._machine.get(node)
+        return self._node(node)["machine"] if machine is None else machine  # unknown: _node says so
 
     def gpu_spec(self, gpu: str) -> str:
         return self._node(gpu, "gpu")["spec"]
@@ -281,8 +291,8 @@ class Topology:
         """The directed edges a transfer from ``src`` to ``dst`` uses (see the module docstring)."""
         key = (src, dst)
         if key not in self._routes:
-            self._node(src)
-            self._node(dst)
+            self.machine_of(src)  # both known, else a one-line error
+            self.machine_of(dst)
             if src == dst:
                 route: Route = []
             elif self._is_gpu(src) and self._is_gpu(dst) and not self.p2p:
