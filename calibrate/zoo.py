@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.sim.compute import analytic_models
 
 
 class Dropout(nn.Dropout):
@@ -272,24 +273,15 @@ class GoogLeNet(nn.Module):
 # ---------------------------------------------------------------- GPT
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    """nanoGPT's configuration; the defaults are GPT-2 small (124,439,808 parameters with a tied lm_head)."""
+@dataclass
+class GPTConfig(analytic_models.GPTConfig):
+    """nanoGPT's configuration: the analytic model's shape (defaults GPT-2 small, 124,439,808 parameters
+    with a tied lm_head), plus the dropout that only a built module has."""
 
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    vocab_size: int = 50257
-    block_size: int = 1024
     dropout: float = 0.0
 
     def __post_init__(self):
-        for field in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
-            if getattr(self, field) < 1:
-                raise TrainsimError("must be a positive integer", field=field)
-        if self.n_embd % self.n_head:
-            raise TrainsimError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})",
-                                field="n_embd")
+        super().__post_init__()
         if not 0.0 <= self.dropout < 1.0:
             raise TrainsimError("must be in [0, 1)", field="dropout")
 

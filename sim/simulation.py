@@ -281,8 +281,10 @@ class Simulation:
         for gpu in self.ranks:
             costs[gpu] = costs_for(gpu, per_gpu)
 
-        given_prep = measured.prep_s_per_sample if measured else None
-        prep = self._prep_s_per_sample(given_prep, per_gpu, max(sharing.values()))
+        # a cost the scenario states wins over the bundle's measured pipeline and the workload's
+        stated = sc.host.prep_s_per_sample
+        given = stated if stated is not None else measured.prep_s_per_sample if measured else None
+        prep = self._prep_s_per_sample(given, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
             machine=self.machine,
@@ -331,6 +333,7 @@ class Simulation:
         if overlap and self.host is not None and self.ctx.preload_depth and self.ctx.data_workers:
             self.host.share_process_with_loader(self.ctx, overlap)
         self._link_snapshot = None
+        self._memory_area: dict[int, dict[str, float]] = {}
 
     def _prep_s_per_sample(self, given: float | None, per_gpu: int, sharing: int) -> float:
         """The input pipeline's cost per sample: ``given`` (another pipeline than the default, measured back
@@ -354,6 +357,11 @@ class Simulation:
         return self.host.jitter([self.machine.gpus[g].device for g in self.ranks], batch)
 
     def _on_finish(self, iteration: int) -> None:
+        # each GPU's byte-seconds at the measured window's ends (its average memory use)
+        if iteration in (self.scenario.warmup_iterations - 1, self.ctx.total_iterations - 1):
+            now = self.env.now
+            self._memory_area[iteration] = {g: self.machine.gpus[g].memory.byte_seconds(now)
+                                            for g in self.ctx.simulated}
         if iteration == self.scenario.warmup_iterations - 1:
             net = self.machine.net
             net.utilisation()  # drains the flows up to now
@@ -422,9 +430,12 @@ class Simulation:
                 by_gpu[op.resource].append((op.start, op.end))
         out = {}
         length = span[1] - span[0]
+        w, last = self.scenario.warmup_iterations, self.ctx.total_iterations - 1
         for g in self.ctx.simulated:
             gpu = self.machine.gpus[g]
             util = busy_time(by_gpu[g], *span) / length if length > 0 else 0.0
+            start = self._memory_area[w - 1][g] if w > 0 else 0.0
+            average = (self._memory_area[last][g] - start) / length if length > 0 else gpu.memory.in_use
             for copy in self.ctx.mirrors.get(g, [g]) if self.ctx.mirrors is not None else [g]:
                 out[copy] = GpuResult(
                     copy,
@@ -434,6 +445,7 @@ class Simulation:
                     gpu.memory.peak,
                     gpu.memory.capacity,
                     dict(gpu.memory.peak_by_category),
+                    average,
                 )
         return [out[g] for g in self.ranks]
 

@@ -207,10 +207,16 @@ def test_duplicate_keys(tmp_path):
 @pytest.mark.parametrize("setting, field", [
     ("batch_size=true", "batch_size"), ("iterations=true", "iterations"), ("gpus=true", "gpus"),
     ("host.data_workers=false", "host.data_workers"),
+    ("host.prep_s_per_sample=true", "host.prep_s_per_sample"),
     ("strategy.bucket_cap_mb=true", "strategy.bucket_cap_mb"),
 ])
 def test_bool_for_a_number(setting, field):
     fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", setting], field)
+
+
+def test_negative_data_preparation_cost():
+    fails(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", "host.prep_s_per_sample=-1"],
+          "ddp-resnet50-pcie-4gpu-gen3.yaml", "host.prep_s_per_sample", "greater than or equal to 0")
 
 
 def test_bool_for_a_number_in_a_topology(tmp_path):

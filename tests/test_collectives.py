@@ -95,8 +95,10 @@ def test_nvls_moves_n_plus_one_shards_each_way(presets):
     t = flow_time(topo, "allreduce", None, size, algo="nvls")[0]
     latency = tune.HW_LAT["nvlink"]["nvls"]["simple"] * 1e-6  # NCCL's one NVLS latency, no base
     # reduce-scatter then multicast: S/n shards x (n reads + 1 multicast store) each way, at NCCL's NVLS
-    # efficiency (5/6) of the link rate
-    assert t == pytest.approx(latency + (n + 1) / n * size / link / tune.NVLS, rel=1e-9)
+    # efficiency (5/6) of the link rate; the 3-stage pipeline (scatter, reduce + multicast, gather) fills and
+    # drains over 2 rounds of 16 channels x 8 heads x 128 KiB chunks (NCCL's chunk at 1 GiB)
+    fill = 2 * 16 * 8 * 131072
+    assert t == pytest.approx(latency + (n + 1) / n * (size + fill) / link / tune.NVLS, rel=1e-9)
     assert choose_algorithm(topo, "allreduce", None, GIB) == "nvls"
     assert choose_algorithm(presets["dgx-a100"], "allreduce", None, GIB) != "nvls"  # no in-switch reduction
 
@@ -251,6 +253,49 @@ def test_bad_input_is_a_trainsim_error(presets, kwargs, match):
 def test_nvls_without_switch_reduction_is_refused(presets):
     with pytest.raises(TrainsimError, match="reduce: true"):
         collective_time(presets["dgx-a100"], "allreduce", None, MIB, algo="nvls")
+
+
+def test_nvls_tree_is_nvls_in_each_machine_and_a_tree_of_shards_between(presets):
+    topo = presets["dgx-h100-4node"]
+    gpus = topo.gpus[:16]  # two machines
+    n = 8  # GPUs per machine: shard i travels between the machines on GPU i's own NIC
+    t_flow = flow_time(topo, "allreduce", gpus, GIB, algo="nvls_tree")[0]
+    t_analytic = collective_time(topo, "allreduce", gpus, GIB, algo="nvls_tree")
+    assert t_flow == pytest.approx(t_analytic, rel=1e-6)
+    moved = coll.collective_link_bytes(topo, "allreduce", gpus, GIB, algo="nvls_tree")
+    plan = coll.plan_collective(topo, "allreduce", gpus, "nvls_tree")
+    assert plan.efficiency == pytest.approx(tune.NVLS)
+    switch = coll.nvls_switch(topo, list(gpus[:8]))
+    assert moved[gpus[0], switch] == pytest.approx((n + 1) / n * GIB / tune.NVLS)
+    nic_out = [(a, b) for (a, b) in moved if topo.graph.nodes[a]["kind"] == "nic"
+               and topo.graph.nodes[b]["kind"] == "network_switch"]
+    assert len(nic_out) == 16  # every NIC of both machines sends
+    # two trees over two machines, half a shard each, up in one and down in the other: S/n per NIC
+    assert all(moved[e] == pytest.approx(GIB / n / tune.NVLS) for e in nic_out)
+    # NCCL: hwLat NVLink NVLSTree 23 us + 2 log2(2) x hwLat NET NVLSTree 14 us, no base
+    assert plan.lanes[0][0].transfers[0].latency == pytest.approx((23 + 2 * 14) * 1e-6)
+    assert choose_algorithm(topo, "allreduce", gpus, GIB) == "nvls_tree"
+
+
+@pytest.mark.parametrize("name, gpus", [("dgx-a100-2node", None), ("dgx-h100", None)])
+def test_nvls_tree_needs_nvswitch_machines(presets, name, gpus):
+    with pytest.raises(TrainsimError, match="nvls_tree needs .*valid choices: auto, ring, tree"):
+        collective_time(presets[name], "allreduce", gpus, MIB, algo="nvls_tree")
+    assert "nvls_tree" not in coll.feasible_algorithms(presets[name], "allreduce", presets[name].gpus)
+
+
+def test_nvls_chunks_follow_nccl_sizes():
+    # concurrentOps = 16 NVLS channels x 8 heads = 128 (enqueue.cc's thresholds, worked by hand)
+    assert [tune.nvls_chunk("nvls", s, 128) for s in (MIB, 16 * MIB, 256 * MIB, GIB)] == [
+        16384, 32768, 65536, 131072]
+    assert [tune.nvls_chunk("nvls_tree", s, 128) for s in (4 * MIB, 16 * MIB, GIB, 4 * GIB)] == [
+        32768, 65536, 262144, 524288]
+    # fill and drain: (stages - 1) rounds of 128 chunks, or all of S where that is less
+    assert tune.pipeline_fill_bytes(90, "allreduce", "nvls", GIB, 8, 1) == 2 * 128 * 131072
+    assert tune.pipeline_fill_bytes(90, "allreduce", "nvls", MIB, 8, 1) == 2 * MIB
+    assert tune.pipeline_fill_bytes(90, "allreduce", "nvls_tree", GIB, 8, 2) == 6 * 128 * 262144
+    assert tune.pipeline_fill_bytes(90, "allreduce", "ring", GIB, 8, 1) == 0.0
+    assert tune.pipeline_fill_bytes(None, "allreduce", "nvls", GIB, 8, 1) == 0.0
 
 
 def test_sizes_parse_like_nccl_tests():

@@ -126,3 +126,13 @@ def test_cli_device_list_and_show():
     assert result.exit_code == 0 and "v100-16gb" in result.output
     result = runner.invoke(app, ["device", "show", "v200"])
     assert result.exit_code == 2 and "valid choices" in result.output
+
+
+def test_knl_7250_is_a_cpu_compute_device_with_mcdram():
+    knl = get_device("Xeon Phi 7250")
+    assert knl is DEVICES["knl-7250"] and get_device("knl") is knl
+    assert knl.kind == "cpu" and knl.sm_count == 68
+    # 68 cores x 1.4 GHz x (2 AVX-512 VPUs x 16 fp32 lanes x 2 for FMA): twice the ~3 TFLOP/s fp64 peak
+    assert knl.peak("fp32") == pytest.approx(6.09e12, rel=1e-3)
+    assert knl.memory_bandwidth == 450e9 and knl.memory_bytes == 16 * 2**30  # MCDRAM, flat mode
+    assert "NERSC" in knl.source

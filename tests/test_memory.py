@@ -30,3 +30,17 @@ def test_free_never_goes_below_what_a_category_holds():
     mem.free(1.0, 500, "input")
     mem.free(1.0, 0, "input")
     assert mem.in_use == 0 and mem.timeline == []
+
+
+def test_byte_seconds_integrate_what_is_held_over_time():
+    m = MemoryTracker(capacity=100.0, record=False)
+    m.alloc(1.0, 10.0, "params")  # 10 B from t=1
+    assert m.byte_seconds(1.0) == 0.0
+    m.alloc(3.0, 30.0, "activations")  # 40 B from t=3
+    at_3 = m.byte_seconds(3.0)
+    assert at_3 == 10 * 2
+    m.free(4.0, 30.0, "activations")  # 10 B from t=4
+    assert m.byte_seconds(4.0) == 20 + 40 * 1
+    assert m.byte_seconds(6.0) == 60 + 10 * 2
+    # the average over a window is two readings apart: 40 B for 1 s, then 10 B for 1 s
+    assert (m.byte_seconds(5.0) - at_3) / 2 == 25.0

@@ -106,6 +106,24 @@ def test_cpu_batch_split_with_preload_copies_every_shard_ahead(tmp_path):
     assert result.iteration_time_s < split.iteration_time_s
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_cpu_batch_split_gives_each_gpu_a_loader_of_its_own(tmp_path, workers):
+    # as trainsim execute runs it, each rank loads its own shard with its own worker pool: a loader-bound
+    # run prepares half a batch per GPU with twice the workers in all (scenario-stated cost per sample)
+    topo = tiny_topology(gpus=2, nvlink=False)
+    wl = write(tmp_path, tiny_workload(LAYERS, batch=8, input_bytes=1_000, step_s=STEP))
+    prep = 0.02  # a shard of 8 samples is 0.16 s of one core, above the 0.057 s iteration when fed
+    host = {"prep_s_per_sample": prep, "data_workers": workers}
+    runs = {
+        split: simulate(make_scenario(topo, wl, "dp-gpu0", 16, iterations=4, warmup_iterations=3, host=host,
+                                      optimizations={"cpu_batch_split": split}))
+        for split in (False, True)
+    }
+    assert runs[False].iteration_time_s == pytest.approx(16 * prep / workers, rel=0.02)
+    assert runs[True].iteration_time_s == pytest.approx(8 * prep / workers, rel=0.02)
+    assert len(ops(runs[True], "data_prep")) == 2 * len(ops(runs[False], "data_prep"))
+
+
 # ---- parameter compression -------------------------------------------------------------------------------
 
 

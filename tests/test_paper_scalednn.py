@@ -4,7 +4,14 @@ import math
 
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.scenarios.papers.ranges import Setting, free_assumptions
-from trainsim.scenarios.papers.scalednn import MODELS, SYSTEMS, TECHNIQUES, evaluate, scenario_path
+from trainsim.scenarios.papers.scalednn import (
+    MODELS,
+    SYSTEMS,
+    TECHNIQUES,
+    average_name,
+    evaluate,
+    scenario_path,
+)
 
 
 def test_scenarios_state_assumptions_and_variants_switch_the_three_techniques():
@@ -15,14 +22,22 @@ def test_scenarios_state_assumptions_and_variants_switch_the_three_techniques():
         assert not base.optimizations.cpu_batch_split and base.optimizations.preload == 0
         o = opt.optimizations
         assert o.cpu_batch_split and o.preload == 1 and o.param_compression.method == "fp16"
+        # the CPU side is stated: a decode + augment cost per sample and a worker pool
+        assert base.host.prep_s_per_sample == 0.003 and base.host.data_workers == 4
 
 
 def test_stated_setting_gives_finite_figures_for_every_model_and_technique():
     free = free_assumptions([(name, scenario_path(system)) for system, name in SYSTEMS.items()])
-    assert {s.assumption.name for s in free} == {"batch", "compression"}
+    assert {s.assumption.name for s in free} == {"batch", "compression", "prep_s_per_sample", "data_workers"}
     result = evaluate(Setting(), free)
-    assert len(result.figures) == 4 and all(math.isfinite(x) for x in result.figures.values())
+    assert len(result.figures) == 10 and all(math.isfinite(x) for x in result.figures.values())
+    # each technique alone is a figure of its own, and the three together save at least the best alone
+    for system in SYSTEMS:
+        alone = [result.figures[average_name(system, t)] for t in TECHNIQUES]
+        assert result.figures[average_name(system)] >= max(alone) - 0.5
     rows = result.tables["savings"]
     assert {(r["system"], r["model"]) for r in rows} == {(s, m) for s in SYSTEMS for m in MODELS}
+    # the host prepares every batch: the loader-bound models show data preparation in the baseline
+    assert any(r["dp_gpu0_data_preparation_s"] > 0 for r in rows)
     alone = result.tables["techniques_alone"]
     assert {(r["system"], r["technique"]) for r in alone} == {(s, t) for s in SYSTEMS for t in TECHNIQUES}

@@ -5,7 +5,7 @@ import math
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.scenarios.papers.physics import RunCache
 from trainsim.scenarios.papers.ranges import Setting, free_assumptions
-from trainsim.scenarios.papers.vdnn import MODELS, MULTI, SINGLE, evaluate, scenario_path
+from trainsim.scenarios.papers.vdnn import MODELS, MULTI, PER_SAMPLE, SAVED, SINGLE, evaluate, scenario_path
 
 
 def test_scenarios_state_their_assumptions_on_the_papers_gpu():
@@ -20,13 +20,23 @@ def test_scenarios_state_their_assumptions_on_the_papers_gpu():
 
 def test_stated_setting_gives_finite_figures():
     free = free_assumptions([(SINGLE, scenario_path(SINGLE)), (MULTI, scenario_path(MULTI))])
-    assert {s.assumption.name for s in free} == {"memory_baseline", "gpu", "prefetch_distance"}
+    assert {s.assumption.name for s in free} == {"gpu", "prefetch_distance"}
     result = evaluate(Setting(), free, RunCache())
     numbers = [v for v in result.figures.values() if not isinstance(v, str)]
-    assert len(numbers) == 6 and all(math.isfinite(x) for x in numbers)
+    assert len(numbers) == 9 and all(math.isfinite(x) for x in numbers)
     rows = result.tables["memory_per_model"]
     assert [r["model"] for r in rows] == list(MODELS)
     # offload never raises the peak, and vDNN's network-wide baseline is at least our peak
     assert all(r["peak_offload_gib"] <= r["peak_gib"] <= r["network_wide_gib"] for r in rows)
+    # vDNN's definition: the average use with offload is below its peak; in-place ReLU shrinks the baseline
+    assert all(0 < r["average_offload_gib"] < r["peak_offload_gib"] for r in rows)
+    assert all(r["network_wide_gib"] < r["every_output_gib"] for r in rows)
+    saved = result.figures[SAVED.format(model="googlenet")]
+    assert saved == rows[1]["memory_saved_vdnn_pct"] > rows[1]["memory_saved_peak_vs_network_wide_pct"]
+    # the batch curve: idle SMs at tiny batches, flat where the multi-GPU batches sit
+    curve = {r["batch"]: r for r in result.tables["batch_curve"]}
+    assert curve[1]["wave_efficiency"] < curve[16]["wave_efficiency"] < 1
+    assert curve[1]["s_per_sample"] > 1.5 * curve[128]["s_per_sample"]
+    assert abs(result.figures[PER_SAMPLE]) < 1
     multi = {r["variant"]: r for r in result.tables["max_batch_multi_gpu"]}
     assert multi["with offload"]["per_gpu_batch"] >= multi["without offload"]["per_gpu_batch"] > 0

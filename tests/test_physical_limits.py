@@ -24,6 +24,8 @@ def _runs(topo, op, gpus):
 def test_no_collective_exceeds_the_wire_rate(preset):
     topo = load_topology(preset)
     gpus = topo.gpus
+    if len(gpus) < 2:
+        pytest.skip("one device (e.g. a single KNL node): a collective over one rank moves nothing")
     checked = 0
     for op in limits.BOUNDED:
         for algo, proto in _runs(topo, op, gpus):

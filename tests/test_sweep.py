@@ -13,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from trainsim.cli import app
+from trainsim.errors import TrainsimError
 from trainsim.sweeps import load_spec, run_sweep
 from trainsim.sweeps.plot import pareto_front
 from trainsim.sweeps.results import ResultsFile, columns
@@ -134,6 +135,16 @@ def test_an_interrupted_run_keeps_whole_rows(tmp_path):
     assert len(_rows(out)) == 1
     report = run_sweep(sweep, out, workers=1)
     assert (report.ran, report.resumed, len(_rows(out))) == (2, 1, 3)
+
+
+def test_two_sweeps_cannot_write_one_results_file(tmp_path):
+    sweep = load_spec(_spec(tmp_path, grid={"gpus": [1]}))
+    out = tmp_path / "r.csv"
+    with ResultsFile(out, columns(sweep.fields)).lock():
+        with pytest.raises(TrainsimError, match="another sweep is writing this results file"):
+            run_sweep(sweep, out, workers=1)
+    assert not out.exists()  # the refused run wrote nothing
+    assert run_sweep(sweep, out, workers=1).ran == 1  # and the lock is released with its holder
 
 
 def test_parallel_workers_give_the_rows_of_one_by_one(tmp_path):

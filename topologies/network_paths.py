@@ -66,8 +66,8 @@ class NetworkPaths:
         dist = self._distances(entry)
         first = self._first.get(src)
         if first is None:  # kept: a NIC starts paths to thousands of others
-            first = [self.index[v] for v in sorted(self.graph.successors(src), key=self.key) if v in self.index]
-            self._first[src] = first
+            own = sorted(self.graph.successors(src), key=self.key)
+            first = self._first[src] = [self.index[v] for v in own if v in self.index]
         first = [s for s in first if dist[s] > 0]
         if not first:
             return None

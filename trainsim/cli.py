@@ -133,7 +133,7 @@ def replay_cmd(
     sets: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE",
         help="What-if switches: compression=fp16|bf16, pinned=true, collectives=flow|analytic, "
-             "algo=ring|tree|nvls|auto, network=isolated|shared (transfers alone or contending), "
+             "algo=ring|tree|nvls|nvls_tree|auto, network=isolated|shared (transfers alone or contending), "
              "ran_on=TOPOLOGY (the machine the trace ran on: the what-ifs' baseline and the checks; "
              "by default the preset its GPU implies)."),
     trace_out: str | None = typer.Option(
@@ -245,7 +245,8 @@ def topo_bench(
     collective: str = typer.Option("allreduce", "--collective", "-c",
                                    help="allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall "
                                         "or sendrecv."),
-    algo: str = typer.Option("auto", "--algo", help="ring, tree, nvls, p2p, or auto (NCCL-like choice)."),
+    algo: str = typer.Option("auto", "--algo", help="ring, tree, nvls, nvls_tree, p2p, or auto "
+                                                      "(NCCL-like choice)."),
     proto: str = typer.Option("auto", "--proto", help="NCCL protocol: ll, ll128, simple, or auto (NCCL's "
                                                        "choice, the lowest predicted time)."),
     sizes: str = typer.Option("1K:1G", "--sizes", help="MIN:MAX[:FACTOR] (factor 2 by default) or a "

@@ -4,23 +4,26 @@ The claim: on one node of 8 K80 GPUs training AlexNet on CIFAR, communication is
 time and 14 % of Sync EASGD's with the co-design switches (weights on the GPU, one flat buffer, tree
 reduction, overlap), which is 5.3x faster. ``scenarios/papers/easgd-alexnet-k80.yaml`` states the setting
 and the free assumptions (tau, the cores updating the centre); its two variants are simulated and compared
-over the physical parameters and those assumptions (`.ranges`). The async, async-momentum and hogwild
-variants and the KNL weak scaling are not reproduced here.
+over the physical parameters and those assumptions (`.ranges`). The paper's scale, Sync EASGD's weak scaling
+on KNL nodes and the four variants compared there, is `.easgd_knl`'s: its figures join this reproduction's,
+in one sweep over both scenario files (tau is one assumption of both).
 """
 
 from __future__ import annotations
 
 from importlib import resources
 
+from . import easgd_knl
 from .physics import simulate
 from .ranges import Evaluation, FigureSpec, Setting, build, overrides
 from .reproduce import register_paper
 
 SCENARIO = "easgd-alexnet-k80.yaml"
 VARIANTS = ("original", "sync-codesign")
-TITLE = "EASGD co-design (You, Buluç, Demmel, SC17): original vs Sync EASGD on 8x K80"
+TITLE = ("EASGD co-design (You, Buluç, Demmel, SC17): original vs Sync EASGD on 8x K80; Sync EASGD weak "
+         "scaling and the four variants on Cori KNL nodes")
 PHYSICAL = ("pcie_bandwidth", "socket_bandwidth", "host_copy_rate", "gpu_flops", "gpu_memory_bandwidth",
-            "link_latency")
+            "link_latency", "network_bandwidth")
 SHARE_O = "communication share, original EASGD"
 SHARE_S = "communication share, Sync EASGD + co-design"
 SPEEDUP = "speedup Sync EASGD over original"
@@ -50,7 +53,13 @@ def communication_share(result) -> float:
 
 
 def evaluate(setting: Setting, free) -> Evaluation:
-    """Both variants in one setting: the communication shares and the speedup."""
+    """One setting's figures: the K80 node's (`evaluate_k80`) and the KNL cluster's (`easgd_knl.evaluate`)."""
+    k80, knl = evaluate_k80(setting, free), easgd_knl.evaluate(setting, free)
+    return Evaluation(figures={**k80.figures, **knl.figures}, tables={**k80.tables, **knl.tables})
+
+
+def evaluate_k80(setting: Setting, free) -> Evaluation:
+    """Both variants on the K80 node in one setting: the communication shares and the speedup."""
     from trainsim.formats.scenario_loader import load_scenario
 
     results = {}
@@ -75,4 +84,5 @@ def evaluate(setting: Setting, free) -> Evaluation:
 
 @register_paper("easgd", TITLE)
 def reproduce_easgd(**_options):
-    return build("easgd", TITLE, [(SCENARIO, scenario_path())], SPECS, evaluate, PHYSICAL)
+    files = [(SCENARIO, scenario_path()), (easgd_knl.SCENARIO, easgd_knl.scenario_path())]
+    return build("easgd", TITLE, files, SPECS + easgd_knl.SPECS, evaluate, PHYSICAL)

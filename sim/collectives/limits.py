@@ -20,7 +20,7 @@ from collections import defaultdict
 
 from trainsim.topologies import Topology
 
-IN_NETWORK = ("nvls",)  # algorithms whose switches reduce: all-reduce's per-GPU bound doubles
+IN_NETWORK = ("nvls", "nvls_tree")  # algorithms whose switches reduce: all-reduce's per-GPU bound doubles
 BOUNDED = ("allreduce", "allgather", "reduce_scatter")
 
 

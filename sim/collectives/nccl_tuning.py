@@ -8,7 +8,11 @@ scaled by `efficiency`, so the flow and the analytic paths keep sharing one plan
 
 Protocols: LL (8-byte stores carrying 4 bytes of data and a flag: lowest latency, a quarter of the links'
 bandwidth), LL128 (128-byte lines with an 8-byte flag: 120/128 of it, NVLink only), Simple (bulk copies and
-fences: full bandwidth, highest latency). NVLS runs Simple only.
+fences: full bandwidth, highest latency). NVLS and NVLSTree run Simple only.
+
+NVLSTree (all-reduce across machines whose GPUs share an NVSwitch with in-switch reduction): NVLS inside
+each machine, a tree between the machines on each GPU's own NIC. NCCL's latency for it is one figure:
+hwLat NVLink NVLSTree + 2 log2(nodes) x hwLat NET NVLSTree (no base); its busBw -> algBw ratio is NVLS's.
 
 Collectives on CPU ranks (gloo) or devices without a known compute capability keep the Simple figures the
 simulator always had (`LEGACY`); NCCL's model applies to NVIDIA GPUs only.
@@ -23,20 +27,20 @@ PROTOCOLS = ("ll", "ll128", "simple")
 US = 1e-6
 
 # baseLat[algo][proto] in us (tuning.cc, NCCL 2.20.3): Tree {LL 6.8, LL128 14.0, Simple 0},
-# Ring {6.6, 14.0, 8.4}; NVLS 0 (its latency is all in hwLat).
+# Ring {6.6, 14.0, 8.4}; NVLS and NVLSTree 0 (their latency is all in hwLat).
 BASE_LAT = {"tree": {"ll": 6.8, "ll128": 14.0, "simple": 0.0},
             "ring": {"ll": 6.6, "ll128": 14.0, "simple": 8.4},
-            "nvls": {"simple": 0.0}}
+            "nvls": {"simple": 0.0}, "nvls_tree": {"simple": 0.0}}
 # hwLat[hw][algo][proto] in us per step (tuning.cc, NCCL 2.20.3), hw = NVLink / PCI / NET.
 HW_LAT = {"nvlink": {"tree": {"ll": 0.6, "ll128": 1.25, "simple": 28.0},
                      "ring": {"ll": 0.6, "ll128": 1.9, "simple": 3.4},
-                     "nvls": {"simple": 23.0}},
+                     "nvls": {"simple": 23.0}, "nvls_tree": {"simple": 23.0}},
           "pcie": {"tree": {"ll": 1.0, "ll128": 1.9, "simple": 28.0},
                    "ring": {"ll": 1.0, "ll128": 2.5, "simple": 5.7},
-                   "nvls": {"simple": 0.0}},
+                   "nvls": {"simple": 0.0}, "nvls_tree": {"simple": 0.0}},
           "network": {"tree": {"ll": 5.0, "ll128": 8.5, "simple": 28.0},
                       "ring": {"ll": 2.7, "ll128": 4.0, "simple": 14.0},
-                      "nvls": {"simple": 18.0}}}
+                      "nvls": {"simple": 18.0}, "nvls_tree": {"simple": 14.0}}}
 # Per compute capability (Volta / Ampere / Hopper index of tuning.cc), per scale (1 node, 2 nodes, more),
 # GB/s of bus bandwidth (tuning.cc, NCCL 2.20.3): llMaxBws (whole-collective cap of LL), and the per-channel
 # caps perChMaxRingLL128Bws, perChMaxTreeLL128Bws, perChMaxTreeBws.
@@ -51,6 +55,7 @@ TREE = 0.92
 TREE_LL = 1 / 3.8
 TREE_LL128 = (7 / 9, 120 / 128)  # one node / several
 NVLS = 5 / 6  # busBw -> algBw ratio NCCL applies to NVLS and NVLS-tree
+IN_SWITCH = ("nvls", "nvls_tree")  # algorithms whose reduction happens in the NVSwitch (Simple only)
 # NCCL channels: the ring graph's per-channel speed times the channel count is about the link bandwidth
 # (src/graph/search.cc). Modelled: channels = bus bandwidth / this per-channel speed (speedArrayIntra has
 # 20 GB/s for SM70/SM80, sm90SpeedArrayIntra 40 GB/s for SM90), at least 2, at most MAXCHANNELS 32.
@@ -124,7 +129,7 @@ def efficiency(cc: int | None, op: str, algo: str, proto: str, nodes: int, ppn: 
     k, s = table_index(cc), scale_index(nodes)
     n_ch = channels(cc, busbw_gbps)
     cap = math.inf
-    if algo == "nvls":
+    if algo in IN_SWITCH:
         frac = NVLS
     elif algo == "tree":
         frac = TREE
@@ -176,3 +181,48 @@ def size_correction(cc: int | None, algo: str, proto: str, nbytes: float) -> flo
     k = chunks.bit_length() - 1 if chunks > 0 else 0  # NCCL's log2i
     table = TREE_CORRECTION[proto]
     return table[k] if k < len(table) else 1.0
+
+
+# ---- the NVLS pipeline's fill and drain ------------------------------------------------------------------
+# NCCL's NVLS kernels are pipelines of warp groups inside each channel's CTA (src/device/all_reduce.h, NCCL
+# 2.19-2.21): all-reduce NVLS = scatter (user buffer -> NVLS buffer), reduce + multicast (multimem.ld_reduce,
+# multimem.st), gather (NVLS buffer -> user buffer); NVLSTree = scatter, reduce + send up the tree, the tree's
+# hops up to the root (which reduces and multicasts) and back down, receive + multicast, gather. A chunk
+# passes the stages in turn, so the last round of chunks leaves the first stage (stages - 1) stage-times
+# before the collective ends: the fill and drain. NCCL's tuner leaves it out (its time is latency + S/bw).
+NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default (src/transport/nvls.cc; enqueue.cc: "NVLS should not need
+#                     more than 16 channels to get peak BW")
+SIMPLE_STEP_BYTES = (1 << 22) // 8  # Simple buffer 4 MiB (DEFAULT_BUFFSIZE) / NCCL_STEPS 8: a step, 512 KiB
+# Chunk size by size (src/enqueue.cc computeColl, NCCL 2.19-2.21): (largest chunk, [(m, chunk)]): the chunk
+# drops to `chunk` where S < m x concurrentOps x the current chunk; concurrentOps = channels x NVLS heads.
+NVLS_CHUNKS = {"nvls": (131072, ((64, 65536), (8, 32768), (2, 16384))),
+               "nvls_tree": (SIMPLE_STEP_BYTES, ((32, 262144), (16, 131072), (4, 65536), (1, 32768)))}
+
+
+def nvls_chunk(algo: str, nbytes: float, concurrent: int) -> int:
+    """NCCL's NVLS / NVLSTree chunk in bytes for an S of ``nbytes`` and ``concurrent`` chunks in flight."""
+    chunk, rules = NVLS_CHUNKS[algo]
+    for mult, smaller in rules:
+        if nbytes < mult * concurrent * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def pipeline_stages(algo: str, machines: int) -> int:
+    """Stages a chunk passes in order: NVLS 3; NVLSTree 5 + 2 x the tree's depth log2(machines) (NCCL's
+    log2i: its up and down hops between machines)."""
+    return 3 if algo == "nvls" else 5 + 2 * (machines.bit_length() - 1)
+
+
+def pipeline_fill_bytes(cc: int | None, op: str, algo: str, nbytes: float, heads: int,
+                        machines: int) -> float:
+    """Bytes of S whose time the fill and drain add, at the collective's own rate: (stages - 1) rounds of
+    concurrentOps chunks (or all of S where that is less). The warp groups split one CTA so that the stages
+    run at about one rate, so each stage takes a round at the collective's rate. 0 off NCCL and for the
+    algorithms this does not model (rings and trees run each step in one warp group: their per-step latency
+    is NCCL's hwLat; NVLS reduce-scatter / all-gather are left as they were)."""
+    if cc is None or op != "allreduce" or algo not in IN_SWITCH:
+        return 0.0
+    concurrent = NVLS_CHANNELS * heads
+    chunk = nvls_chunk(algo, nbytes, concurrent)
+    return (pipeline_stages(algo, machines) - 1) * min(concurrent * chunk, nbytes)

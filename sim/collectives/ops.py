@@ -35,19 +35,21 @@ from .plans import (
     Plan,
     alpha_beta,
     bandwidth_term,
+    by_machine,
     hop_class,
     nvls_plan,
     nvls_switch,
+    nvls_tree_plan,
     p2p_plan,
     ring_plan,
     tree_plan,
 )
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv")
-ALGORITHMS = ("auto", "ring", "tree", "nvls", "p2p")
-# What each collective can run as (NCCL: tree and NVLS are all-reduce algorithms, NVLS also does
+ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree", "p2p")
+# What each collective can run as (NCCL: tree, NVLS and NVLSTree are all-reduce algorithms, NVLS also does
 # reduce-scatter / all-gather; all-to-all and send/recv are point-to-point).
-SUPPORTED = {"allreduce": ("ring", "tree", "nvls"), "reduce_scatter": ("ring", "nvls"),
+SUPPORTED = {"allreduce": ("ring", "tree", "nvls", "nvls_tree"), "reduce_scatter": ("ring", "nvls"),
              "allgather": ("ring", "nvls"), "broadcast": ("ring",), "reduce": ("ring",),
              "alltoall": ("p2p",), "sendrecv": ("p2p",)}
 PROTOCOLS = ("auto", *tune.PROTOCOLS)
@@ -104,14 +106,14 @@ def compute_capability(topo: Topology, gpus: Sequence[str]) -> int | None:
 
 
 def feasible_protocols(topo: Topology, op: str, gpus: list[str], algo: str) -> list[str]:
-    """What "auto" chooses among for ``algo``: Simple only off NCCL or for NVLS; LL128 where NCCL enables it
-    by default (NVLink in one node on SM70/80/90). Cached with the plans."""
+    """What "auto" chooses among for ``algo``: Simple only off NCCL or for NVLS / NVLSTree; LL128 where NCCL
+    enables it by default (NVLink in one node on SM70/80/90). Cached with the plans."""
     names = _names(topo, gpus)
     key = ("protocols", op, algo, names)
     cache = _plans.setdefault(topo, {})
     if key not in cache:
         cc = compute_capability(topo, names)
-        if cc is None or algo == "nvls":
+        if cc is None or algo in tune.IN_SWITCH:
             cache[key] = ["simple"]
         else:
             plan = plan_collective(topo, op, names, algo, "simple")
@@ -128,9 +130,9 @@ def _check_proto_for(topo: Topology, gpus: list[str], algo: str, proto: str) -> 
         raise TrainsimError(f"protocol {proto!r} is NCCL's, for NVIDIA GPUs; this group of {topo.name} has "
                             "none; "
                             "valid choices: auto, simple", field="proto")
-    if algo == "nvls":
-        raise TrainsimError(f"nvls runs only the simple protocol, not {proto!r}; valid choices: auto, simple",
-                            field="proto")
+    if algo in tune.IN_SWITCH:
+        raise TrainsimError(f"{algo} runs only the simple protocol, not {proto!r}; valid choices: auto, "
+                            "simple", field="proto")
 
 
 def resolve_gpus(topo: Topology, gpus: Sequence[str | int] | None) -> list[str]:
@@ -164,7 +166,8 @@ def _names(topo: Topology, gpus) -> _Resolved:
 
 
 def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
-    """The algorithms ``op`` can run as on this group (NVLS only where one switch reduces for all)."""
+    """The algorithms ``op`` can run as on this group (NVLS only where one switch reduces for all; NVLSTree
+    only across machines that each have one, with as many GPUs in every machine, on NVIDIA GPUs)."""
     algos = list(SUPPORTED[op])
     if "nvls" in algos:
         names = _names(topo, gpus)
@@ -174,7 +177,28 @@ def feasible_algorithms(topo: Topology, op: str, gpus: list[str]) -> list[str]:
             cache[key] = nvls_switch(topo, list(names))
         if cache[key] is None:
             algos.remove("nvls")
+    if "nvls_tree" in algos and _machine_switches(topo, gpus) is None:
+        algos.remove("nvls_tree")
     return algos
+
+
+def _machine_switches(topo: Topology, gpus) -> dict[int, str] | None:
+    """The reducing NVSwitch of each machine of the group, where NVLSTree can run (several machines, as many
+    GPUs, at least 2, in each, every one an NVIDIA GPU, each machine's GPUs on one reducing switch); else
+    None. Cached with the plans."""
+    names = _names(topo, gpus)
+    cache = _plans.setdefault(topo, {})
+    key = ("nvls tree switches", names)
+    if key not in cache:
+        groups = by_machine(topo, list(names))
+        switches = None
+        if len(groups) > 1 and len({len(g) for g in groups.values()}) == 1 and len(names) > len(groups) \
+                and compute_capability(topo, names) is not None:
+            switches = {m: nvls_switch(topo, g) for m, g in groups.items()}
+            if None in switches.values():
+                switches = None
+        cache[key] = switches
+    return cache[key]
 
 
 def plan_collective(topo: Topology, op: str, gpus: Sequence[str | int] | None, algo: str,
@@ -241,6 +265,15 @@ def _plan(topo: Topology, op: str, gpus: list[str], algo: str, tuning: tune.Tuni
                                 f"reduction (reduce: true); {topo.name} has none for this group; valid "
                                 f"choices: {valid}", field="algo")
         plan = nvls_plan(topo, op, gpus, switch, tuning)
+    elif algo == "nvls_tree":
+        switches = _machine_switches(topo, gpus)
+        if switches is None:
+            valid = ", ".join(["auto", *feasible_algorithms(topo, op, gpus)])
+            raise TrainsimError("nvls_tree needs NVIDIA GPUs in several machines, as many in each, "
+                                "every machine's GPUs linked to one NVSwitch with in-switch reduction "
+                                f"(reduce: true); {topo.name} has none here; valid choices: {valid}",
+                                field="algo")
+        plan = nvls_tree_plan(topo, gpus, switches, tuning)
     else:
         plan = p2p_plan(topo, op, gpus, tuning)
     return plan
@@ -257,14 +290,14 @@ def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: fl
     algos = feasible_algorithms(topo, op, names) if algo == "auto" else [algo]
     if proto != "auto":
         if algo == "auto" and proto != "simple":
-            algos = [a for a in algos if a != "nvls"] or algos
+            algos = [a for a in algos if a not in tune.IN_SWITCH] or algos
         pairs = [(a, proto) for a in algos]
     else:
         pairs = [(a, p) for a in algos for p in feasible_protocols(topo, op, names, a)]
     if len(names) < 2 or len(pairs) == 1:
         return pairs[0]
 
-    return min(pairs, key=lambda pair: _time(topo, op, names, *pair, nbytes))
+    return min(pairs, key=lambda pair: _nccl_time(topo, op, names, *pair, nbytes))
 
 
 def _correction(topo: Topology, names: list[str], algo: str, op: str, proto: str, nbytes: float) -> float:
@@ -273,10 +306,27 @@ def _correction(topo: Topology, names: list[str], algo: str, op: str, proto: str
     return tune.size_correction(compute_capability(topo, names), algo, proto, nbytes)
 
 
-def _time(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
-    """alpha + beta x S / NCCL's size correction (trees at medium sizes)."""
+def _nccl_time(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+    """NCCL's tuner's time, which its choice minimises: alpha + beta x S / its size correction (trees at
+    medium sizes)."""
     alpha, beta = _cached(topo, op, names, algo, proto)[1]
     return alpha + beta * nbytes / _correction(topo, names, algo, op, proto, nbytes)
+
+
+def _fill(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+    """Seconds the pipeline's fill and drain add (nccl_tuning.pipeline_fill_bytes at the plan's rate); 0 where
+    a measured figure already is what the box does."""
+    if measured.figure(topo, op, algo, proto) is not None:
+        return 0.0
+    machines = len(by_machine(topo, list(names)))
+    fill = tune.pipeline_fill_bytes(compute_capability(topo, names), op, algo, nbytes, len(names) // machines,
+                                    machines)
+    return fill * _cached(topo, op, names, algo, proto)[1][1] if fill else 0.0
+
+
+def _time(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
+    """What the collective takes: NCCL's tuner's time plus the pipeline's fill and drain."""
+    return _nccl_time(topo, op, names, algo, proto, nbytes) + _fill(topo, op, names, algo, proto, nbytes)
 
 
 def choose_algorithm(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: float,
@@ -384,7 +434,7 @@ def run_collective(env: simpy.Environment, net: FlowNetwork, topo: Topology, op:
     if not plan.lanes:
         return algo
     group = max(1.0, plan.flows / max_flows)
-    yield env.timeout(plan.base_latency)
+    yield env.timeout(plan.base_latency + _fill(topo, op, names, algo, proto, nbytes))
     # the protocol's flags and lost cycles (and NCCL's tree correction) cost link time as extra bytes
     wire = nbytes / plan.efficiency / _correction(topo, names, algo, op, proto, nbytes)
     lanes = [env.process(_run_lane(env, net, lane, wire, tag, group)) for lane in plan.lanes]

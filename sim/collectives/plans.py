@@ -20,6 +20,10 @@ Algorithms (nccl-tests' S = the whole array):
   also goes through the switch), reduces and returns S/n to the owner: per GPU S up, S/n down. All-gather:
   each owner stores its shard once (``multimem.st``), the switch multicasts it to all: S/n up, S down.
   All-reduce pipelines both: S(n+1)/n each way on every GPU's switch link.
+- nvls_tree (all-reduce across machines, NCCL's NVLSTree): NVLS inside each machine (S(n+1)/n each way on
+  every GPU's switch link, n = GPUs per machine) and, pipelined with it, a double binary tree between the
+  machines for each shard: the i-th GPU of every machine owns shard i (S/n) and exchanges it over its own
+  NIC with the i-th GPUs of the other machines, each tree carrying half of it up and down.
 - p2p: all-to-all = every rank sends S/n to every other at once; send/recv = gpus[i] sends S to gpus[i+1]
   (one flow for two GPUs; a chain of boundary exchanges for more).
 
@@ -249,6 +253,33 @@ def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str, tuning: Tun
                 latency = tuning.hop["nvlink"]
             transfers.append(Transfer(route, share, latency))
     return Plan(op, "nvls", tuple(gpus), ((Phase(tuple(transfers)),),), tuning.base, tuning.proto)
+
+
+def nvls_tree_plan(topo: Topology, gpus: list[str], switches: dict[int, str],
+                   tuning: Tuning = LEGACY) -> Plan:
+    """NCCL's NVLSTree all-reduce; ``switches``: the reducing NVSwitch of each machine. The machines must hold
+    the same number of GPUs (shard i's tree joins the i-th GPU of each). NCCL's latency is one figure for the
+    whole collective: hwLat NVLink NVLSTree + 2 log2(machines) x hwLat NET NVLSTree (NCCL's log2i: floor)."""
+    groups = by_machine(topo, gpus)
+    machines = list(groups)
+    n = len(groups[machines[0]])
+    latency = tuning.hop["nvlink"] + 2 * (len(machines).bit_length() - 1) * tuning.hop["network"]
+    transfers = []
+    for m in machines:
+        for g in groups[m]:
+            transfers.append(Transfer(((g, switches[m]),), (n + 1) / n, latency))
+            transfers.append(Transfer(((switches[m], g),), (n + 1) / n, latency))
+    share = 0.5 / n  # half of a shard per tree, each way
+    for i in range(n):
+        for parents in dtree_parents(len(machines)):
+            for child, parent in enumerate(parents):
+                if parent < 0:
+                    continue
+                a, b = groups[machines[child]][i], groups[machines[parent]][i]
+                transfers.append(Transfer(_hop(topo, a, b)[0], share, latency))  # up: partial sums
+                transfers.append(Transfer(_hop(topo, b, a)[0], share, latency))  # down: the result
+    return Plan("allreduce", "nvls_tree", tuple(gpus), ((Phase(tuple(transfers)),),), tuning.base,
+                tuning.proto)
 
 
 # ---- point to point ---------------------------------------------------------------------------------------

@@ -185,6 +185,29 @@ _SPECS = [
     _gpu("t4", 8.1, 320, 16, 40, "Tesla T4 datasheet", fp16=65, aliases=("tesla t4",)),
 ]
 
+
+
+def _knl_7250() -> DeviceSpec:
+    """Intel Xeon Phi 7250 (Knights Landing), self-hosted: a CPU that is itself the compute device.
+
+    68 cores at 1.4 GHz, each with two AVX-512 VPUs (2 x 16 fp32 lanes x 2 for FMA = 64 fp32 FLOP/cycle):
+    68 x 1.4e9 x 64 = 6.09 TFLOP/s fp32 (3.05 fp64, the 3 TFLOP/s usually quoted; NERSC's KNL partition
+    peak, 29.1 PFLOP/s over 9,688 nodes, is 3.0 fp64 per node). Memory: the 16 GB of on-package MCDRAM in
+    flat mode at ~450 GB/s (NERSC's figure for Cori; STREAM triad reaches ~450-490), holding weights,
+    activations and the batch; the 96 GB of DDR4 (6 channels DDR4-2400, ~90 GB/s) is the topology's host
+    memory (`topologies/knl-7250-node.yaml`). ``kind="cpu"``: the rank is a CPU, so its batch needs no
+    host-to-device copy and its cores drive point-to-point copies (`Machine.rank_transfer`), as for a
+    calibrated CPU rank; the roofline runs on the chip's own peak and MCDRAM bandwidth.
+    """
+    return DeviceSpec(name="knl-7250", kind="cpu", peak_flops={"fp32": 68 * 1.4e9 * 64},
+                      memory_bandwidth=450 * GIGA, memory_bytes=16 * GIB, sm_count=68,
+                      source="NERSC Cori configuration and KNL getting-started pages (68 cores, 1.4 GHz, "
+                             "16 GB MCDRAM ~450 GB/s, 96 GB DDR4); AVX-512 2 VPUs/core, 64 fp32 FLOP/cycle",
+                      aliases=("knl", "xeon phi 7250", "intel xeon phi 7250"))
+
+
+_SPECS.append(_knl_7250())
+
 DEVICES: dict[str, DeviceSpec] = {spec.name: spec for spec in _SPECS}
 _ALIASES = {alias.lower(): spec.name for spec in _SPECS for alias in (spec.name, *spec.aliases)}
 

@@ -2,7 +2,9 @@
 
 Allocations are named by category (``params``, ``grads``, ``optimizer_state``, ``activations``,
 ``buckets``, ``input``, ``buffers``). A request beyond the capacity is still granted: the timeline keeps
-going so the run finishes and the result can say "needs X GiB, has Y GiB".
+going so the run finishes and the result can say "needs X GiB, has Y GiB". The tracker also integrates
+bytes over time (always, without the timeline), so a window's average use is two readings of
+`byte_seconds` apart (vDNN reports average use over an iteration, not the peak).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class MemoryTracker:
         self._by_category: dict[str, float] = {}
         self._peak_by_category: dict[str, float] = {}
         self._at_peak = False  # the current state is the peak; snapshot it lazily, when it is left
+        self._area = 0.0  # byte-seconds held up to ``_area_time``
+        self._area_time = 0.0
 
     def alloc(self, time: float, nbytes: float, category: str) -> None:
         if nbytes <= 0:
@@ -51,6 +55,8 @@ class MemoryTracker:
         if delta < 0 and self._at_peak:
             self._peak_by_category = {k: v for k, v in self._by_category.items() if v > 0}
             self._at_peak = False
+        self._area += self.in_use * (time - self._area_time)
+        self._area_time = time
         self.in_use += delta
         self._by_category[category] = self._by_category.get(category, 0.0) + delta
         if self.record:
@@ -59,6 +65,10 @@ class MemoryTracker:
             self.peak = self.in_use
             self.peak_time = time
             self._at_peak = True
+
+    def byte_seconds(self, time: float) -> float:
+        """Bytes held integrated over time from 0 to ``time`` (no earlier than the last change)."""
+        return self._area + self.in_use * (time - self._area_time)
 
     @property
     def peak_by_category(self) -> dict[str, float]:

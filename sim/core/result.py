@@ -74,6 +74,7 @@ class GpuResult:
     memory_peak_bytes: float
     memory_capacity_bytes: float
     memory_at_peak: dict[str, float]
+    memory_average_bytes: float | None = None  # held on average over the measured iterations
 
     @property
     def oom(self) -> bool:

@@ -40,7 +40,7 @@ COLLECTIVE_NAMES = {
 # ncclKernel_AllReduce_RING_LL_Sum_float(...) and ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)
 _ALGO_PROTO = re.compile(r"_(RING|TREE|NVLS|NVLSTREE|COLLNET\w*?)_(LL128|LL|SIMPLE)(?![A-Za-z0-9])")
 _FLOAT32 = re.compile(r"_(float|f32)(?![A-Za-z0-9])")
-_MODEL_ALGOS = {"RING": "ring", "TREE": "tree", "NVLS": "nvls"}
+_MODEL_ALGOS = {"RING": "ring", "TREE": "tree", "NVLS": "nvls", "NVLSTREE": "nvls_tree"}
 _SIZE_RANGE = (1.0, 2.0**40)      # bytes searched when inverting the model
 
 

@@ -62,7 +62,7 @@ _COMPUTE_BOUND = re.compile(r"gemm|conv|fprop|dgrad|wgrad|xmma|cutlass|scudnn|hm
 _PRECISION = [("bf16", re.compile(r"bf16", re.I)),
               ("fp16", re.compile(r"fp16|f16|half|h884|h1688|h16816", re.I)),
               ("tf32", re.compile(r"tf32|s1688|s16816|tensorop_s", re.I))]
-ALGORITHMS = ("auto", "ring", "tree", "nvls")
+ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree")
 SET_KEYS = ("algo", "collectives", "compression", "network", "pinned", "ran_on")
 # Presets a trace's GPU most likely ran in, for the checks when no topology is named.
 HOME_TOPOLOGY = {"a100": "dgx-a100", "h100": "dgx-h100", "h200": "dgx-h100", "v100": "dgx1-v100"}
@@ -77,7 +77,7 @@ class WhatIf:
     compression: str = "none"         # none | fp16 | bf16 on fp32 all-reduce / reduce-scatter payloads
     pinned: bool = False              # host copies as pinned DMA
     collectives: str = "flow"         # flow | analytic
-    algo: str = "auto"                # collective algorithm: auto | ring | tree | nvls
+    algo: str = "auto"                # collective algorithm: auto | ring | tree | nvls | nvls_tree
     network: str = "isolated"         # isolated: each transfer alone | shared: one flow network for all
     ran_on: str | None = None         # topology the trace ran on (for the checks); default from its GPU
 

@@ -87,7 +87,7 @@ class StrategySpec(_Strict):
     collectives: Literal["flow", "analytic"] = Field(
         default="flow", description="flow: collectives decomposed into flows; analytic: alpha-beta time"
     )
-    collective_algo: str = Field(default="auto", description="ring, tree, nvls or auto")
+    collective_algo: str = Field(default="auto", description="ring, tree, nvls, nvls_tree or auto")
     ps_cores: int | None = Field(
         default=None, ge=1, description="parameter server: cores updating (default: all of its socket)"
     )
@@ -156,6 +156,11 @@ class HostSpec(_Strict):
     )
     memory_gib: float | None = Field(
         default=None, ge=0, description="host memory per socket free for pinned buffers (default: no limit)"
+    )
+    prep_s_per_sample: float | None = Field(
+        default=None, ge=0,
+        description="CPU seconds one core spends preparing one sample (decode, augment); default: the "
+        "workload's (measured by calibrate), none for analytic workloads",
     )
 
 

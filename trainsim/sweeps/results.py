@@ -6,16 +6,19 @@ sweep), ``point.<field>`` for each swept field (JSON text for lists and mappings
 
 A row is one line written by one ``write`` on a file opened for appending, so a run that stops leaves whole
 rows and at worst a torn last line, which the next run cuts off before it appends (`ResultsFile.prepare`).
-A rerun skips the points whose key already has a row. A Parquet copy (``.parquet`` beside the CSV) is
-written whole at the end of a run when pyarrow is importable.
+A rerun skips the points whose key already has a row. One sweep at a time writes a file: `ResultsFile.lock`
+holds an exclusive lock on a ``.lock`` file beside it while a run reads and appends. A Parquet copy
+(``.parquet`` beside the CSV) is written whole at the end of a run when pyarrow is importable.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,27 @@ class ResultsFile:
     def __init__(self, path: str | os.PathLike, header: list[str]):
         self.path = Path(path)
         self.header = header
+
+    @contextmanager
+    def lock(self):
+        """Hold the results file for this run: a second run on the same file (another process, or another
+        sweep in this one) is refused at once rather than interleaving its rows. The lock is the kernel's
+        (flock), so a run that dies leaves nothing to clean up; the ``.lock`` file itself may stay."""
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise TrainsimError(f"cannot write beside the results file: {exc.strerror or exc}",
+                                file=str(self.path)) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise TrainsimError("another sweep is writing this results file; wait for it to finish or "
+                                    "give another --out", file=str(self.path)) from None
+            yield self
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def prepare(self, *, drop_errors: bool = False) -> dict[str, dict]:
         """The rows already there, by key (typed). Checks the header, cuts a torn last line off the file, and

@@ -72,7 +72,14 @@ def run_sweep(sweep: Sweep, results: str | os.PathLike, *, workers: int | None =
     if ray is not None:
         backends.check_ray(ray)
     header = columns(sweep.fields)
-    store = ResultsFile(results, header)
+    with ResultsFile(results, header).lock() as store:
+        return _run_locked(sweep, store, ray, workers, retry_failed, progress, start)
+
+
+def _run_locked(sweep: Sweep, store: ResultsFile, ray: str | None, workers: int | None, retry_failed: bool,
+                progress: Progress | None, start: float) -> SweepReport:
+    """`run_sweep` once the results file is held."""
+    results, header = store.path, store.header
     resolved, invalid, order, duplicates = _resolve(sweep)
     done = store.prepare(drop_errors=retry_failed)
     todo = [(key, scenario) for key, (_, scenario) in resolved.items() if key not in done]
