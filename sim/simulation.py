@@ -32,6 +32,7 @@ from trainsim.errors import TrainsimError
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.workload import Workload, load_workload, parse_workload
 from trainsim.sim.compute.costs import rank_costs
+from trainsim.sim.core.collector import fewer_collections
 from trainsim.sim.core.devices import DeviceSpec, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
@@ -207,6 +208,7 @@ def resolve_gpus(scenario, topology) -> list[str]:
 class Simulation:
     """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
 
+    @fewer_collections()
     def __init__(
         self,
         scenario: Scenario,
@@ -369,6 +371,7 @@ class Simulation:
             self._link_snapshot = net.link_bytes.copy()
             self._snapshot_credited = net.credited.copy()
 
+    @fewer_collections()
     def run(self) -> Result:
         sc, ctx, env = self.scenario, self.ctx, self.env
         wall = time.perf_counter()

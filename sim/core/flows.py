@@ -179,7 +179,11 @@ class FlowNetwork:
         self._inc_link = np.zeros(0, np.int64)
         self._admitted: list[_Flow] = []
         self._last_update = env.now
-        self._link_rate = np.zeros(len(self.links))
+        # The links the active flows cross (sorted) and their aggregate rates: draining and refilling work on
+        # these alone, not on every link of a cluster. Every link's rate only where rate changes are kept.
+        self._used = np.zeros(0, np.int64)
+        self._used_rate = np.zeros(0)
+        self._link_rate = np.zeros(len(self.links)) if record_link_rates else None
         self._timer_version = 0
         self._recompute_pending = False
 
@@ -254,7 +258,9 @@ class FlowNetwork:
 
     def rate_of(self, link: Hashable) -> float:
         """The aggregate rate on a link right now (bytes/s)."""
-        return float(self._link_rate[self._index[link]])
+        i = self._index[link]
+        k = int(np.searchsorted(self._used, i))
+        return float(self._used_rate[k]) if k < len(self._used) and self._used[k] == i else 0.0
 
     @property
     def active_flows(self) -> int:
@@ -282,7 +288,7 @@ class FlowNetwork:
         dt = self.env.now - self._last_update
         if dt > 0 and self._active:
             self._remaining -= self._rates * dt
-            self.link_bytes += self._link_rate * dt
+            self.link_bytes[self._used] += self._used_rate * dt
         self._last_update = self.env.now
 
     def _take_admitted(self) -> None:
@@ -305,18 +311,23 @@ class FlowNetwork:
         self._advance()
         self._take_admitted()
         t0 = time.perf_counter()
-        rates, levels = water_fill(self._inc_flow, self._inc_link, len(self._active), self.capacity,
-                                   self._caps)
+        # on the links in use only (numbered in order): the same rates, at a cost that does not grow with
+        # the links of the whole cluster
+        used, local = np.unique(self._inc_link, return_inverse=True)
+        rates, levels = water_fill(self._inc_flow, local, len(self._active), self.capacity[used], self._caps)
         self.stats.recompute_seconds += time.perf_counter() - t0
         self.stats.recomputes += 1
         self.stats.water_filling_levels += levels
         self._rates = rates
-        new_link_rate = np.bincount(self._inc_link, weights=rates[self._inc_flow], minlength=len(self.links))
+        self._used = used
+        self._used_rate = np.bincount(local, weights=rates[self._inc_flow], minlength=len(used))
         if self.link_rate_changes is not None:
+            new_link_rate = np.zeros(len(self.links))
+            new_link_rate[used] = self._used_rate
             changed = np.nonzero(np.abs(new_link_rate - self._link_rate) > 1e-9 * self.capacity)[0]
             self.link_rate_changes.extend(LinkRateChange(self.env.now, self.links[i], float(new_link_rate[i]))
                                           for i in changed)
-        self._link_rate = new_link_rate
+            self._link_rate = new_link_rate
         self._arm_next_completion()
 
     def _arm_next_completion(self) -> None:
