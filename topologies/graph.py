@@ -64,9 +64,17 @@ class DiGraph:
         data.update(attrs)
 
     def add_edges_from(self, edges: Iterable[tuple]) -> None:
-        """Edges as ``(u, v)`` or ``(u, v, attrs)``."""
-        for u, v, *attrs in edges:
-            self.add_edge(u, v, **(attrs[0] if attrs else {}))
+        """Edges as ``(u, v)`` or ``(u, v, attrs)`` (each edge gets a dict of its own with ``attrs``)."""
+        node, succ, pred = self._node, self._succ, self._pred
+        for u, v, *attrs in edges:  # add_edge inlined: a cluster has 100k+ edges
+            for end in (u, v):
+                if end not in node:
+                    self.add_node(end)
+            data = succ[u].get(v)
+            if data is None:
+                data = succ[u][v] = pred[v][u] = {}
+            if attrs:
+                data.update(attrs[0])
 
     def copy(self) -> DiGraph:
         """A copy whose nodes and edges have attribute dicts of their own."""
@@ -159,6 +167,11 @@ class EdgeData:
 
     def __iter__(self) -> Iterator[tuple]:
         adjacency, data, default = self._adjacency, self._data, self._default
+        if data is True and not self._reverse:  # the common case, without the per-edge tests below
+            return ((a, b, attrs) for a in self._nodes for b, attrs in adjacency[a].items())
+        return self._iter(adjacency, data, default)
+
+    def _iter(self, adjacency, data, default) -> Iterator[tuple]:
         for a in self._nodes:
             for b, attrs in adjacency[a].items():
                 u, v = (b, a) if self._reverse else (a, b)

@@ -196,8 +196,7 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> DiGraph:
                                "raw_bandwidth": figures.raw_bandwidth, "latency": figures.latency,
                                "count": link.count, "generation": link.generation, "lanes": lanes}
         edges[link.a, link.b] = edges[link.b, link.a] = figures_of[key]
-    # each direction its own attribute dict
-    graph.add_edges_from((a, b, dict(attrs)) for (a, b), attrs in edges.items())
+    graph.add_edges_from((a, b, attrs) for (a, b), attrs in edges.items())  # each edge a dict of its own
     return graph
 
 

@@ -159,9 +159,10 @@ class FlowNetwork:
         self.links: list[Hashable] = list(capacities)
         self._index = {link: i for i, link in enumerate(self.links)}
         self.capacity = np.array([float(capacities[link]) for link in self.links])
-        for link, cap in zip(self.links, self.capacity, strict=True):
-            if not cap > 0:
-                raise ValueError(f"link {link!r} has capacity {cap}; capacities must be > 0")
+        bad = np.flatnonzero(~(self.capacity > 0))
+        if bad.size:
+            link, cap = self.links[bad[0]], self.capacity[bad[0]]
+            raise ValueError(f"link {link!r} has capacity {cap}; capacities must be > 0")
         self._latency = dict(latencies or {})
         self.link_bytes = np.zeros(len(self.links))
         self.credited = np.zeros(len(self.links))  # the part of link_bytes `credit` added (no flows)
@@ -190,9 +191,9 @@ class FlowNetwork:
     @classmethod
     def from_topology(cls, env: simpy.Environment, topology, **kwargs) -> FlowNetwork:
         """A network with one link per directed edge of a topology graph (edge attrs bandwidth, latency)."""
-        graph = topology.graph
-        caps = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
-        lats = {(u, v): d.get("latency", 0.0) for u, v, d in graph.edges(data=True)}
+        edges = topology.edge_attrs  # edge -> attributes, kept by the topology
+        caps = {e: d["bandwidth"] for e, d in edges.items()}
+        lats = {e: d.get("latency", 0.0) for e, d in edges.items()}
         return cls(env, caps, lats, **kwargs)
 
     # -- public API -------------------------------------------------------------------------------
