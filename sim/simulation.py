@@ -367,7 +367,7 @@ class Simulation:
                                             for g in self.ctx.simulated}
         if iteration == self.scenario.warmup_iterations - 1:
             net = self.machine.net
-            net.utilisation()  # drains the flows up to now
+            net.drain()
             self._link_snapshot = net.link_bytes.copy()
             self._snapshot_credited = net.credited.copy()
 
@@ -475,7 +475,7 @@ class Simulation:
 
     def _link_results(self, span) -> list[LinkResult]:
         net = self.machine.net
-        net.utilisation()
+        net.drain()
         moved = net.link_bytes - (self._link_snapshot if self._link_snapshot is not None else 0.0)
         if self.mirror is not None:
             moved = self._mirrored_bytes(moved)

@@ -240,6 +240,10 @@ class FlowNetwork:
         np.add.at(self.link_bytes, at, nbytes)
         np.add.at(self.credited, at, nbytes)
 
+    def drain(self) -> None:
+        """Count the bytes the active flows moved up to now in ``link_bytes``."""
+        self._advance()
+
     def utilisation(self, elapsed: float | None = None) -> dict[Hashable, float]:
         """Average fraction of each link's capacity used since time 0 (or over `elapsed` seconds)."""
         self._advance()
