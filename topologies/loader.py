@@ -1,8 +1,8 @@
 """Loading topologies: preset names, YAML files and mappings -> a validated `Topology`.
 
-The graph is a `DiGraph` (topologies/graph.py) with two directed edges per physical link (full duplex).
-Every cpu socket ``X`` also gets a node ``X.dram`` (kind ``dram``) joined to it by a duplex edge pair
-carrying the socket's DRAM bandwidth, so host-memory traffic contends there.
+The graph is a `networkx.DiGraph` with two directed edges per physical link (full duplex). Every cpu
+socket ``X`` also gets a node ``X.dram`` (kind ``dram``) joined to it by a duplex edge pair carrying the
+socket's DRAM bandwidth, so host-memory traffic contends there.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+import networkx as nx
 import yaml
 from pydantic import ValidationError
 
@@ -20,7 +21,6 @@ from trainsim.files import read_text
 from trainsim.yamlio import parse_yaml_mapping
 
 from . import links as phys
-from .graph import DiGraph
 from .schema import DEFAULT_GPU_MEMORY_GIB, TopologySpec
 from .topology import Topology
 from .validation import validation_error
@@ -129,9 +129,9 @@ def _link_figures(link, field: str, file) -> phys.LinkFigures:
     return phys.LinkFigures(raw, bandwidth, latency)
 
 
-def build_graph(spec: TopologySpec, *, file: str | None = None) -> DiGraph:
+def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
     """The directed graph of a spec, checking names, endpoints and bandwidths."""
-    graph = DiGraph(spec.name)
+    graph = nx.DiGraph(name=spec.name)
     names = {node.name for node in spec.nodes}
     for i, node in enumerate(spec.nodes):
         field = f"nodes[{i}]"
@@ -196,7 +196,8 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> DiGraph:
                                "raw_bandwidth": figures.raw_bandwidth, "latency": figures.latency,
                                "count": link.count, "generation": link.generation, "lanes": lanes}
         edges[link.a, link.b] = edges[link.b, link.a] = figures_of[key]
-    graph.add_edges_from((a, b, attrs) for (a, b), attrs in edges.items())  # each edge a dict of its own
+    # each direction its own attribute dict, as networkx's add_edge would make
+    graph.add_edges_from((a, b, dict(attrs)) for (a, b), attrs in edges.items())
     return graph
 
 

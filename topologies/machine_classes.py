@@ -10,7 +10,7 @@ Machines whose nodes do not all carry their prefix are a class of their own.
 
 from __future__ import annotations
 
-from .graph import DiGraph
+import networkx as nx
 
 
 def prefix(machine: int) -> str:
@@ -22,7 +22,7 @@ def rename(node: str, source: int, target: int) -> str:
     return prefix(target) + node[len(prefix(source)):]
 
 
-def machine_classes(graph: DiGraph, network: int) -> dict[int, int]:
+def machine_classes(graph: nx.DiGraph, network: int) -> dict[int, int]:
     """Each machine -> the first machine of its class (itself when it is the first or has no copies).
 
     Each machine is compared with the first machines of the classes whose node names (prefix stripped)
@@ -49,7 +49,7 @@ def machine_classes(graph: DiGraph, network: int) -> dict[int, int]:
     return classes
 
 
-def _same(graph: DiGraph, machine_of: dict, on_network: set, members: dict, m: int, r: int) -> bool:
+def _same(graph: nx.DiGraph, machine_of: dict, on_network: set, members: dict, m: int, r: int) -> bool:
     """Whether machine ``m`` is a renamed copy of machine ``r`` (their stripped node names are equal)."""
     pm, pr = prefix(m), prefix(r)
     nodes, adj = graph.nodes, graph.adj

@@ -2,8 +2,8 @@
 
 `Topology` routes between two NICs over network switches only, on one of the equal shortest paths: the one
 at position ``pick % count`` when all of them are sorted by their nodes' natural names (destination-based
-"D-mod-k" routing). Enumerating them per pair (``all_shortest_paths``, a Dijkstra over the whole cluster
-each time) grows with the square of the cluster. Here, when every network link costs the same
+"D-mod-k" routing). Enumerating them per pair (networkx ``all_shortest_paths``, a Dijkstra over the whole
+cluster each time) grows with the square of the cluster. Here, when every network link costs the same
 (InfiniBand and Ethernet hops both do), the hop distances toward a destination's switches come from one
 breadth-first search (numpy, over the switches only) shared by every NIC under those switches, and the
 chosen path is read off by counting paths instead of listing them: at each hop, skip the successors (in
@@ -16,15 +16,14 @@ from bisect import bisect_right
 from collections.abc import Callable, Hashable
 from itertools import accumulate
 
+import networkx as nx
 import numpy as np
-
-from .graph import DiGraph
 
 
 class NetworkPaths:
     """Shortest paths between NICs through the switches of ``graph`` whose ``machine`` is ``network``."""
 
-    def __init__(self, graph: DiGraph, network: int, key: Callable[[str], list]):
+    def __init__(self, graph: nx.DiGraph, network: int, key: Callable[[str], list]):
         self.graph = graph
         nodes = graph.nodes
         self.key = key
@@ -45,7 +44,7 @@ class NetworkPaths:
         self._steps: dict[Hashable, dict[int, tuple[list[int], list[int]]]] = {}
 
     @staticmethod
-    def uniform(graph: DiGraph, network: int, cost: Callable[[dict], float]) -> bool:
+    def uniform(graph: nx.DiGraph, network: int, cost: Callable[[dict], float]) -> bool:
         """Whether every link touching a network switch costs the same (hop counts then order paths)."""
         switches = [n for n, m in graph.nodes(data="machine") if m == network]
         costs = {cost(d) for _, _, d in graph.out_edges(switches, data=True)}

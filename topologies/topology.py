@@ -18,16 +18,10 @@ from __future__ import annotations
 import re
 from functools import cached_property
 
+import networkx as nx
+
 from trainsim.errors import TrainsimError, unknown_name
 
-from .graph import (
-    DiGraph,
-    NoPath,
-    all_shortest_paths,
-    dijkstra_lengths,
-    dijkstra_path,
-    weakly_connected_components,
-)
 from .machine_classes import machine_classes, prefix, rename
 from .network_paths import NetworkPaths
 from .schema import TopologySpec
@@ -51,7 +45,7 @@ def natural_key(name: str) -> list:
 class Topology:
     """One machine or a cluster: ``graph`` plus routing. Build it with `load_topology`."""
 
-    def __init__(self, spec: TopologySpec, graph: DiGraph, *, source: str | None = None):
+    def __init__(self, spec: TopologySpec, graph: nx.DiGraph, *, source: str | None = None):
         self.spec = spec
         self.graph = graph
         self.name = spec.name
@@ -88,7 +82,7 @@ class Topology:
     @cached_property
     def edge_attrs(self) -> dict[tuple[str, str], dict]:
         """Directed edge -> its attributes (the graph's own dicts), for hot loops over routes: a plain dict
-        lookup instead of a view per edge."""
+        lookup instead of a networkx view per edge."""
         return {(u, v): d for u, v, d in self.graph.edges(data=True)}
 
     @cached_property
@@ -191,7 +185,7 @@ class Topology:
         return weight
 
     def _distances(self, src: str, machines: set[int]) -> dict[str, float]:
-        return dijkstra_lengths(self.graph, src, self._weight(None, machines))
+        return nx.single_source_dijkstra_path_length(self.graph, src, weight=self._weight(None, machines))
 
     def _path(self, src: str, dst: str, machines: set[int]) -> tuple[Edge, ...]:
         """The edges from ``src`` to ``dst`` staying inside ``machines`` (kept: read-only, shared)."""
@@ -210,15 +204,15 @@ class Topology:
                 if machines == {NETWORK}:
                     nodes = self._network_path(src, dst)
                 else:
-                    nodes = dijkstra_path(self.graph, src, dst, self._weight(dst, machines))
-            except NoPath:
+                    nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
+            except nx.NetworkXNoPath:
                 raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
             path = self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
         return path
 
     @cached_property
     def _network_paths(self) -> NetworkPaths | None:
-        """The search-free router when every network hop costs the same (else None: a search per pair)."""
+        """The search-free router when every network hop costs the same (else None: networkx per pair)."""
         if not NetworkPaths.uniform(self.graph, NETWORK, lambda d: HOP_COST[d["kind"]]):
             return None
         return NetworkPaths(self.graph, NETWORK, natural_key)
@@ -230,13 +224,13 @@ class Topology:
         if self._network_paths is not None:
             nodes = self._network_paths.path(src, dst, lambda: self._leaf_port(dst))
             if nodes is None:
-                raise NoPath(f"no path from {src!r} to {dst!r}")
+                raise nx.NetworkXNoPath
             return nodes
         return self._searched_network_path(src, dst)
 
     def _searched_network_path(self, src: str, dst: str) -> list[str]:
-        """`_network_path` by listing every shortest path: any link costs, and the reference."""
-        paths = sorted(all_shortest_paths(self.graph, src, dst, self._weight(dst, {NETWORK})),
+        """`_network_path` by listing every shortest path (networkx): any link costs, and the reference."""
+        paths = sorted(nx.all_shortest_paths(self.graph, src, dst, weight=self._weight(dst, {NETWORK})),
                        key=lambda path: [natural_key(n) for n in path])
         if len(paths) == 1:
             return paths[0]
@@ -363,7 +357,7 @@ class Topology:
         if len(by_machine) > 1:
             fabric = self.graph.subgraph(
                 [n for n, d in self.graph.nodes(data=True) if d["kind"] == "nic" or d["machine"] == NETWORK])
-            component = {n: i for i, comp in enumerate(weakly_connected_components(fabric)) for n in comp}
+            component = {n: i for i, comp in enumerate(nx.weakly_connected_components(fabric)) for n in comp}
             first = None
             for gpu in self.gpus:
                 try:
@@ -379,7 +373,7 @@ class Topology:
 
     def _check_machine(self, infra_nodes: list[str], gpus: list[str]) -> None:
         infra = self.graph.subgraph(infra_nodes)
-        component = {n: i for i, comp in enumerate(weakly_connected_components(infra)) for n in comp}
+        component = {n: i for i, comp in enumerate(nx.weakly_connected_components(infra)) for n in comp}
         reach = {g: {component[n] for n in self.graph.successors(g) if n in component} for g in gpus}
         if gpus and set.intersection(*reach.values()):
             return  # one fabric every GPU touches: every pair has a route
