@@ -21,7 +21,6 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 UNUSED = [
-    "networkx",  # topologies/graph.py routes without it
     "torch",
     "matplotlib",
     "scipy",
