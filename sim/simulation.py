@@ -23,23 +23,27 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import simpy
 
 from trainsim.errors import TrainsimError
-from trainsim.formats.bundle import MACHINE, Bundle, CollectivesFile, workload_file
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.workload import Workload, load_workload, parse_workload
 from trainsim.sim.compute.costs import rank_costs
+from trainsim.sim.core.collector import fewer_collections
 from trainsim.sim.core.devices import DeviceSpec, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
-from trainsim.sim.hosts import RunMeasurements, call_latency, host_model_for
+from trainsim.sim.hosts import call_latency, host_model_for
 from trainsim.sim.hosts.call_latency import Latency
 from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
-from trainsim.sim.strategies.pipeline import options as pipeline_options
 from trainsim.sim.symmetry import mirror_ranks
 from trainsim.topologies.machine_classes import rename
+
+if TYPE_CHECKING:  # the bundle's file models are imported where a bundle is given
+    from trainsim.formats.bundle import Bundle, CollectivesFile
 
 __all__ = ["Simulation", "build_machine", "load_inputs"]
 
@@ -141,6 +145,8 @@ def bundle_devices(bundle: Bundle | None) -> dict[str, DeviceSpec]:
     spec = bundle.device_spec if bundle is not None else None
     if spec is None:
         return {}
+    from trainsim.formats.bundle import MACHINE
+
     device = device_from_file(spec, file=f"{bundle.path / MACHINE}: device_spec")
     devices = {device.name: device}
     if device.kind == "cpu":
@@ -157,6 +163,8 @@ def bundle_workload(bundle: Bundle, scenario) -> Workload:
     if isinstance(workload, Workload):
         return workload
     measured_in = scenario.precision if f"{wanted}.{scenario.precision}" in bundle.workloads else "fp32"
+    from trainsim.formats.bundle import workload_file
+
     return parse_workload(workload, file=str(bundle.path / workload_file(wanted, measured_in)))
 
 
@@ -200,6 +208,7 @@ def resolve_gpus(scenario, topology) -> list[str]:
 class Simulation:
     """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
 
+    @fewer_collections()
     def __init__(
         self,
         scenario: Scenario,
@@ -219,7 +228,7 @@ class Simulation:
                 "Simulation takes a validated Scenario (trainsim.api.load_scenario), "
                 f"not {type(scenario).__name__}"
             )
-        measured = (bundle.run if bundle is not None else None) or RunMeasurements()
+        measured = bundle.run if bundle is not None else None  # RunMeasurements; None: nothing measured
 
         self.scenario = scenario
         sc = self.scenario
@@ -277,7 +286,7 @@ class Simulation:
 
         # a cost the scenario states wins over the bundle's measured pipeline and the workload's
         stated = sc.host.prep_s_per_sample
-        given = stated if stated is not None else measured.prep_s_per_sample
+        given = stated if stated is not None else measured.prep_s_per_sample if measured else None
         prep = self._prep_s_per_sample(given, per_gpu, max(sharing.values()))
         st = sc.strategy
         self.ctx = Context(
@@ -322,9 +331,9 @@ class Simulation:
         # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates
         # variants)
         prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, bundle=bundle, record=False).run())
-        if measured.codec_s is not None and self.ctx.codec is not None:  # the hook's cost, measured on box
+        if measured and measured.codec_s is not None and self.ctx.codec is not None:  # measured on the box
             self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
-        overlap = measured.loader_overlap
+        overlap = measured.loader_overlap if measured else None
         if overlap and self.host is not None and self.ctx.preload_depth and self.ctx.data_workers:
             self.host.share_process_with_loader(self.ctx, overlap)
         self._link_snapshot = None
@@ -337,8 +346,11 @@ class Simulation:
         if self.host is None:
             return given if given is not None else self.workload.input.prep_s_per_sample or 0.0
         # a pipeline's first stage prepares the replica's whole batch at once, then splits it
-        pipelined = sc.strategy.name == "pipeline"
-        loaded = per_gpu * (pipeline_options(sc.strategy).micro_batches if pipelined else 1)
+        loaded = per_gpu
+        if sc.strategy.name == "pipeline":
+            from trainsim.sim.strategies.pipeline import options as pipeline_options
+
+            loaded *= pipeline_options(sc.strategy).micro_batches
         return self.host.prep_s_per_sample(given, [self.machine.gpus[g].device for g in self.ranks], loaded,
                                            sharing)
 
@@ -356,10 +368,11 @@ class Simulation:
                                             for g in self.ctx.simulated}
         if iteration == self.scenario.warmup_iterations - 1:
             net = self.machine.net
-            net.utilisation()  # drains the flows up to now
+            net.drain()
             self._link_snapshot = net.link_bytes.copy()
             self._snapshot_credited = net.credited.copy()
 
+    @fewer_collections()
     def run(self) -> Result:
         sc, ctx, env = self.scenario, self.ctx, self.env
         wall = time.perf_counter()
@@ -463,25 +476,15 @@ class Simulation:
 
     def _link_results(self, span) -> list[LinkResult]:
         net = self.machine.net
-        net.utilisation()
+        net.drain()
         moved = net.link_bytes - (self._link_snapshot if self._link_snapshot is not None else 0.0)
         if self.mirror is not None:
             moved = self._mirrored_bytes(moved)
         length = span[1] - span[0]
         out = []
-        graph = self.topology.graph
-        for i, link in enumerate(net.links):
-            if moved[i] <= 0.5:
-                continue
-            cap = float(net.capacity[i])
-            out.append(
-                LinkResult(
-                    link[0],
-                    link[1],
-                    graph.edges[link]["kind"],
-                    cap,
-                    float(moved[i]),
-                    float(moved[i] / (cap * length)) if length > 0 else 0.0,
-                )
-            )
+        kind = self.topology.edge_kind
+        for i in np.flatnonzero(moved > 0.5).tolist():  # the links that carried anything (of 100k+ at scale)
+            link, cap, nbytes = net.links[i], float(net.capacity[i]), float(moved[i])
+            out.append(LinkResult(link[0], link[1], kind[link], cap, nbytes,
+                                  nbytes / (cap * length) if length > 0 else 0.0))
         return sorted(out, key=lambda link: link.name)

@@ -21,7 +21,6 @@ from trainsim.files import read_text
 from trainsim.yamlio import parse_yaml_mapping
 
 from . import links as phys
-from .generators import expand
 from .schema import DEFAULT_GPU_MEMORY_GIB, TopologySpec
 from .topology import Topology
 from .validation import validation_error
@@ -69,6 +68,8 @@ def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, st
 def spec_from_dict(data: dict, *, file: str | None, base_dir: Path | None = None) -> TopologySpec:
     """Validate a parsed file: explicit nodes/links, or a generator call expanded to them."""
     if "generator" in data:
+        from .generators import expand  # the generators' models are built only when a file calls one
+
         rest = {k: v for k, v in data.items() if k != "nccl"}  # measured figures are not the generator's
         spec = expand(rest, file=file, base_dir=base_dir, load_node=load_spec)
         if "nccl" not in data:
@@ -166,29 +167,37 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
             graph.add_edge(dram_node, node.name, **edge)
     if not any(node.kind == "gpu" for node in spec.nodes):
         raise TrainsimError("a topology needs at least one node of kind gpu", file=file, field="nodes")
+    kind_of = dict(graph.nodes(data="kind"))  # plain dicts: a cluster has 100k links to check
+    machine_of = dict(graph.nodes(data="machine"))
+    edges: dict[tuple[str, str], dict] = {}
+    figures_of: dict[tuple, dict] = {}  # a cluster's links are copies of a few: their figures made once
     for i, link in enumerate(spec.links):
         field = f"links[{i}]"
         for end in ("a", "b"):
             name = getattr(link, end)
-            if name not in graph or graph.nodes[name]["kind"] == "dram":
-                names = [n for n, k in graph.nodes(data="kind") if k != "dram"]
+            if kind_of.get(name, "dram") == "dram":
+                names = [n for n, k in kind_of.items() if k != "dram"]
                 raise unknown_name("node", name, names, file=file, field=f"{field}.{end}")
         if link.a == link.b:
             raise TrainsimError(f"a link from {link.a!r} to itself", file=file, field=f"{field}.b")
-        if graph.has_edge(link.a, link.b):
+        if (link.a, link.b) in edges:
             raise TrainsimError(f"a second link between {link.a!r} and {link.b!r}; give one link with "
                                 "count: N", file=file, field=field)
-        machines = {graph.nodes[link.a]["machine"], graph.nodes[link.b]["machine"]}
+        machines = {machine_of[link.a], machine_of[link.b]}
         if len(machines) > 1 and link.kind not in ("ib", "ethernet"):
             raise TrainsimError(f"a {link.kind} link cannot join machines {sorted(machines)}; use ib or "
                                 "ethernet", file=file, field=f"{field}.kind")
-        figures = _link_figures(link, field, file)
-        lanes = link.lanes if link.lanes is not None else (16 if link.kind == "pcie" else None)
-        edge = {"kind": link.kind, "bandwidth": figures.bandwidth, "raw_bandwidth": figures.raw_bandwidth,
-                "latency": figures.latency, "count": link.count, "generation": link.generation,
-                "lanes": lanes}
-        graph.add_edge(link.a, link.b, **edge)
-        graph.add_edge(link.b, link.a, **edge)
+        key = (link.kind, link.generation, link.lanes, link.count, link.bandwidth_gbps,
+               link.raw_bandwidth_gbps, link.latency_us)
+        if key not in figures_of:
+            figures = _link_figures(link, field, file)
+            lanes = link.lanes if link.lanes is not None else (16 if link.kind == "pcie" else None)
+            figures_of[key] = {"kind": link.kind, "bandwidth": figures.bandwidth,
+                               "raw_bandwidth": figures.raw_bandwidth, "latency": figures.latency,
+                               "count": link.count, "generation": link.generation, "lanes": lanes}
+        edges[link.a, link.b] = edges[link.b, link.a] = figures_of[key]
+    # each direction its own attribute dict, as networkx's add_edge would make
+    graph.add_edges_from((a, b, dict(attrs)) for (a, b), attrs in edges.items())
     return graph
 
 
@@ -212,19 +221,27 @@ def save_topology(spec: TopologySpec, path: str | os.PathLike) -> Path:
 
 def pcie_tree(**params) -> TopologySpec:
     """A PCIe tree machine (see `PcieTreeParams` for the parameters)."""
+    from .generators import expand
+
     return expand({"generator": "pcie_tree", **params})
 
 
 def nvlink_mesh(links: list[list[int]], **params) -> TopologySpec:
     """A machine with direct NVLink sets from a link-count matrix (see `NvlinkMeshParams`)."""
+    from .generators import expand
+
     return expand({"generator": "nvlink_mesh", "links": links, **params})
 
 
 def nvswitch_system(**params) -> TopologySpec:
     """A machine whose GPUs meet in NVSwitch fabrics (see `NvswitchParams`)."""
+    from .generators import expand
+
     return expand({"generator": "nvswitch", **params})
 
 
 def cluster(node: str | dict, nodes: int, **params) -> TopologySpec:
     """``nodes`` machines like ``node`` on one network switch (see `ClusterParams`)."""
+    from .generators import expand
+
     return expand({"generator": "cluster", "node": node, "nodes": nodes, **params}, load_node=load_spec)

@@ -1,10 +1,11 @@
 """Which machines of a cluster are renamed copies of one another, so routing inside one serves them all.
 
 The cluster generators copy one machine under the prefix ``n<m>.`` (`machines.copy_machines`). Two
-machines are of one class when, with their prefixes stripped, they have the same nodes, the same links and
-the same attributes, and the same nodes reach the network; then a route, a nearest NIC or a ring inside
-machine m is the one of the class's first machine with the names moved over. Machines whose nodes do not
-all carry their prefix are a class of their own.
+machines are of one class when, with their prefixes stripped, they have the same nodes in the same order,
+the same links, the same node attributes (a string naming one of the machine's own nodes compared without
+its prefix) and link attributes (links name no nodes), and the same nodes reach the network; then a route,
+a nearest NIC or a ring inside machine m is the one of the class's first machine with the names moved over.
+Machines whose nodes do not all carry their prefix are a class of their own.
 """
 
 from __future__ import annotations
@@ -22,49 +23,56 @@ def rename(node: str, source: int, target: int) -> str:
 
 
 def machine_classes(graph: nx.DiGraph, network: int) -> dict[int, int]:
-    """Each machine -> the first machine of its class (itself when it is the first or has no copies)."""
-    nodes = graph.nodes
+    """Each machine -> the first machine of its class (itself when it is the first or has no copies).
+
+    Each machine is compared with the first machines of the classes whose node names (prefix stripped)
+    it shares: a comparison of dicts, far cheaper than hashing every attribute of a 16,384-GPU cluster."""
+    machine_of = dict(graph.nodes(data="machine"))
     members: dict[int, list[str]] = {}
-    for n, m in nodes(data="machine"):
+    for n, m in machine_of.items():  # in the graph's order, which copies share
         if m != network:
             members.setdefault(m, []).append(n)
-    first: dict[tuple, int] = {}
+    on_network = {u for v, m in machine_of.items() if m == network for u in graph.predecessors(v)}
+    firsts: dict[tuple[str, ...], list[int]] = {}  # stripped node names -> first machines of classes
     classes = {}
     for m in sorted(members):
-        sig = _signature(graph, m, members[m], network)
-        classes[m] = m if sig is None else first.setdefault(sig, m)
+        pre = prefix(m)
+        if not all(n.startswith(pre) for n in members[m]):
+            classes[m] = m
+            continue
+        names = tuple(n[len(pre):] for n in members[m])
+        candidates = firsts.setdefault(names, [])
+        same = next((r for r in candidates if _same(graph, machine_of, on_network, members, m, r)), None)
+        if same is None:
+            candidates.append(m)
+        classes[m] = m if same is None else same
     return classes
 
 
-def _signature(graph: nx.DiGraph, machine: int, names: list[str], network: int) -> tuple | None:
-    """The machine with its prefix stripped, as something hashable; None if a node lacks the prefix."""
-    pre = prefix(machine)
-    cut = len(pre)
-    if not all(n.startswith(pre) for n in names):
-        return None
-    nodes = graph.nodes
-
-    def plain(attrs: dict) -> tuple:
-        # in the attributes' own order: copies are built by the same code, so it matches (and a mismatch
-        # only makes two classes where one would do)
-        return tuple((k, v[cut:] if isinstance(v, str) and v.startswith(pre) else _hashable(v))
-                     for k, v in attrs.items() if k != "machine")
-
-    items = []
-    for n in names:  # in the graph's order, which copies share
-        on_network = any(nodes[v]["machine"] == network for v in graph.successors(n))
-        items.append((n[cut:], plain(nodes[n]), on_network))
-        for v, attrs in graph.adj[n].items():
-            if nodes[v]["machine"] == machine:
-                items.append((n[cut:], v[cut:], plain(attrs)))
-    return tuple(items)
+def _same(graph: nx.DiGraph, machine_of: dict, on_network: set, members: dict, m: int, r: int) -> bool:
+    """Whether machine ``m`` is a renamed copy of machine ``r`` (their stripped node names are equal)."""
+    pm, pr = prefix(m), prefix(r)
+    nodes, adj = graph.nodes, graph.adj
+    for x, y in zip(members[m], members[r], strict=True):
+        if (x in on_network) != (y in on_network) or not _same_attrs(nodes[x], nodes[y], pm, pr):
+            return False
+        out_x = [(v[len(pm):], d) for v, d in adj[x].items() if machine_of[v] == m]
+        out_y = [(v[len(pr):], d) for v, d in adj[y].items() if machine_of[v] == r]
+        if out_x != out_y:  # names and attributes, compared as dicts
+            return False
+    return True
 
 
-def _hashable(value):
-    if isinstance(value, str | int | float | bool | None):
-        return value
-    if isinstance(value, list | tuple):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    return value
+def _same_attrs(a: dict, b: dict, pa: str, pb: str) -> bool:
+    """Node attributes equal, besides the machine number, with own-node names compared without prefix."""
+    if a.keys() != b.keys():
+        return False
+    for k, va in a.items():
+        if k == "machine":
+            continue
+        vb = b[k]
+        own_a = isinstance(va, str) and va.startswith(pa)
+        own_b = isinstance(vb, str) and vb.startswith(pb)
+        if own_a != own_b or (va[len(pa):] != vb[len(pb):] if own_a else va != vb):
+            return False
+    return True

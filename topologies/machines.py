@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainsim.errors import TrainsimError
 
-from .schema import SCHEMA, LinkSpec, TopologySpec
+from .schema import SCHEMA, TopologySpec
 from .topology import natural_key
 
 
@@ -27,8 +27,9 @@ class Meta(BaseModel):
 
 def make_spec(p: Meta, nodes: list[dict], links: list[dict], default_name: str, description: str,
           p2p: bool = True) -> TopologySpec:
+    # the links validated as part of the spec, in one call (a LinkSpec per link costs more at 100k links)
     return TopologySpec(name=p.name or default_name, description=p.description or description,
-                        sources=p.sources, p2p=p2p, nodes=nodes, links=[LinkSpec(**x) for x in links])
+                        sources=p.sources, p2p=p2p, nodes=nodes, links=links)
 
 
 def copy_machines(node_source, count: int, *, load_node, base_dir: Path | None = None):
@@ -42,15 +43,14 @@ def copy_machines(node_source, count: int, *, load_node, base_dir: Path | None =
     nodes: list[dict] = []
     links: list[dict] = []
     nics: list[list[str]] = []
+    if any(node.kind == "network_switch" or (node.machine or 0) != 0 for node in node_spec.nodes):
+        raise TrainsimError("a cluster's node must be a single machine (no network switches)", field="node")
+    own_nodes = [node.model_dump(exclude_none=True) for node in node_spec.nodes]  # dumped once, copied below
+    own_links = [link.model_dump(exclude_none=True) for link in node_spec.links]
     for m in range(count):
         prefix = f"n{m}."
-        for node in node_spec.nodes:
-            if node.kind == "network_switch" or (node.machine or 0) != 0:
-                raise TrainsimError("a cluster's node must be a single machine (no network switches)",
-                                    field="node")
-            nodes.append({**node.model_dump(exclude_none=True), "name": prefix + node.name, "machine": m})
-        for link in node_spec.links:
-            links.append({**link.model_dump(exclude_none=True), "a": prefix + link.a, "b": prefix + link.b})
+        nodes += [{**node, "name": prefix + node["name"], "machine": m} for node in own_nodes]
+        links += [{**link, "a": prefix + link["a"], "b": prefix + link["b"]} for link in own_links]
         nics.append([prefix + n for n in own_nics])
     if not own_nics:
         raise TrainsimError(f"machine {node_spec.name!r} has no nic node to reach the network", field="node")

@@ -12,7 +12,9 @@ natural-name order) whose paths all sort before the wanted one.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Hashable
+from itertools import accumulate
 
 import networkx as nx
 import numpy as np
@@ -35,15 +37,18 @@ class NetworkPaths:
         self._ptr = np.zeros(len(preds) + 1, dtype=np.int64)
         self._ptr[1:] = np.cumsum([len(p) for p in preds])
         self._ind = np.array([u for p in preds for u in p], dtype=np.int64)
-        self._dist: dict[Hashable, list[int]] = {}
-        self._count: dict[Hashable, dict[int, int]] = {}
+        self._dist: dict[Hashable, tuple[list[int], list[int]]] = {}  # per destination: hops, path counts
+        self._first: dict[str, list[int]] = {}  # NIC -> its switches, in natural-name order
+        self._entry: dict[str, frozenset[int]] = {}  # NIC -> the switches that reach it
+        # per destination: switch -> (its next switches towards it, running totals of their path counts)
+        self._steps: dict[Hashable, dict[int, tuple[list[int], list[int]]]] = {}
 
     @staticmethod
     def uniform(graph: nx.DiGraph, network: int, cost: Callable[[dict], float]) -> bool:
         """Whether every link touching a network switch costs the same (hop counts then order paths)."""
-        nodes = graph.nodes
-        costs = {cost(d) for u, v, d in graph.edges(data=True)
-                 if nodes[u]["machine"] == network or nodes[v]["machine"] == network}
+        switches = [n for n, m in graph.nodes(data="machine") if m == network]
+        costs = {cost(d) for _, _, d in graph.out_edges(switches, data=True)}
+        costs |= {cost(d) for _, _, d in graph.in_edges(switches, data=True)}
         return len(costs) <= 1
 
     def path(self, src: str, dst: str, pick: Callable[[], int]) -> list[str] | None:
@@ -51,37 +56,47 @@ class NetworkPaths:
         natural-name order (``pick`` is only called when there are several); None when there is none."""
         if self.graph.has_edge(src, dst):
             return [src, dst]  # one hop: the only shortest path
-        entry = frozenset(self.index[u] for u in self.graph.predecessors(dst) if u in self.index)
+        entry = self._entry.get(dst)
+        if entry is None:
+            entry = frozenset(self.index[u] for u in self.graph.predecessors(dst) if u in self.index)
+            self._entry[dst] = entry
         if not entry:
             return None
-        dist = self._distances(entry)
-        first = [self.index[v] for v in sorted(self.graph.successors(src), key=self.key) if v in self.index]
+        dist, counts = self._distances(entry)
+        first = self._first.get(src)
+        if first is None:  # kept: a NIC starts paths to thousands of others
+            own = sorted(self.graph.successors(src), key=self.key)
+            first = self._first[src] = [self.index[v] for v in own if v in self.index]
         first = [s for s in first if dist[s] > 0]
         if not first:
             return None
         hops = min(dist[s] for s in first)
         candidates = [s for s in first if dist[s] == hops]
-        counts = self._count.setdefault(entry, {})
-        total = sum(self._paths_from(s, dist, counts) for s in candidates)
-        k = pick() % total if total > 1 else 0
+        totals = list(accumulate(counts[s] for s in candidates))
+        k = pick() % totals[-1] if totals[-1] > 1 else 0
+        steps = self._steps.setdefault(entry, {})
         nodes = [src]
-        while candidates:
-            for s in candidates:
-                c = self._paths_from(s, dist, counts)
-                if k < c:
-                    break
-                k -= c
+        while candidates:  # the k-th path (from 0): skip the candidates whose paths all come before it
+            i = bisect_right(totals, k)
+            k -= totals[i - 1] if i else 0
+            s = candidates[i]
             nodes.append(self.switches[s])
-            candidates = [u for u in self.succ[s] if dist[u] == dist[s] - 1 and dist[u] > 0]
+            if s not in steps:  # kept per destination: every NIC's path to it goes down the same switches
+                down = [u for u in self.succ[s] if dist[u] == dist[s] - 1 and dist[u] > 0]
+                steps[s] = (down, list(accumulate(counts[u] for u in down)))
+            candidates, totals = steps[s]
         nodes.append(dst)
         return nodes
 
-    def _distances(self, entry: frozenset) -> list[int]:
-        """Hops from every switch to the destination through ``entry`` (its switches, at 1); -1: none."""
+    def _distances(self, entry: frozenset) -> tuple[list[int], list[int]]:
+        """Hops from every switch to the destination through ``entry`` (its switches, at 1; -1: none), and
+        the number of shortest paths from each switch to it (0: none)."""
         if entry not in self._dist:
             dist = np.full(len(self.switches), -1, dtype=np.int64)
+            count = np.zeros(len(self.switches), dtype=np.int64)
             frontier = np.array(sorted(entry), dtype=np.int64)
             dist[frontier] = hops = 1
+            count[frontier] = 1
             while frontier.size:
                 starts, ends = self._ptr[frontier], self._ptr[frontier + 1]
                 sizes = ends - starts
@@ -91,18 +106,12 @@ class NetworkPaths:
                 # the predecessors of every frontier switch, gathered in one go
                 offsets = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(total)
                 near = self._ind[offsets]
+                via = np.repeat(frontier, sizes)  # the frontier switch each predecessor leads to
                 frontier = np.unique(near[dist[near] < 0])
                 hops += 1
                 dist[frontier] = hops
-            self._dist[entry] = dist.tolist()
+                # a switch one hop further has the paths of each of its successors one hop nearer
+                further = dist[near] == hops
+                np.add.at(count, near[further], count[via[further]])
+            self._dist[entry] = (dist.tolist(), count.tolist())
         return self._dist[entry]
-
-    def _paths_from(self, s: int, dist: list[int], counts: dict[int, int]) -> int:
-        """Shortest paths from switch ``s`` to the destination (memoised per destination)."""
-        if s not in counts:
-            if dist[s] == 1:
-                counts[s] = 1
-            else:
-                counts[s] = sum(self._paths_from(u, dist, counts) for u in self.succ[s]
-                                if dist[u] == dist[s] - 1 and dist[u] > 0)
-        return counts[s]

@@ -34,8 +34,12 @@ CPU_TRANSIT_COST = 30  # P2P through the host bridge only when no switch path ex
 NETWORK = -1  # the machine number of network switches: outside every machine
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def natural_key(name: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    """``name`` as its text and numbers, so that gpu2 sorts before gpu10."""
+    return [int(part) if part.isdigit() else part for part in _DIGITS.split(name)]
 
 
 class Topology:
@@ -54,6 +58,7 @@ class Topology:
         self._host: dict[str, str] = {}
         self._nic: dict[str, str] = {}
         self._ports: dict[str, dict[str, int]] = {}
+        self._port_of: dict[str, int] = {}
         self.memo: dict = {}  # what other modules derive from this topology and keep (collective hops, ...)
 
     def __repr__(self) -> str:
@@ -63,6 +68,11 @@ class Topology:
     def _of_kind(self, kind: str) -> list[str]:
         nodes = [n for n, k in self.graph.nodes(data="kind") if k == kind]
         return sorted(nodes, key=lambda n: (self.graph.nodes[n]["machine"], natural_key(n)))
+
+    @cached_property
+    def _machine(self) -> dict[str, int]:
+        """Node -> machine number, for hot loops (routing thousands of pairs): a plain dict lookup."""
+        return dict(self.graph.nodes(data="machine"))
 
     @cached_property
     def gpus(self) -> list[str]:
@@ -106,7 +116,8 @@ class Topology:
 
     def machine_of(self, node: str) -> int:
         """The machine (node of a cluster) a graph node is in; 0 on single boxes, -1 for network switches."""
-        return self._node(node)["machine"]
+        machine = self._machine.get(node)
+        return self._node(node)["machine"] if machine is None else machine  # unknown: _node says so
 
     def gpu_spec(self, gpu: str) -> str:
         return self._node(gpu, "gpu")["spec"]
@@ -176,16 +187,19 @@ class Topology:
     def _distances(self, src: str, machines: set[int]) -> dict[str, float]:
         return nx.single_source_dijkstra_path_length(self.graph, src, weight=self._weight(None, machines))
 
-    def _path(self, src: str, dst: str, machines: set[int]) -> Route:
+    def _path(self, src: str, dst: str, machines: set[int]) -> tuple[Edge, ...]:
+        """The edges from ``src`` to ``dst`` staying inside ``machines`` (kept: read-only, shared)."""
         key = (src, dst, frozenset(machines))
-        if key not in self._paths:  # cached: cross-machine routes share their GPU -> NIC segments
-            machine = next(iter(machines)) if len(machines) == 1 else NETWORK
-            first = self.representative(machine)
-            if first != machine:  # inside a copy of an earlier machine: that machine's path, renamed
-                route = self._path(rename(src, machine, first), rename(dst, machine, first), {first})
-                cut, here = len(prefix(first)), prefix(machine)
-                self._paths[key] = tuple((here + u[cut:], here + v[cut:]) for u, v in route)
-                return list(self._paths[key])
+        path = self._paths.get(key)
+        if path is not None:  # cached: cross-machine routes share their GPU -> NIC segments
+            return path
+        machine = next(iter(machines)) if len(machines) == 1 else NETWORK
+        first = self.representative(machine)
+        if first != machine:  # inside a copy of an earlier machine: that machine's path, renamed
+            route = self._path(rename(src, machine, first), rename(dst, machine, first), {first})
+            cut, here = len(prefix(first)), prefix(machine)
+            path = self._paths[key] = tuple((here + u[cut:], here + v[cut:]) for u, v in route)
+        else:
             try:
                 if machines == {NETWORK}:
                     nodes = self._network_path(src, dst)
@@ -193,8 +207,8 @@ class Topology:
                     nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
             except nx.NetworkXNoPath:
                 raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
-            self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
-        return list(self._paths[key])
+            path = self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
+        return path
 
     @cached_property
     def _network_paths(self) -> NetworkPaths | None:
@@ -224,6 +238,11 @@ class Topology:
 
     def _leaf_port(self, nic: str) -> int:
         """The position of ``nic`` among the NICs on its (first) network switch, in name order."""
+        if nic not in self._port_of:  # kept: asked for every path that ends at the NIC
+            self._port_of[nic] = self._find_leaf_port(nic)
+        return self._port_of[nic]
+
+    def _find_leaf_port(self, nic: str) -> int:
         nodes = self.graph.nodes
         leaf = next((v for v in self.graph.successors(nic) if nodes[v]["machine"] == NETWORK), None)
         if leaf is None:
@@ -272,17 +291,17 @@ class Topology:
         """A single transfer's path (GPUDirect between machines), ignoring the P2P setting."""
         m_src, m_dst = self.machine_of(src), self.machine_of(dst)
         if m_src == m_dst or NETWORK in (m_src, m_dst):
-            return self._path(src, dst, {m_src, m_dst})
+            return list(self._path(src, dst, {m_src, m_dst}))
         nic_src, nic_dst = self.nic_of(src), self.nic_of(dst)
-        return (self._path(src, nic_src, {m_src}) + self._path(nic_src, nic_dst, {NETWORK})
-                + self._path(nic_dst, dst, {m_dst}))
+        return [*self._path(src, nic_src, {m_src}), *self._path(nic_src, nic_dst, {NETWORK}),
+                *self._path(nic_dst, dst, {m_dst})]
 
     def route(self, src: str, dst: str) -> Route:
         """The directed edges a transfer from ``src`` to ``dst`` uses (see the module docstring)."""
         key = (src, dst)
         if key not in self._routes:
-            self._node(src)
-            self._node(dst)
+            self.machine_of(src)  # both known, else a one-line error
+            self.machine_of(dst)
             if src == dst:
                 route: Route = []
             elif self._is_gpu(src) and self._is_gpu(dst) and not self.p2p:

@@ -13,23 +13,36 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from trainsim.errors import TrainsimError
-from trainsim.formats import bundle as bundle_format
-from trainsim.formats.bundle import Bundle, RunMeasurements
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.formats.workload import parse_workload
 from trainsim.sim.core.result import Result
 from trainsim.sim.simulation import Simulation
 
+if TYPE_CHECKING:
+    from trainsim.formats.bundle import Bundle, RunMeasurements
+
 __all__ = ["Bundle", "RunMeasurements", "Scenario", "load_bundle", "load_scenario", "simulation", "simulate"]
+
+
+def __getattr__(name: str):
+    # the bundle's file models are imported when first used: a run without a bundle does not need them
+    if name in ("Bundle", "RunMeasurements"):
+        from trainsim.formats import bundle
+
+        return getattr(bundle, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_bundle(path: str | os.PathLike | Bundle) -> Bundle:
     """The calibration bundle in folder ``path``, every file validated (its workloads as `Workload`s); a
     one-line TrainsimError naming the file and field if not. A Bundle is returned as it is."""
-    if isinstance(path, Bundle):
+    from trainsim.formats import bundle as bundle_format
+
+    if isinstance(path, bundle_format.Bundle):
         return path
     return bundle_format.load_bundle(path, read_workload=parse_workload)
 

@@ -1071,6 +1071,9 @@ def reproduce_cmd(
 
 
 def main() -> None:
+    from trainsim.sim.core.collector import collect_less_often
+
+    collect_less_often()  # a command is one short process: fewer collector passes (sim/core/collector.py)
     app(prog_name="trainsim")
 
 

@@ -159,9 +159,10 @@ class FlowNetwork:
         self.links: list[Hashable] = list(capacities)
         self._index = {link: i for i, link in enumerate(self.links)}
         self.capacity = np.array([float(capacities[link]) for link in self.links])
-        for link, cap in zip(self.links, self.capacity, strict=True):
-            if not cap > 0:
-                raise ValueError(f"link {link!r} has capacity {cap}; capacities must be > 0")
+        bad = np.flatnonzero(~(self.capacity > 0))
+        if bad.size:
+            link, cap = self.links[bad[0]], self.capacity[bad[0]]
+            raise ValueError(f"link {link!r} has capacity {cap}; capacities must be > 0")
         self._latency = dict(latencies or {})
         self.link_bytes = np.zeros(len(self.links))
         self.credited = np.zeros(len(self.links))  # the part of link_bytes `credit` added (no flows)
@@ -179,16 +180,20 @@ class FlowNetwork:
         self._inc_link = np.zeros(0, np.int64)
         self._admitted: list[_Flow] = []
         self._last_update = env.now
-        self._link_rate = np.zeros(len(self.links))
+        # The links the active flows cross (sorted) and their aggregate rates: draining and refilling work on
+        # these alone, not on every link of a cluster. Every link's rate only where rate changes are kept.
+        self._used = np.zeros(0, np.int64)
+        self._used_rate = np.zeros(0)
+        self._link_rate = np.zeros(len(self.links)) if record_link_rates else None
         self._timer_version = 0
         self._recompute_pending = False
 
     @classmethod
     def from_topology(cls, env: simpy.Environment, topology, **kwargs) -> FlowNetwork:
         """A network with one link per directed edge of a topology graph (edge attrs bandwidth, latency)."""
-        graph = topology.graph
-        caps = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
-        lats = {(u, v): d.get("latency", 0.0) for u, v, d in graph.edges(data=True)}
+        edges = topology.edge_attrs  # edge -> attributes, kept by the topology
+        caps = {e: d["bandwidth"] for e, d in edges.items()}
+        lats = {e: d.get("latency", 0.0) for e, d in edges.items()}
         return cls(env, caps, lats, **kwargs)
 
     # -- public API -------------------------------------------------------------------------------
@@ -235,6 +240,10 @@ class FlowNetwork:
         np.add.at(self.link_bytes, at, nbytes)
         np.add.at(self.credited, at, nbytes)
 
+    def drain(self) -> None:
+        """Count the bytes the active flows moved up to now in ``link_bytes``."""
+        self._advance()
+
     def utilisation(self, elapsed: float | None = None) -> dict[Hashable, float]:
         """Average fraction of each link's capacity used since time 0 (or over `elapsed` seconds)."""
         self._advance()
@@ -254,7 +263,9 @@ class FlowNetwork:
 
     def rate_of(self, link: Hashable) -> float:
         """The aggregate rate on a link right now (bytes/s)."""
-        return float(self._link_rate[self._index[link]])
+        i = self._index[link]
+        k = int(np.searchsorted(self._used, i))
+        return float(self._used_rate[k]) if k < len(self._used) and self._used[k] == i else 0.0
 
     @property
     def active_flows(self) -> int:
@@ -282,7 +293,7 @@ class FlowNetwork:
         dt = self.env.now - self._last_update
         if dt > 0 and self._active:
             self._remaining -= self._rates * dt
-            self.link_bytes += self._link_rate * dt
+            self.link_bytes[self._used] += self._used_rate * dt
         self._last_update = self.env.now
 
     def _take_admitted(self) -> None:
@@ -305,18 +316,23 @@ class FlowNetwork:
         self._advance()
         self._take_admitted()
         t0 = time.perf_counter()
-        rates, levels = water_fill(self._inc_flow, self._inc_link, len(self._active), self.capacity,
-                                   self._caps)
+        # on the links in use only (numbered in order): the same rates, at a cost that does not grow with
+        # the links of the whole cluster
+        used, local = np.unique(self._inc_link, return_inverse=True)
+        rates, levels = water_fill(self._inc_flow, local, len(self._active), self.capacity[used], self._caps)
         self.stats.recompute_seconds += time.perf_counter() - t0
         self.stats.recomputes += 1
         self.stats.water_filling_levels += levels
         self._rates = rates
-        new_link_rate = np.bincount(self._inc_link, weights=rates[self._inc_flow], minlength=len(self.links))
+        self._used = used
+        self._used_rate = np.bincount(local, weights=rates[self._inc_flow], minlength=len(used))
         if self.link_rate_changes is not None:
+            new_link_rate = np.zeros(len(self.links))
+            new_link_rate[used] = self._used_rate
             changed = np.nonzero(np.abs(new_link_rate - self._link_rate) > 1e-9 * self.capacity)[0]
             self.link_rate_changes.extend(LinkRateChange(self.env.now, self.links[i], float(new_link_rate[i]))
                                           for i in changed)
-        self._link_rate = new_link_rate
+            self._link_rate = new_link_rate
         self._arm_next_completion()
 
     def _arm_next_completion(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import simpy
 
@@ -76,8 +77,14 @@ class Gpu:
         self.index = index
         self.device = device
         self.host_memory = host_memory
-        self.streams = {s: simpy.Resource(env, capacity=1) for s in STREAMS}
         self.memory = MemoryTracker(capacity, name, record=record_memory)
+        self._env = env
+
+    @cached_property
+    def streams(self) -> dict[str, simpy.Resource]:
+        """The GPU's streams, made when first used: where identical machines are mirrored
+        (sim/symmetry.py) most GPUs of a cluster never run anything."""
+        return {s: simpy.Resource(self._env, capacity=1) for s in STREAMS}
 
 
 class Host:

@@ -6,7 +6,6 @@ GPU model (routes' alpha-beta latencies, times as the workload gives them).
 
 from __future__ import annotations
 
-from trainsim.formats.bundle import RunMeasurements
 from trainsim.formats.provenance import rank_step_of
 from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
@@ -15,6 +14,15 @@ from .call_latency import Latency, TimerTick
 from .gloo_vm import GlooVmHost
 
 __all__ = ["GlooVmHost", "RunMeasurements", "host_model_for"]
+
+
+def __getattr__(name: str):
+    # the bundle's file models are imported when asked for: a run without a bundle does not need them
+    if name == "RunMeasurements":
+        from trainsim.formats.bundle import RunMeasurements
+
+        return RunMeasurements
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def host_model_for(calls: dict[str, Latency], workload: Workload, devices: dict[str, DeviceSpec], *,

@@ -19,14 +19,17 @@ measurements, and holds for any CPU rank.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from trainsim.formats.bundle import LoaderOverlap
 from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 from trainsim.sim.core.jitter import JitterSpec
 
 from . import rank_step
 from .call_latency import GlooCallLatency, Latency, TimerTick
+
+if TYPE_CHECKING:
+    from trainsim.formats.bundle import LoaderOverlap
 
 
 class GlooVmHost:

@@ -14,7 +14,6 @@ def prepare(ctx, scenario, rerun=None) -> None:
     """Put the optimizations' per-run state on ``ctx`` (codec, preload depth, offloader). ``rerun(scenario)
     -> Result`` simulates a variant on the same inputs: ``prefetch_distance: auto`` searches with it."""
     from .compression import make_codec
-    from .offload import Offloader, check_host_memory, offloaded_layers, resolve_auto_distance
 
     opts = scenario.optimizations
     ctx.preload_depth = opts.preload
@@ -22,6 +21,8 @@ def prepare(ctx, scenario, rerun=None) -> None:
     ctx.codec = make_codec(ctx)
     if not _offload_on(opts.offload_activations):
         return
+    from .offload import Offloader, check_host_memory, offloaded_layers, resolve_auto_distance  # vDNN only
+
     blocking = opts.offload_copies == "blocking"
     layers = offloaded_layers(ctx.workload, opts.offload_activations, packed=blocking)
     check_host_memory(ctx, layers, scenario.host.memory_gib)

@@ -7,7 +7,8 @@ forward and backward over the layers (with the memory timeline), collectives on 
 the optimizer step.
 
 Strategies live in their own modules of this package (ddp.py, dp_gpu0.py, parameter_server.py, ...) and
-register here.
+register here when imported; `MODULES` names the module of each shipped strategy, so a run imports only the
+one it uses (the others cost start-up time).
 
 It stays one module: the context, the data loader, the passes over the layers with their memory timeline
 and the registry are the one interface every strategy is written against.
@@ -15,6 +16,7 @@ and the registry are the one interface every strategy is written against.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -468,6 +470,16 @@ def gradients_out(memory, t: float, grads: list[float], i: int) -> None:
 StrategyFn = Callable[[Context], None]
 _REGISTRY: dict[str, StrategyFn] = {}
 
+#: the module of this package that registers each shipped strategy
+MODULES = {"single": "ddp", "ddp": "ddp", "dp-gpu0": "dp_gpu0", "parameter-server": "parameter_server",
+           "easgd": "easgd", "pipeline": "pipeline", "spatial": "spatial", "hybrid": "spatial"}
+
+
+def _load(name: str) -> None:
+    """Import the shipped module that registers strategy ``name`` (nothing for other names)."""
+    if name in MODULES and name not in _REGISTRY:
+        importlib.import_module(f"{__package__}.{MODULES[name]}")
+
 
 def register(name: str):
     def wrap(fn: StrategyFn) -> StrategyFn:
@@ -478,7 +490,9 @@ def register(name: str):
 
 
 def strategies() -> dict[str, StrategyFn]:
-    """Every registered strategy by name (the package's ``__init__`` imports, and so registers, them all)."""
+    """Every registered strategy by name (the shipped ones imported, and so registered, first)."""
+    for name in MODULES:
+        _load(name)
     return dict(_REGISTRY)
 
 
@@ -495,14 +509,15 @@ def register_rank_batch(name: str):
 
 
 def rank_batch_hook(name: str) -> Callable[..., int] | None:
+    _load(name)
     return _RANK_BATCH.get(name)
 
 
 def get_strategy(name: str) -> StrategyFn:
-    registry = strategies()
-    if name not in registry:
-        raise unknown_name("strategy", name, registry, field="strategy.name")
-    return registry[name]
+    _load(name)
+    if name not in _REGISTRY:
+        raise unknown_name("strategy", name, strategies(), field="strategy.name")
+    return _REGISTRY[name]
 
 
 __all__ = ["COMM", "COMPUTE", "Context", "DataLoader", "SharedLoader", "get_strategy", "register",
