@@ -219,6 +219,9 @@ def test_grouping_ring_steps_keeps_the_time(presets):
 
 def test_every_collective_runs_on_every_preset(presets):
     for name, topo in presets.items():
+        if len(topo.gpus) < 2:  # one device (a KNL node): a collective over one rank takes no time
+            assert collective_time(topo, "allreduce", None, 64 * 1024) == 0, name
+            continue
         for op in COLLECTIVES:
             t = simulate_collective(topo, op, None, 64 * 1024)["time_s"]
             assert 0 < t < 0.01, (name, op)
