@@ -16,18 +16,14 @@ The free assumptions are the structured entries of the scenarios' ``assumptions:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from trainsim.errors import TrainsimError
 
 from .physics import STATED, Physics
-from .reproduce import Figure
+from .reproduce import PROGRESS, Figure
 
 SPREAD = 0.2  # the physical parameters' +-20 %
-#: told (settings run so far, settings in all, the label of the one starting) before each setting runs;
-#: set by `trainsim.scenarios.papers.reproduce.reproduce` for the length of one reproduction
-PROGRESS: ContextVar[Callable[[int, int, str], None] | None] = ContextVar("reproduce_progress", default=None)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ toward: its ``reason`` says why where that is known, and its ``note`` says what 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 
 from trainsim.errors import unknown_name
@@ -54,6 +55,9 @@ class Reproduction:
 
 
 ReproduceFn = Callable[..., Reproduction]
+#: told (settings run so far, settings in all, the label of the one starting) before each setting of a
+#: ranges sweep runs (`.ranges.sweep`); set by `reproduce` for the length of one reproduction
+PROGRESS: ContextVar[Callable[[int, int, str], None] | None] = ContextVar("reproduce_progress", default=None)
 _PAPERS: dict[str, tuple[str, ReproduceFn]] = {}
 
 
@@ -87,8 +91,6 @@ def list_papers() -> dict[str, str]:
 def reproduce(key: str, progress: Callable[[int, int, str], None] | None = None, **options) -> Reproduction:
     """The paper ``key``'s reproduction. ``progress(done, total, label)`` is told before each setting of its
     sweep runs (`.ranges.sweep`); a paper that sweeps in several parts tells each part from 0."""
-    from .ranges import PROGRESS
-
     _load_all()
     if key not in _PAPERS:
         raise unknown_name("paper", key, _PAPERS, field="PAPER")
