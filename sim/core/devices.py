@@ -186,7 +186,6 @@ _SPECS = [
 ]
 
 
-
 def _knl_7250() -> DeviceSpec:
     """Intel Xeon Phi 7250 (Knights Landing), self-hosted: a CPU that is itself the compute device.
 
