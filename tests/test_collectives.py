@@ -95,10 +95,13 @@ def test_nvls_moves_n_plus_one_shards_each_way(presets):
     t = flow_time(topo, "allreduce", None, size, algo="nvls")[0]
     latency = tune.HW_LAT["nvlink"]["nvls"]["simple"] * 1e-6  # NCCL's one NVLS latency, no base
     # reduce-scatter then multicast: S/n shards x (n reads + 1 multicast store) each way, at NCCL's NVLS
-    # efficiency (5/6) of the link rate; the 3-stage pipeline (scatter, reduce + multicast, gather) fills and
-    # drains over 2 rounds of 16 channels x 8 heads x 128 KiB chunks (NCCL's chunk at 1 GiB)
-    fill = 2 * 16 * 8 * 131072
-    assert t == pytest.approx(latency + (n + 1) / n * (size + fill) / link / tune.NVLS, rel=1e-9)
+    # efficiency (5/6) of the link rate. The 3-stage pipeline (scatter, reduce + multicast, gather) fills and
+    # drains: a round is 16 channels x 8 heads x 128 KiB chunks (NCCL's chunk at 1 GiB); its reduce +
+    # multicast (9/8 of it through the port at 309 GB/s) is the bottleneck the steady state counts, and
+    # scatter and gather each copy it in the GPU's own memory (read + write at H100's 3.35 TB/s) on top
+    round_ = 16 * 8 * 131072
+    fill = 2 * 2 * round_ / 3.35e12
+    assert t == pytest.approx(latency + (n + 1) / n * size / link / tune.NVLS + fill, rel=1e-9)
     assert choose_algorithm(topo, "allreduce", None, GIB) == "nvls"
     assert choose_algorithm(presets["dgx-a100"], "allreduce", None, GIB) != "nvls"  # no in-switch reduction
 
@@ -293,12 +296,31 @@ def test_nvls_chunks_follow_nccl_sizes():
         16384, 32768, 65536, 131072]
     assert [tune.nvls_chunk("nvls_tree", s, 128) for s in (4 * MIB, 16 * MIB, GIB, 4 * GIB)] == [
         32768, 65536, 262144, 524288]
-    # fill and drain: (stages - 1) rounds of 128 chunks, or all of S where that is less
-    assert tune.pipeline_fill_bytes(90, "allreduce", "nvls", GIB, 8, 1) == 2 * 128 * 131072
-    assert tune.pipeline_fill_bytes(90, "allreduce", "nvls", MIB, 8, 1) == 2 * MIB
-    assert tune.pipeline_fill_bytes(90, "allreduce", "nvls_tree", GIB, 8, 2) == 6 * 128 * 262144
-    assert tune.pipeline_fill_bytes(90, "allreduce", "ring", GIB, 8, 1) == 0.0
-    assert tune.pipeline_fill_bytes(None, "allreduce", "nvls", GIB, 8, 1) == 0.0
+
+
+def test_nvls_pipeline_stages_follow_the_kernel():
+    # a round: 128 chunks, or all of S where that is less; scatter and gather copy it in the GPU's memory
+    # (read + write), NVLS's reduce + multicast moves 9/8 of it through the port (8 pulls + its own store)
+    r = 128 * 131072
+    copy = ("memory", 2 * r)
+    assert tune.pipeline_stages("nvls", GIB, 8, 1) == [copy, ("port", r * 9 / 8), copy]
+    assert tune.pipeline_stages("nvls", MIB, 8, 1)[0] == ("memory", 2 * MIB)  # 128 x 16 KiB = 2 MiB > S
+    # NVLSTree, 2 machines (depth 1): leaf reduce, hop up, root reduce + multicast, hop down, receive +
+    # multicast; a hop carries the GPU's chunks of half the channels (one of the two trees): R / 16
+    r = 128 * 262144
+    copy, hop = ("memory", 2 * r), ("nic", r / 16)
+    assert tune.pipeline_stages("nvls_tree", GIB, 8, 2) == [
+        copy, ("port", r), hop, ("port", r * 9 / 8), hop, ("port", r), copy]
+    leaf, root = ("port", r), ("port", r * 9 / 8)
+    # depth 2: a reduce per level up, a receive + multicast per level down
+    assert tune.pipeline_stages("nvls_tree", GIB, 8, 4) == [
+        copy, leaf, hop, leaf, hop, root, hop, leaf, hop, leaf, copy]
+    # fill and drain: every stage alone at its resource's rate, less the bottleneck (the root's reduce here)
+    rates = tune.StageRates(port=300e9, nic=50e9, memory=3e12)
+    expected = 2 * (2 * r / 3e12) + 2 * (r / 300e9) + 2 * (r / 16 / 50e9)
+    assert tune.pipeline_fill(90, "allreduce", "nvls_tree", GIB, 8, 2, rates) == pytest.approx(expected)
+    assert tune.pipeline_fill(90, "allreduce", "ring", GIB, 8, 1, rates) == 0.0
+    assert tune.pipeline_fill(None, "allreduce", "nvls", GIB, 8, 1, rates) == 0.0
 
 
 def test_sizes_parse_like_nccl_tests():

@@ -185,11 +185,16 @@ def size_correction(cc: int | None, algo: str, proto: str, nbytes: float) -> flo
 
 # ---- the NVLS pipeline's fill and drain ------------------------------------------------------------------
 # NCCL's NVLS kernels are pipelines of warp groups inside each channel's CTA (src/device/all_reduce.h, NCCL
-# 2.19-2.21): all-reduce NVLS = scatter (user buffer -> NVLS buffer), reduce + multicast (multimem.ld_reduce,
-# multimem.st), gather (NVLS buffer -> user buffer); NVLSTree = scatter, reduce + send up the tree, the tree's
-# hops up to the root (which reduces and multicasts) and back down, receive + multicast, gather. A chunk
-# passes the stages in turn, so the last round of chunks leaves the first stage (stages - 1) stage-times
-# before the collective ends: the fill and drain. NCCL's tuner leaves it out (its time is latency + S/bw).
+# 2.19-2.21, RunWorkElement NVLS / NVLS_TREE): scatter (sendbuff -> the NVLS buffer's unicast mapping, which
+# is the GPU's own memory: src/transport/nvls.cc maps send[1] / recv[1] to ucBuff), reduce
+# (multimem.ld_reduce through the switch; then multimem.st, or for NVLSTree a send up the tree), bcast
+# (NVLSTree: receive from the tree, multicast and forward to the children), gather (ucBuff -> recvbuff, own
+# memory again). NVLSTree's channels alternate between the two trees (src/graph/connect.cc connectNvls:
+# treeUp[c % 2]). A chunk passes the stages in turn, so the collective ends the sum of one round's stage
+# times after the first round starts plus (rounds - 1) bottleneck rounds: the fill and drain add every
+# stage's time but the bottleneck's. NCCL's tuner leaves it out (its time is latency + S/bw, the steady state
+# where the stages share the GPU's switch port and NIC). While the pipeline fills and drains one stage of a
+# round runs alone, so each stage moves its own bytes at the full rate of the resource it uses.
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default (src/transport/nvls.cc; enqueue.cc: "NVLS should not need
 #                     more than 16 channels to get peak BW")
 SIMPLE_STEP_BYTES = (1 << 22) // 8  # Simple buffer 4 MiB (DEFAULT_BUFFSIZE) / NCCL_STEPS 8: a step, 512 KiB
@@ -197,6 +202,15 @@ SIMPLE_STEP_BYTES = (1 << 22) // 8  # Simple buffer 4 MiB (DEFAULT_BUFFSIZE) / N
 # drops to `chunk` where S < m x concurrentOps x the current chunk; concurrentOps = channels x NVLS heads.
 NVLS_CHUNKS = {"nvls": (131072, ((64, 65536), (8, 32768), (2, 16384))),
                "nvls_tree": (SIMPLE_STEP_BYTES, ((32, 262144), (16, 131072), (4, 65536), (1, 32768)))}
+
+
+@dataclass(frozen=True)
+class StageRates:
+    """Bytes/s a pipeline stage reaches alone on a GPU: ``port`` its switch port per direction, ``nic`` its
+    own NIC path (the tree's hop), ``memory`` its HBM (a local copy reads and writes every byte)."""
+    port: float
+    nic: float
+    memory: float
 
 
 def nvls_chunk(algo: str, nbytes: float, concurrent: int) -> int:
@@ -208,21 +222,41 @@ def nvls_chunk(algo: str, nbytes: float, concurrent: int) -> int:
     return chunk
 
 
-def pipeline_stages(algo: str, machines: int) -> int:
-    """Stages a chunk passes in order: NVLS 3; NVLSTree 5 + 2 x the tree's depth log2(machines) (NCCL's
-    log2i: its up and down hops between machines)."""
-    return 3 if algo == "nvls" else 5 + 2 * (machines.bit_length() - 1)
+def pipeline_stages(algo: str, nbytes: float, heads: int, machines: int) -> list[tuple[str, float]]:
+    """The stages one round of chunks passes on a GPU, in order, as (resource, bytes that resource carries in
+    the busier direction). A round is concurrentOps (16 channels x ``heads``) chunks, R bytes of S (or all of
+    S where that is less); n = ``heads`` GPUs per machine, each the head of its own chunk:
 
-
-def pipeline_fill_bytes(cc: int | None, op: str, algo: str, nbytes: float, heads: int,
-                        machines: int) -> float:
-    """Bytes of S whose time the fill and drain add, at the collective's own rate: (stages - 1) rounds of
-    concurrentOps chunks (or all of S where that is less). The warp groups split one CTA so that the stages
-    run at about one rate, so each stage takes a round at the collective's rate. 0 off NCCL and for the
-    algorithms this does not model (rings and trees run each step in one warp group: their per-step latency
-    is NCCL's hwLat; NVLS reduce-scatter / all-gather are left as they were)."""
-    if cc is None or op != "allreduce" or algo not in IN_SWITCH:
-        return 0.0
+    - scatter, gather: copies in the GPU's own memory, R read + R written: ("memory", 2R);
+    - NVLS reduce + multicast: every head pulls its chunk from each GPU (R up the port) and stores the sum
+      to all (R down), plus its own R/n the other way: ("port", R (n+1)/n);
+    - NVLSTree: the leaf's reduce (R up, R/n down), then per level of the tree (depth log2(machines), NCCL's
+      log2i) a hop of R/(2n) over the NIC (half the channels run each of the two trees) and the parent's
+      reduce (the root's adds the multicast: R (n+1)/n); down again per level a hop of R/(2n) and the
+      child's receive + multicast (R/n up, R down); then the gather.
+    """
     concurrent = NVLS_CHANNELS * heads
-    chunk = nvls_chunk(algo, nbytes, concurrent)
-    return (pipeline_stages(algo, machines) - 1) * min(concurrent * chunk, nbytes)
+    r = min(concurrent * nvls_chunk(algo, nbytes, concurrent), nbytes)
+    n = heads
+    copy = ("memory", 2 * r)
+    if algo == "nvls":
+        return [copy, ("port", r * (n + 1) / n), copy]
+    depth = machines.bit_length() - 1
+    hop = ("nic", r / (2 * n))
+    up = [stage for _ in range(depth) for stage in (hop, ("port", r))]
+    up[-1] = ("port", r * (n + 1) / n)  # the root reduces and multicasts
+    down = [stage for _ in range(depth) for stage in (hop, ("port", r))]
+    return [copy, ("port", r), *up, *down, copy]
+
+
+def pipeline_fill(cc: int | None, op: str, algo: str, nbytes: float, heads: int, machines: int,
+                  rates: StageRates) -> float:
+    """Seconds the fill and drain add to NCCL's latency + S/bw: the sum of one round's stage times, each at
+    its resource's full rate, less the bottleneck stage's (the steady state already counts that round).
+    0 off NCCL and for the algorithms this does not model (rings and trees run each step in one warp group:
+    their per-step latency is NCCL's hwLat; NVLS reduce-scatter / all-gather are left as they were)."""
+    if cc is None or op != "allreduce" or algo not in IN_SWITCH or nbytes <= 0:
+        return 0.0
+    rate = {"port": rates.port, "nic": rates.nic, "memory": rates.memory}
+    times = [nbytes_ / rate[resource] for resource, nbytes_ in pipeline_stages(algo, nbytes, heads, machines)]
+    return sum(times) - max(times)

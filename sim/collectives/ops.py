@@ -26,6 +26,7 @@ import numpy as np
 import simpy
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.topologies import Topology, load_topology
 
@@ -314,14 +315,38 @@ def _nccl_time(topo: Topology, op: str, names: list[str], algo: str, proto: str,
 
 
 def _fill(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
-    """Seconds the pipeline's fill and drain add (nccl_tuning.pipeline_fill_bytes at the plan's rate); 0 where
-    a measured figure already is what the box does."""
-    if measured.figure(topo, op, algo, proto) is not None:
+    """Seconds the pipeline's fill and drain add (nccl_tuning.pipeline_fill at this group's stage rates);
+    0 where a measured figure already is what the box does."""
+    if measured.figure(topo, op, algo, proto) is not None or algo not in tune.IN_SWITCH:
         return 0.0
     machines = len(by_machine(topo, list(names)))
-    fill = tune.pipeline_fill_bytes(compute_capability(topo, names), op, algo, nbytes, len(names) // machines,
-                                    machines)
-    return fill * _cached(topo, op, names, algo, proto)[1][1] if fill else 0.0
+    return tune.pipeline_fill(compute_capability(topo, names), op, algo, nbytes, len(names) // machines,
+                              machines, _stage_rates(topo, op, names, algo, proto))
+
+
+def _stage_rates(topo: Topology, op: str, names, algo: str, proto: str) -> tune.StageRates:
+    """The rates a pipeline stage reaches alone, from the plan's links at its protocol's efficiency: the
+    slowest GPU's switch port (the one-link NVLink transfers), the slowest tree hop (network routes; none in
+    one machine), the slowest GPU's memory (a device the library does not know leaves its copies uncharged).
+    Cached with the plans."""
+    key = ("stage rates", op, algo, proto, names)
+    cache = _plans.setdefault(topo, {})
+    if key not in cache:
+        plan = plan_collective(topo, op, names, algo, proto)
+        transfers = [t for lane in plan.lanes for phase in lane for t in phase.transfers]
+        port = min((topo.bottleneck(t.route) for t in transfers if len(t.route) == 1), default=math.inf)
+        nic = min((topo.bottleneck(t.route) for t in transfers
+                   if hop_class(topo, t.route) == "network"), default=math.inf)
+        cache[key] = tune.StageRates(port * plan.efficiency, nic * plan.efficiency,
+                                     min(_memory_bandwidth(topo, g) for g in names))
+    return cache[key]
+
+
+def _memory_bandwidth(topo: Topology, gpu: str) -> float:
+    try:
+        return get_device(topo.gpu_spec(gpu)).memory_bandwidth
+    except TrainsimError:
+        return math.inf
 
 
 def _time(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbytes: float) -> float:
