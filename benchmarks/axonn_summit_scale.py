@@ -5,9 +5,10 @@
 and per-stage activation recomputation. `trainsim reproduce axonn` sweeps only the GPU counts it can afford
 in every setting of its range sweep (`axonn_summit.SWEPT`); this runs the others once. Printed per GPU
 count: the model, the pipeline shape, the simulated iteration, the percent of the V100's fp16 peak (the
-paper: 49.4-54.78 % over 48-384 GPUs), the peak GPU memory, and the wall and CPU seconds the simulation took
-here (its cost). A count whose simulation runs past ``--timeout`` seconds is reported as such and the larger
-ones are skipped.
+paper: 49.4-54.78 % over 48-384 GPUs), the peak GPU memory, the ranks simulated (fewer where data-parallel
+replicas are exact copies and are mirrored, sim/symmetry.py), and the wall and CPU seconds the simulation
+took here (its cost). A count whose simulation runs past ``--timeout`` seconds is reported as such and the
+larger ones are skipped.
 
 Run: python benchmarks/axonn_summit_scale.py                  # 48, 96, 192, 384 GPUs
      python benchmarks/axonn_summit_scale.py --max-gpus 96 --timeout 120
@@ -30,7 +31,8 @@ def _one(variant, queue) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(sc)
     row = summit._row(sc, result, STATED, gpus=summit.SCALES[variant])
-    row |= {"wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(time.process_time() - cpu, 1)}
+    row |= {"simulated_ranks": result.stats["simulated_ranks"],
+            "wall_s": round(time.perf_counter() - wall, 1), "cpu_s": round(time.process_time() - cpu, 1)}
     queue.put(row)
 
 
@@ -44,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     header = (f"{'GPUs':>5} {'params B':>8} {'stages':>6} {'dp':>3} {'micro':>6} {'iter s':>8} "
-              f"{'% peak':>7} {'mem GiB':>8} {'fits':>5} {'wall s':>7} {'cpu s':>7}")
+              f"{'% peak':>7} {'mem GiB':>8} {'fits':>5} {'ranks':>5} {'wall s':>7} {'cpu s':>7}")
     if not args.json:
         print(header)
     for variant, gpus in summit.SCALES.items():
@@ -67,7 +69,7 @@ def main() -> None:
             cells = (f"{gpus:>5} {row['params_b']:>8} {row['stages']:>6} {row['data_parallel']:>3} "
                      f"{row['micro_batches']:>6} {row['iteration_s']:>8.2f} {row['percent_of_peak']:>7.2f} "
                      f"{row['memory_peak_gib']:>8.2f} {str(row['fits']):>5}")
-            print(f"{cells} {row['wall_s']:>7} {row['cpu_s']:>7}", flush=True)
+            print(f"{cells} {row['simulated_ranks']:>5} {row['wall_s']:>7} {row['cpu_s']:>7}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 

@@ -455,9 +455,10 @@ class Simulation:
         return [out[g] for g in self.ranks]
 
     def _mirrored_bytes(self, moved):
-        """Link bytes with each mirrored machine's own links carrying what its representative's flows moved
-        (sim/symmetry.py); credited collective bytes are every link's own already. Only whole runs are
-        mirrored, so the warm-up snapshot scales the same way and drops out."""
+        """Link bytes with each mirrored machine's own links carrying what its representative's flows moved,
+        and each mirrored link between machines what its representative link's did (sim/symmetry.py);
+        credited collective bytes are every link's own already. Only whole runs are mirrored, so the warm-up
+        snapshot scales the same way and drops out."""
         net, topo = self.machine.net, self.topology
         flows = net.link_bytes - net.credited
         if self._link_snapshot is not None:
@@ -472,6 +473,8 @@ class Simulation:
                 continue
             j = net.index_of((rename(u, m, first), rename(v, m, first)))
             moved[i] += flows[j]
+        for link, first_link in self.mirror.links.items():  # a mirrored pipeline replica's network links
+            moved[net.index_of(link)] += flows[net.index_of(first_link)]
         return moved
 
     def _link_results(self, span) -> list[LinkResult]:

@@ -29,7 +29,7 @@ def test_stated_setting_gives_every_figure(monkeypatch):
     from trainsim.scenarios.papers import axonn_summit as summit
 
     monkeypatch.setattr(summit, "DEPTHS", (24,))  # the one depth that fits either way at 48 GPUs: fast
-    monkeypatch.setattr(summit, "SWEPT", (None,))  # 48 GPUs only (96 take 15 s)
+    monkeypatch.setattr(summit, "SWEPT", (None,))  # 48 GPUs only (96 take 9 s)
     files = [(name, scenario_path(name)) for name in (SCENARIO, NODE_SCENARIO, summit.SCENARIO)]
     result = evaluate(Setting(), free_assumptions(files), RunCache(), {})
     skipped = {summit.peak_figure(v) for v in summit.SCALES if v is not None}

@@ -74,10 +74,12 @@ SPECS = (
     FigureSpec(LARGEST, 384, "GPUs",
                "the GPU counts `trainsim reproduce` sweeps (axonn_summit.SWEPT)",
                "one 192-GPU run (50 B, 2048 sequences of 2048 tokens, 512 micro-batches per pipeline) "
-               "takes 74 s here, times the 11 settings of the sweep; benchmarks/axonn_summit_scale.py runs "
-               "48-384 GPUs once each at the stated setting: 192 GPUs 53.7 % of peak; 384 GPUs (100 B, "
-               "355 s) 49.3 %, but its first stage needs 20.9 GiB (the embedding, and 96 micro-batches' "
-               "stage inputs in flight), so that configuration does not fit 16 GB"),
+               "takes 57 s here (no data-parallel replica is a copy of another to mirror: each crosses the "
+               "9-node leaves at another stage), times the 11 settings of the sweep; "
+               "benchmarks/axonn_summit_scale.py runs 48-384 GPUs once each at the stated setting: 192 GPUs "
+               "53.7 % of peak; 384 GPUs (100 B, 310 s) 49.3 %, but its first stage needs 20.9 GiB (the "
+               "embedding, and 96 micro-batches' stage inputs in flight), so that configuration does not fit "
+               "16 GB"),
 )
 
 

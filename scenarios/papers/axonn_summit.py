@@ -9,7 +9,7 @@ variants ``gpus96``, ``gpus192`` and ``gpus384`` the larger weak-scaling points.
   offload; the fastest configuration that fits 16 GB with offload over the fastest without (AxoNN's "4x the
   parameters per GPU, fewer GPUs per pipeline, less communication").
 
-`trainsim reproduce axonn` sweeps the scales in ``SWEPT`` (a 192-GPU run takes over a minute here, times
+`trainsim reproduce axonn` sweeps the scales in ``SWEPT`` (a 192-GPU run takes about a minute here, times
 every setting of the sweep); ``benchmarks/axonn_summit_scale.py`` runs every scale once at the stated
 setting and prints its percent of peak and wall time.
 """
@@ -25,8 +25,9 @@ SCENARIO = "axonn-gpt-summit.yaml"
 SCALES = {None: 48, "gpus96": 96, "gpus192": 192, "gpus384": 384}  # variant -> GPUs
 MODEL_B = {None: 12, "gpus96": 24, "gpus192": 50, "gpus384": 100}  # billions of parameters, as stated
 # The scales `trainsim reproduce axonn` simulates in every setting of its sweep: those whose one run takes
-# under a minute here (benchmarks/axonn_summit_scale.py: 48 GPUs 3 s, 96 GPUs 15 s, 192 GPUs 74 s, 384 GPUs
-# 355 s)
+# seconds here (benchmarks/axonn_summit_scale.py: 48 GPUs 1.8 s and 96 GPUs 9 s, their data-parallel replicas
+# mirrored where they are exact copies, sim/symmetry.py; 192 GPUs 57 s and 384 GPUs 310 s, simulated whole:
+# each replica crosses the 9-node leaves at another stage, so none is a copy of another)
 SWEPT = (None, "gpus96")
 PUBLISHED_PEAK = (49.4, 54.78)  # percent of peak, the paper's band over 48-384 GPUs
 DEPTHS = (6, 12, 24)  # pipeline stages tried at 48 GPUs for the offload gain (data parallelism 8, 4, 2)

@@ -41,6 +41,9 @@ forward + backward.
 
 ``strategy.jitter`` multiplies each stage's compute of one micro-batch by a reproducible random factor.
 
+Where data-parallel replicas are exact copies of one another (sim/symmetry.py states the condition), only the
+first replica of each class runs (``ctx.simulated``); each stage's all-reduce waits for the replicas that run.
+
 It stays one module: the three schedules (gpipe, 1f1b, message-driven) share the stage and
 micro-batch bookkeeping.
 """
@@ -256,12 +259,14 @@ class _Pipeline:
         first = ctx.ranks[0]
         counts = opts.stage_layers or balance(self._layer_times(ctx.costs_for(first, self.mb)), self.S)
         self.counts = counts
+        self.position = {g: i for i, g in enumerate(ctx.ranks)}
+        # only the ranks that run (sim/symmetry.py mirrors whole replicas: a stage's peers run with it)
         self.stages = {
-            g: build_stages(ctx, ctx.costs_for(g, self.mb), counts)[self.stage_of(g)] for g in ctx.ranks
+            g: build_stages(ctx, ctx.costs_for(g, self.mb), counts)[self.stage_of(g)] for g in ctx.simulated
         }
-        self.inbox = {g: Inbox(ctx.env) for g in ctx.ranks}
+        self.inbox = {g: Inbox(ctx.env) for g in ctx.simulated}
         env = ctx.env
-        self.bwd_done = {(it, g): env.event() for it in range(ctx.total_iterations) for g in ctx.ranks}
+        self.bwd_done = {(it, g): env.event() for it in range(ctx.total_iterations) for g in ctx.simulated}
         self.reduced = {(it, s): env.event() for it in range(ctx.total_iterations) for s in range(self.S)}
 
     @staticmethod
@@ -272,10 +277,10 @@ class _Pipeline:
         return self.ctx.ranks[r * self.S + s]
 
     def stage_of(self, gpu: str) -> int:
-        return self.ctx.ranks.index(gpu) % self.S
+        return self.position[gpu] % self.S
 
     def replica_of(self, gpu: str) -> int:
-        return self.ctx.ranks.index(gpu) // self.S
+        return self.position[gpu] // self.S
 
     # ---- one micro-batch's pass on one stage ------------------------------------------------------------
     def _compute(self, gpu: str, it: int, m: int, kind: str):
@@ -449,8 +454,9 @@ class _Pipeline:
     def reducer(self, s: int):
         ctx = self.ctx
         group = [self.gpu(r, s) for r in range(self.dp)]
+        running = [g for g in group if g in self.stages]  # mirrored replicas end with their representative
         for it in range(ctx.total_iterations):
-            yield ctx.env.all_of([self.bwd_done[it, g] for g in group])
+            yield ctx.env.all_of([self.bwd_done[it, g] for g in running])
             yield from ctx.collective(
                 "allreduce", self.stages[group[0]].param_bytes, it, gpus=group, label=f":stage{s}"
             )
@@ -461,7 +467,7 @@ class _Pipeline:
 
         ctx = self.ctx
         self._buffers = {}
-        for g in ctx.ranks:
+        for g in ctx.simulated:
             stage, memory = self.stages[g], ctx.machine.gpus[g].memory
             memory.alloc(ctx.env.now, stage.param_bytes, "params")
             memory.alloc(ctx.env.now, stage.param_bytes, "grads")
