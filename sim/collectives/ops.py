@@ -411,8 +411,9 @@ def _edge_shares(topo: Topology, plan: Plan) -> dict[tuple[str, str], float]:
         for lane in plan.lanes:
             for phase in lane:
                 for t in phase.transfers:
+                    share = t.share * phase.repeat  # once per transfer, not per edge: a million at scale
                     for edge in t.route:
-                        shares[edge] = shares.get(edge, 0.0) + t.share * phase.repeat
+                        shares[edge] = shares.get(edge, 0.0) + share
         entry = cache[id(plan)] = (plan, shares)
     return entry[1]
 

@@ -362,8 +362,9 @@ def bandwidth_term(topo: Topology, plan: Plan) -> float:
         for phase in phases:
             scale = phase.repeat / repeat
             for t in phase.transfers:
+                share = t.share * scale  # once per transfer, not per edge
                 for e in t.route:
-                    load[e] += t.share * scale
+                    load[e] += share
         attrs = topo.edge_attrs
         beta += repeat * max((x / attrs[e]["bandwidth"] for e, x in load.items()), default=0.0)
     return beta
