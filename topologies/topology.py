@@ -304,7 +304,7 @@ class Topology:
             self.machine_of(dst)
             if src == dst:
                 route: Route = []
-            elif self._is_gpu(src) and self._is_gpu(dst) and not self.p2p:
+            elif not self.p2p and self._is_gpu(src) and self._is_gpu(dst):
                 route = [edge for leg in self.gpu_copy_legs(src, dst) for edge in leg]
             else:
                 route = self._direct(src, dst)

@@ -118,8 +118,10 @@ def feasible_protocols(topo: Topology, op: str, gpus: list[str], algo: str) -> l
             cache[key] = ["simple"]
         else:
             plan = plan_collective(topo, op, names, algo, "simple")
-            routes = {t.route for lane in plan.lanes for p in lane for t in p.transfers}  # the distinct hops
-            classes = {hop_class(topo, route) for route in routes}
+            # the distinct hops: transfers over one hop share its route object (the plans' hop cache), so
+            # telling them apart by identity spares hashing every route (half a million at 16k GPUs)
+            routes = {id(t.route): t.route for lane in plan.lanes for p in lane for t in p.transfers}
+            classes = {hop_class(topo, route) for route in routes.values()}
             cache[key] = ["ll", "ll128", "simple"] if tune.ll128_default(cc, classes) else ["ll", "simple"]
     return list(cache[key])
 
@@ -434,8 +436,9 @@ def _edge_shares(topo: Topology, plan: Plan) -> dict[tuple[str, str], float]:
         for lane in plan.lanes:
             for phase in lane:
                 for t in phase.transfers:
+                    share = t.share * phase.repeat  # once per transfer, not per edge: a million at scale
                     for edge in t.route:
-                        shares[edge] = shares.get(edge, 0.0) + t.share * phase.repeat
+                        shares[edge] = shares.get(edge, 0.0) + share
         entry = cache[id(plan)] = (plan, shares)
     return entry[1]
 

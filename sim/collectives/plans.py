@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from trainsim.topologies import Topology
 
@@ -51,8 +52,10 @@ HOP_LATENCY = LEGACY.hop  # per step, idem
 Edge = tuple[str, str]
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
+    """One flow of a phase. A named tuple, not a dataclass: plans of thousands of ranks hold about a million
+    (a tuple is built in half the time)."""
+
     route: tuple[Edge, ...]
     share: float  # bytes = share x S
     latency: float  # seconds before the first byte moves
@@ -103,10 +106,11 @@ def _hop(topo: Topology, a: str, b: str) -> tuple[tuple[Edge, ...], float, str]:
     """(route, wire latency, hop class) from ``a`` to ``b``; kept with the topology, as plans of thousands
     of ranks ask for the same hops again (each ring step, every candidate ring, both trees)."""
     cache = topo.memo.setdefault("collective_hops", {})
-    if (a, b) not in cache:
+    hop = cache.get((a, b))
+    if hop is None:
         route = tuple(topo.route(a, b))
-        cache[a, b] = (route, topo.route_latency(route), hop_class(topo, route))
-    return cache[a, b]
+        hop = cache[a, b] = (route, topo.route_latency(route), hop_class(topo, route))
+    return hop
 
 
 def _transfer(topo: Topology, a: str, b: str, share: float, extra_latency: float = 0.0,
@@ -189,7 +193,50 @@ def _chain_order(topo: Topology, gpus: list[str]) -> list[str]:
     return list(build_channels(topo, gpus)[0].order) if len(gpus) > 1 else list(gpus)
 
 
+@dataclass(frozen=True)
+class TreeLane:
+    """What one tree of a tree all-reduce moves, whatever the protocol: its routes (child -> parent up, then
+    parent -> child down), each carrying ``share``; the (wire latency, hop class) of its hops going up; its
+    depth inside a machine (the chain) and between machines (log2 of their number)."""
+
+    routes: tuple[tuple[Edge, ...], ...]
+    share: float
+    steps: frozenset[tuple[float, str]]
+    depth: int
+    levels: int
+
+    def latency(self, tuning: Tuning) -> float:
+        """NCCL's tree latency: up and down the depth (the chain, then the machines), from the largest step
+        latency of each hop class going up."""
+        intra = inter = 0.0
+        for wire, klass in self.steps:
+            step = (wire if tuning.route_latency else 0.0) + tuning.hop[klass]
+            if klass == "network":
+                inter = max(inter, step)
+            else:
+                intra = max(intra, step)
+        return 2 * (self.depth * intra + self.levels * inter)
+
+
 def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
+    lanes = []
+    for lane in tree_lanes(topo, gpus):
+        latency = lane.latency(tuning)
+        lanes.append((Phase(tuple(Transfer(route, lane.share, latency) for route in lane.routes)),))
+    return Plan("allreduce", "tree", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
+
+
+def tree_lanes(topo: Topology, gpus: list[str]) -> tuple[TreeLane, ...]:
+    """The lanes of `tree_plan` for ``gpus``, kept with the topology: the plans of every protocol share them
+    (at thousands of ranks, walking the trees' hops is most of a plan's cost)."""
+    cache = topo.memo.setdefault("tree_lanes", {})
+    key = tuple(gpus)
+    if key not in cache:
+        cache[key] = _tree_lanes(topo, list(gpus))
+    return cache[key]
+
+
+def _tree_lanes(topo: Topology, gpus: list[str]) -> tuple[TreeLane, ...]:
     groups = by_machine(topo, gpus)
     machines = list(groups)
     # Inside a machine the tree is a chain along the machine's best ring (NVLink hops on a mesh).
@@ -197,6 +244,7 @@ def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
     # One pair of trees per rail (distinct NIC) between machines, as NCCL runs several tree channels:
     # the chain of rail r starts at its r-th GPU, so every NIC heads a tree.
     rails = rail_starts(topo, local[0]) if len(machines) > 1 else [0]
+    levels = math.ceil(math.log2(len(machines)))
     lanes = []
     for start in rails:
         rotated = [lst[start % len(lst):] + lst[:start % len(lst)] for lst in local]
@@ -206,23 +254,12 @@ def tree_plan(topo: Topology, gpus: list[str], tuning: Tuning = LEGACY) -> Plan:
             chains = [c if t == 0 else c[::-1] for c in rotated]
             edges = [(c[i + 1], c[i]) for c in chains for i in range(len(c) - 1)]  # child -> parent
             edges += [(chains[m][0], chains[p][0]) for m, p in enumerate(parents) if p >= 0]
-            share = 0.5 / len(rails)
-            # NCCL's tree latency: up and down the depth (the chain, then log2 of the machines), from the
-            # largest step latency of each hop class going up
-            intra = inter = 0.0
             ups = [_hop(topo, a, b) for a, b in edges]
-            for _, wire, klass in ups:
-                step = (wire if tuning.route_latency else 0.0) + tuning.hop[klass]
-                if klass == "network":
-                    inter = max(inter, step)
-                else:
-                    intra = max(intra, step)
-            depth = max(len(c) for c in chains) - 1
-            latency = 2 * (depth * intra + math.ceil(math.log2(len(machines))) * inter)
-            up = [Transfer(route, share, latency) for route, _, _ in ups]
-            down = [Transfer(_hop(topo, b, a)[0], share, latency) for a, b in edges]
-            lanes.append((Phase(tuple(up + down)),))
-    return Plan("allreduce", "tree", tuple(gpus), tuple(lanes), tuning.base, tuning.proto)
+            down = [_hop(topo, b, a)[0] for a, b in edges]
+            lanes.append(TreeLane(tuple([route for route, _, _ in ups] + down), 0.5 / len(rails),
+                                  frozenset((wire, klass) for _, wire, klass in ups),
+                                  max(len(c) for c in chains) - 1, levels))
+    return tuple(lanes)
 
 
 # ---- nvls -------------------------------------------------------------------------------------------------
@@ -325,8 +362,9 @@ def bandwidth_term(topo: Topology, plan: Plan) -> float:
         for phase in phases:
             scale = phase.repeat / repeat
             for t in phase.transfers:
+                share = t.share * scale  # once per transfer, not per edge
                 for e in t.route:
-                    load[e] += t.share * scale
+                    load[e] += share
         attrs = topo.edge_attrs
         beta += repeat * max((x / attrs[e]["bandwidth"] for e, x in load.items()), default=0.0)
     return beta
