@@ -55,6 +55,9 @@ class Topology:
         self.p2p = spec.p2p
         self._routes: dict[Edge, tuple[Edge, ...]] = {}
         self._paths: dict[tuple, tuple[Edge, ...]] = {}
+        self._nic_paths: dict[Edge, tuple[Edge, ...]] = {}  # NIC -> NIC across the network
+        self._out_legs: dict[str, tuple[tuple[Edge, ...], str]] = {}  # node -> (path to its NIC, the NIC)
+        self._in_legs: dict[str, tuple[tuple[Edge, ...], str]] = {}  # node -> (path from its NIC, the NIC)
         self._host: dict[str, str] = {}
         self._nic: dict[str, str] = {}
         self._ports: dict[str, dict[str, int]] = {}
@@ -287,29 +290,54 @@ class Topology:
             load[choice] += 1
             self._nic[gpu] = choice
 
-    def _direct(self, src: str, dst: str) -> Route:
+    def _direct(self, src: str, dst: str) -> tuple[Edge, ...]:
         """A single transfer's path (GPUDirect between machines), ignoring the P2P setting."""
         m_src, m_dst = self.machine_of(src), self.machine_of(dst)
         if m_src == m_dst or NETWORK in (m_src, m_dst):
-            return list(self._path(src, dst, {m_src, m_dst}))
-        nic_src, nic_dst = self.nic_of(src), self.nic_of(dst)
-        return [*self._path(src, nic_src, {m_src}), *self._path(nic_src, nic_dst, {NETWORK}),
-                *self._path(nic_dst, dst, {m_dst})]
+            return self._path(src, dst, {m_src, m_dst})
+        out, nic_src = self._to_network(src, m_src)
+        into, nic_dst = self._from_network(dst, m_dst)
+        between = self._nic_paths.get((nic_src, nic_dst))
+        if between is None:  # kept apart from `_paths`: no frozenset key per pair of NICs
+            between = self._nic_paths[nic_src, nic_dst] = self._path(nic_src, nic_dst, {NETWORK})
+        return out + between + into
+
+    def _to_network(self, node: str, machine: int) -> tuple[tuple[Edge, ...], str]:
+        """(the edges from ``node`` to its NIC, that NIC); kept per node: every route that leaves the
+        machine from it starts so."""
+        leg = self._out_legs.get(node)
+        if leg is None:
+            nic = self.nic_of(node)
+            leg = self._out_legs[node] = (self._path(node, nic, {machine}), nic)
+        return leg
+
+    def _from_network(self, node: str, machine: int) -> tuple[tuple[Edge, ...], str]:
+        """(the edges from the NIC of ``node`` to it, that NIC); kept per node, as `_to_network`."""
+        leg = self._in_legs.get(node)
+        if leg is None:
+            nic = self.nic_of(node)
+            leg = self._in_legs[node] = (self._path(nic, node, {machine}), nic)
+        return leg
 
     def route(self, src: str, dst: str) -> Route:
         """The directed edges a transfer from ``src`` to ``dst`` uses (see the module docstring)."""
-        key = (src, dst)
-        if key not in self._routes:
+        return list(self.route_edges(src, dst))
+
+    def route_edges(self, src: str, dst: str) -> tuple[Edge, ...]:
+        """`route` as the kept tuple itself (read-only, shared by every caller): for hot loops that only
+        read it, without a copy per call."""
+        route = self._routes.get((src, dst))
+        if route is None:
             self.machine_of(src)  # both known, else a one-line error
             self.machine_of(dst)
             if src == dst:
-                route: Route = []
+                route = ()
             elif not self.p2p and self._is_gpu(src) and self._is_gpu(dst):
-                route = [edge for leg in self.gpu_copy_legs(src, dst) for edge in leg]
+                route = tuple(edge for leg in self.gpu_copy_legs(src, dst) for edge in leg)
             else:
                 route = self._direct(src, dst)
-            self._routes[key] = tuple(route)
-        return list(self._routes[key])
+            self._routes[src, dst] = route
+        return route
 
     def _is_gpu(self, node: str) -> bool:
         return self.graph.nodes[node]["kind"] == "gpu"
@@ -328,8 +356,10 @@ class Topology:
             return [self.route(a, b)]
         host_a, host_b = self.host_memory(a), self.host_memory(b)
         if self.machine_of(a) == self.machine_of(b):
-            return [self._direct(a, host_a), self._direct(host_a, b)]
-        return [self._direct(a, host_a), self._direct(host_a, host_b), self._direct(host_b, b)]
+            legs = [(a, host_a), (host_a, b)]
+        else:
+            legs = [(a, host_a), (host_a, host_b), (host_b, b)]
+        return [list(self._direct(u, v)) for u, v in legs]
 
     def route_latency(self, route: Route) -> float:
         """Seconds: the sum of the edges' latencies."""

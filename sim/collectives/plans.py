@@ -108,7 +108,7 @@ def _hop(topo: Topology, a: str, b: str) -> tuple[tuple[Edge, ...], float, str]:
     cache = topo.memo.setdefault("collective_hops", {})
     hop = cache.get((a, b))
     if hop is None:
-        route = tuple(topo.route(a, b))
+        route = topo.route_edges(a, b)
         hop = cache[a, b] = (route, topo.route_latency(route), hop_class(topo, route))
     return hop
 

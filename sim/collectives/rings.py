@@ -51,7 +51,7 @@ def ring_cost(topo: Topology, channels: tuple[Channel, ...]) -> float:
     load: dict[tuple[str, str], float] = defaultdict(float)
     for channel in channels:
         for a, b in channel.hops():
-            for edge in topo.route(a, b):
+            for edge in topo.route_edges(a, b):
                 load[edge] += channel.weight
     attrs = topo.edge_attrs
     return max((share / attrs[e]["bandwidth"] for e, share in load.items()), default=0.0)
