@@ -40,7 +40,7 @@ from trainsim.sim.hosts import call_latency, host_model_for
 from trainsim.sim.hosts.call_latency import Latency
 from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
 from trainsim.sim.symmetry import mirror_ranks
-from trainsim.topologies.machine_classes import rename
+from trainsim.topologies.machine_classes import prefix
 
 if TYPE_CHECKING:  # the bundle's file models are imported where a bundle is given
     from trainsim.formats.bundle import Bundle, CollectivesFile
@@ -466,13 +466,19 @@ class Simulation:
         moved = moved.copy()
         copies = self.mirror.machines
         machine = dict(topo.graph.nodes(data="machine"))
+        # per mirrored machine: its prefix's length and its representative's prefix (`rename`, inlined:
+        # this runs once per link of the cluster, hundreds of thousands at scale)
+        renames = {m: (len(prefix(m)), prefix(first)) for m, first in copies.items() if first != m}
+        index_of = net.index_of
+        mine, theirs = [], []
         for i, (u, v) in enumerate(net.links):
             m = machine[u]
-            first = copies.get(m, m)
-            if first == m or machine[v] != m:
+            if m not in renames or machine[v] != m:
                 continue
-            j = net.index_of((rename(u, m, first), rename(v, m, first)))
-            moved[i] += flows[j]
+            cut, there = renames[m]
+            mine.append(i)
+            theirs.append(index_of((there + u[cut:], there + v[cut:])))
+        moved[mine] += flows[theirs]  # each link once: the same sums as one at a time
         for link, first_link in self.mirror.links.items():  # a mirrored pipeline replica's network links
             moved[net.index_of(link)] += flows[net.index_of(first_link)]
         return moved
@@ -486,8 +492,10 @@ class Simulation:
         length = span[1] - span[0]
         out = []
         kind = self.topology.edge_kind
-        for i in np.flatnonzero(moved > 0.5).tolist():  # the links that carried anything (of 100k+ at scale)
-            link, cap, nbytes = net.links[i], float(net.capacity[i]), float(moved[i])
+        hot = np.flatnonzero(moved > 0.5)  # the links that carried anything (of 100k+ at scale)
+        # as Python floats in one go each, not a numpy scalar per link
+        for i, cap, nbytes in zip(hot.tolist(), net.capacity[hot].tolist(), moved[hot].tolist(), strict=True):
+            link = net.links[i]
             out.append(LinkResult(link[0], link[1], kind[link], cap, nbytes,
                                   nbytes / (cap * length) if length > 0 else 0.0))
         return sorted(out, key=lambda link: link.name)
