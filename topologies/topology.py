@@ -202,16 +202,23 @@ class Topology:
             route = self._path(rename(src, machine, first), rename(dst, machine, first), {first})
             cut, here = len(prefix(first)), prefix(machine)
             path = self._paths[key] = tuple((here + u[cut:], here + v[cut:]) for u, v in route)
+        elif machines == {NETWORK}:
+            path = self._paths[key] = self._across_network(src, dst)
         else:
             try:
-                if machines == {NETWORK}:
-                    nodes = self._network_path(src, dst)
-                else:
-                    nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
+                nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
             except nx.NetworkXNoPath:
                 raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
             path = self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
         return path
+
+    def _across_network(self, src: str, dst: str) -> tuple[Edge, ...]:
+        """The edges from ``src`` to ``dst`` over network switches only (`_network_path`)."""
+        try:
+            nodes = self._network_path(src, dst)
+        except nx.NetworkXNoPath:
+            raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
+        return tuple(zip(nodes, nodes[1:], strict=False))
 
     @cached_property
     def _network_paths(self) -> NetworkPaths | None:
@@ -299,7 +306,7 @@ class Topology:
         into, nic_dst = self._from_network(dst, m_dst)
         between = self._nic_paths.get((nic_src, nic_dst))
         if between is None:  # kept apart from `_paths`: no frozenset key per pair of NICs
-            between = self._nic_paths[nic_src, nic_dst] = self._path(nic_src, nic_dst, {NETWORK})
+            between = self._nic_paths[nic_src, nic_dst] = self._across_network(nic_src, nic_dst)
         return out + between + into
 
     def _to_network(self, node: str, machine: int) -> tuple[tuple[Edge, ...], str]:
