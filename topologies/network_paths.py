@@ -26,12 +26,14 @@ class NetworkPaths:
     def __init__(self, graph: nx.DiGraph, network: int, key: Callable[[str], list]):
         self.graph = graph
         nodes = graph.nodes
-        self.key = key
         self.switches = sorted((n for n, m in nodes(data="machine") if m == network), key=key)
         self.index = {s: i for i, s in enumerate(self.switches)}
+        # each switch's rank in natural-name order (equal names' keys, equal ranks): sorting switches by it
+        # sorts them by name, ties kept in their order, without making a key per name per sort
+        keys = [key(s) for s in self.switches]
+        self._rank = list(accumulate(int(i > 0 and k != keys[i - 1]) for i, k in enumerate(keys)))
         # successors among switches, in natural-name order (the order paths are compared in)
-        self.succ = [[self.index[v] for v in sorted(graph.successors(s), key=key) if v in self.index]
-                     for s in self.switches]
+        self.succ = [self._by_name(graph.successors(s)) for s in self.switches]
         # predecessors as CSR arrays, for the search backwards from a destination
         preds = [[self.index[u] for u in graph.predecessors(s) if u in self.index] for s in self.switches]
         self._ptr = np.zeros(len(preds) + 1, dtype=np.int64)
@@ -43,6 +45,10 @@ class NetworkPaths:
         self._entry: dict[str, frozenset[int]] = {}  # NIC -> the switches that reach it
         # per destination: switch -> (its next switches towards it, running totals of their path counts)
         self._steps: dict[Hashable, dict[int, tuple[list[int], list[int]]]] = {}
+
+    def _by_name(self, nodes) -> list[int]:
+        """The switches among ``nodes``, as indices in natural-name order."""
+        return sorted((self.index[v] for v in nodes if v in self.index), key=self._rank.__getitem__)
 
     @staticmethod
     def uniform(graph: nx.DiGraph, network: int, cost: Callable[[dict], float]) -> bool:
@@ -58,8 +64,7 @@ class NetworkPaths:
         out = self._out.get(src)
         if out is None:  # kept: a NIC starts paths to thousands of others
             out = self._out[src] = set(self.graph.successors(src))
-            own = sorted(out, key=self.key)
-            self._first[src] = [self.index[v] for v in own if v in self.index]
+            self._first[src] = self._by_name(self.graph.successors(src))
         if dst in out:
             return [src, dst]  # one hop: the only shortest path
         entry = self._entry.get(dst)
