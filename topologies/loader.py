@@ -131,11 +131,12 @@ def _link_figures(link, field: str, file) -> phys.LinkFigures:
 
 def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
     """The directed graph of a spec, checking names, endpoints and bandwidths."""
-    graph = nx.DiGraph(name=spec.name)
     names = {node.name for node in spec.nodes}
+    node_attrs: dict[str, dict] = {}  # name -> attributes, in the spec's order (a cluster has 50k nodes)
+    dram_edges = []
     for i, node in enumerate(spec.nodes):
         field = f"nodes[{i}]"
-        if node.name in graph:
+        if node.name in node_attrs:
             raise TrainsimError(f"duplicate node {node.name!r}", file=file, field=f"{field}.name")
         machine = node.machine if node.machine is not None else (-1 if node.kind == "network_switch" else 0)
         attrs = {"kind": node.kind, "machine": machine}
@@ -154,50 +155,52 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
                 attrs["generation"] = node.generation
         elif node.kind == "pcie_switch":
             attrs["model"] = node.model
-        graph.add_node(node.name, **attrs)
+        node_attrs[node.name] = attrs
         if node.kind == "cpu":
             dram_node = attrs["dram"]
             if dram_node in names:
                 raise TrainsimError(f"node name {dram_node!r} is reserved for the DRAM of {node.name!r}",
                                     file=file, field=f"{field}.name")
-            graph.add_node(dram_node, kind="dram", machine=machine, cpu=node.name)
+            node_attrs[dram_node] = {"kind": "dram", "machine": machine, "cpu": node.name}
             edge = {"kind": "dram", "bandwidth": dram.bandwidth, "raw_bandwidth": dram.raw_bandwidth,
                     "latency": dram.latency, "count": 1, "generation": None, "lanes": None}
-            graph.add_edge(node.name, dram_node, **edge)
-            graph.add_edge(dram_node, node.name, **edge)
+            dram_edges += [(node.name, dram_node, edge), (dram_node, node.name, edge)]
     if not any(node.kind == "gpu" for node in spec.nodes):
         raise TrainsimError("a topology needs at least one node of kind gpu", file=file, field="nodes")
-    kind_of = dict(graph.nodes(data="kind"))  # plain dicts: a cluster has 100k links to check
-    machine_of = dict(graph.nodes(data="machine"))
+    kind_of = {n: attrs["kind"] for n, attrs in node_attrs.items()}  # plain dicts: 100k links to check
+    machine_of = {n: attrs["machine"] for n, attrs in node_attrs.items()}
     edges: dict[tuple[str, str], dict] = {}
     figures_of: dict[tuple, dict] = {}  # a cluster's links are copies of a few: their figures made once
     for i, link in enumerate(spec.links):
-        field = f"links[{i}]"
-        for end in ("a", "b"):
-            name = getattr(link, end)
-            if kind_of.get(name, "dram") == "dram":
-                names = [n for n, k in kind_of.items() if k != "dram"]
-                raise unknown_name("node", name, names, file=file, field=f"{field}.{end}")
-        if link.a == link.b:
-            raise TrainsimError(f"a link from {link.a!r} to itself", file=file, field=f"{field}.b")
-        if (link.a, link.b) in edges:
-            raise TrainsimError(f"a second link between {link.a!r} and {link.b!r}; give one link with "
-                                "count: N", file=file, field=field)
-        machines = {machine_of[link.a], machine_of[link.b]}
-        if len(machines) > 1 and link.kind not in ("ib", "ethernet"):
-            raise TrainsimError(f"a {link.kind} link cannot join machines {sorted(machines)}; use ib or "
-                                "ethernet", file=file, field=f"{field}.kind")
+        a, b = link.a, link.b
+        if kind_of.get(a, "dram") == "dram" or kind_of.get(b, "dram") == "dram":
+            end = "a" if kind_of.get(a, "dram") == "dram" else "b"
+            valid = [n for n, k in kind_of.items() if k != "dram"]
+            raise unknown_name("node", getattr(link, end), valid, file=file, field=f"links[{i}].{end}")
+        if a == b:
+            raise TrainsimError(f"a link from {a!r} to itself", file=file, field=f"links[{i}].b")
+        if (a, b) in edges:
+            raise TrainsimError(f"a second link between {a!r} and {b!r}; give one link with count: N",
+                                file=file, field=f"links[{i}]")
+        if machine_of[a] != machine_of[b] and link.kind not in ("ib", "ethernet"):
+            machines = sorted({machine_of[a], machine_of[b]})
+            raise TrainsimError(f"a {link.kind} link cannot join machines {machines}; use ib or ethernet",
+                                file=file, field=f"links[{i}].kind")
         key = (link.kind, link.generation, link.lanes, link.count, link.bandwidth_gbps,
                link.raw_bandwidth_gbps, link.latency_us)
-        if key not in figures_of:
-            figures = _link_figures(link, field, file)
+        figures = figures_of.get(key)
+        if figures is None:
+            made = _link_figures(link, f"links[{i}]", file)
             lanes = link.lanes if link.lanes is not None else (16 if link.kind == "pcie" else None)
-            figures_of[key] = {"kind": link.kind, "bandwidth": figures.bandwidth,
-                               "raw_bandwidth": figures.raw_bandwidth, "latency": figures.latency,
-                               "count": link.count, "generation": link.generation, "lanes": lanes}
-        edges[link.a, link.b] = edges[link.b, link.a] = figures_of[key]
-    # each direction its own attribute dict, as networkx's add_edge would make
-    graph.add_edges_from((a, b, dict(attrs)) for (a, b), attrs in edges.items())
+            figures = figures_of[key] = {"kind": link.kind, "bandwidth": made.bandwidth,
+                                         "raw_bandwidth": made.raw_bandwidth, "latency": made.latency,
+                                         "count": link.count, "generation": link.generation, "lanes": lanes}
+        edges[a, b] = edges[b, a] = figures
+    graph = nx.DiGraph(name=spec.name)
+    graph.add_nodes_from(node_attrs.items())  # in one call each: per-node and per-edge calls cost more
+    # each direction gets its own attribute dict: add_edges_from copies the one it is given
+    graph.add_edges_from(dram_edges)
+    graph.add_edges_from((a, b, attrs) for (a, b), attrs in edges.items())
     return graph
 
 

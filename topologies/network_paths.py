@@ -26,22 +26,29 @@ class NetworkPaths:
     def __init__(self, graph: nx.DiGraph, network: int, key: Callable[[str], list]):
         self.graph = graph
         nodes = graph.nodes
-        self.key = key
         self.switches = sorted((n for n, m in nodes(data="machine") if m == network), key=key)
         self.index = {s: i for i, s in enumerate(self.switches)}
+        # each switch's rank in natural-name order (equal names' keys, equal ranks): sorting switches by it
+        # sorts them by name, ties kept in their order, without making a key per name per sort
+        keys = [key(s) for s in self.switches]
+        self._rank = list(accumulate(int(i > 0 and k != keys[i - 1]) for i, k in enumerate(keys)))
         # successors among switches, in natural-name order (the order paths are compared in)
-        self.succ = [[self.index[v] for v in sorted(graph.successors(s), key=key) if v in self.index]
-                     for s in self.switches]
+        self.succ = [self._by_name(graph.successors(s)) for s in self.switches]
         # predecessors as CSR arrays, for the search backwards from a destination
         preds = [[self.index[u] for u in graph.predecessors(s) if u in self.index] for s in self.switches]
         self._ptr = np.zeros(len(preds) + 1, dtype=np.int64)
         self._ptr[1:] = np.cumsum([len(p) for p in preds])
         self._ind = np.array([u for p in preds for u in p], dtype=np.int64)
         self._dist: dict[Hashable, tuple[list[int], list[int]]] = {}  # per destination: hops, path counts
+        self._out: dict[str, set[str]] = {}  # NIC -> its neighbours
         self._first: dict[str, list[int]] = {}  # NIC -> its switches, in natural-name order
         self._entry: dict[str, frozenset[int]] = {}  # NIC -> the switches that reach it
         # per destination: switch -> (its next switches towards it, running totals of their path counts)
         self._steps: dict[Hashable, dict[int, tuple[list[int], list[int]]]] = {}
+
+    def _by_name(self, nodes) -> list[int]:
+        """The switches among ``nodes``, as indices in natural-name order."""
+        return sorted((self.index[v] for v in nodes if v in self.index), key=self._rank.__getitem__)
 
     @staticmethod
     def uniform(graph: nx.DiGraph, network: int, cost: Callable[[dict], float]) -> bool:
@@ -54,7 +61,11 @@ class NetworkPaths:
     def path(self, src: str, dst: str, pick: Callable[[], int]) -> list[str] | None:
         """The nodes of the ``pick() % count``-th shortest path from NIC ``src`` to NIC ``dst`` in
         natural-name order (``pick`` is only called when there are several); None when there is none."""
-        if self.graph.has_edge(src, dst):
+        out = self._out.get(src)
+        if out is None:  # kept: a NIC starts paths to thousands of others
+            out = self._out[src] = set(self.graph.successors(src))
+            self._first[src] = self._by_name(self.graph.successors(src))
+        if dst in out:
             return [src, dst]  # one hop: the only shortest path
         entry = self._entry.get(dst)
         if entry is None:
@@ -62,29 +73,34 @@ class NetworkPaths:
             self._entry[dst] = entry
         if not entry:
             return None
-        dist, counts = self._distances(entry)
-        first = self._first.get(src)
-        if first is None:  # kept: a NIC starts paths to thousands of others
-            own = sorted(self.graph.successors(src), key=self.key)
-            first = self._first[src] = [self.index[v] for v in own if v in self.index]
-        first = [s for s in first if dist[s] > 0]
-        if not first:
+        known = self._dist.get(entry)  # called for every pair of NICs: one lookup when known
+        dist, counts = known if known is not None else self._distances(entry)
+        candidates = [s for s in self._first[src] if dist[s] > 0]
+        if len(candidates) > 1:  # a NIC on several switches: the nearest ones
+            hops = min(dist[s] for s in candidates)
+            candidates = [s for s in candidates if dist[s] == hops]
+        elif not candidates:
             return None
-        hops = min(dist[s] for s in first)
-        candidates = [s for s in first if dist[s] == hops]
         totals = list(accumulate(counts[s] for s in candidates))
         k = pick() % totals[-1] if totals[-1] > 1 else 0
-        steps = self._steps.setdefault(entry, {})
+        steps = self._steps.get(entry)
+        if steps is None:
+            steps = self._steps[entry] = {}
+        switches = self.switches
         nodes = [src]
         while candidates:  # the k-th path (from 0): skip the candidates whose paths all come before it
-            i = bisect_right(totals, k)
-            k -= totals[i - 1] if i else 0
-            s = candidates[i]
-            nodes.append(self.switches[s])
-            if s not in steps:  # kept per destination: every NIC's path to it goes down the same switches
-                down = [u for u in self.succ[s] if dist[u] == dist[s] - 1 and dist[u] > 0]
-                steps[s] = (down, list(accumulate(counts[u] for u in down)))
-            candidates, totals = steps[s]
+            if len(candidates) > 1:
+                i = bisect_right(totals, k)
+                k -= totals[i - 1] if i else 0
+                s = candidates[i]
+            else:  # one way on: k stays
+                s = candidates[0]
+            nodes.append(switches[s])
+            down = steps.get(s)
+            if down is None:  # kept per destination: every NIC's path to it goes down the same switches
+                near = [u for u in self.succ[s] if dist[u] == dist[s] - 1 and dist[u] > 0]
+                down = steps[s] = (near, list(accumulate(counts[u] for u in near)))
+            candidates, totals = down
         nodes.append(dst)
         return nodes
 
@@ -107,9 +123,9 @@ class NetworkPaths:
                 offsets = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(total)
                 near = self._ind[offsets]
                 via = np.repeat(frontier, sizes)  # the frontier switch each predecessor leads to
-                frontier = np.unique(near[dist[near] < 0])
                 hops += 1
-                dist[frontier] = hops
+                dist[near[dist[near] < 0]] = hops
+                frontier = np.flatnonzero(dist == hops)  # sorted, each once (no hashing as np.unique)
                 # a switch one hop further has the paths of each of its successors one hop nearer
                 further = dist[near] == hops
                 np.add.at(count, near[further], count[via[further]])

@@ -54,7 +54,7 @@ class Topology:
         self.source = source
         self.p2p = spec.p2p
         self._routes: dict[Edge, tuple[Edge, ...]] = {}
-        self._paths: dict[tuple, tuple[Edge, ...]] = {}
+        self._paths: dict[Edge, tuple[Edge, ...]] = {}
         self._nic_paths: dict[Edge, tuple[Edge, ...]] = {}  # NIC -> NIC across the network
         self._out_legs: dict[str, tuple[tuple[Edge, ...], str]] = {}  # node -> (path to its NIC, the NIC)
         self._in_legs: dict[str, tuple[tuple[Edge, ...], str]] = {}  # node -> (path from its NIC, the NIC)
@@ -191,27 +191,36 @@ class Topology:
         return nx.single_source_dijkstra_path_length(self.graph, src, weight=self._weight(None, machines))
 
     def _path(self, src: str, dst: str, machines: set[int]) -> tuple[Edge, ...]:
-        """The edges from ``src`` to ``dst`` staying inside ``machines`` (kept: read-only, shared)."""
-        key = (src, dst, frozenset(machines))
+        """The edges from ``src`` to ``dst`` staying inside ``machines``, the machines of ``src`` and ``dst``
+        (so kept per pair: read-only, shared)."""
+        key = (src, dst)
         path = self._paths.get(key)
         if path is not None:  # cached: cross-machine routes share their GPU -> NIC segments
             return path
         machine = next(iter(machines)) if len(machines) == 1 else NETWORK
         first = self.representative(machine)
         if first != machine:  # inside a copy of an earlier machine: that machine's path, renamed
-            route = self._path(rename(src, machine, first), rename(dst, machine, first), {first})
-            cut, here = len(prefix(first)), prefix(machine)
-            path = self._paths[key] = tuple((here + u[cut:], here + v[cut:]) for u, v in route)
+            here, there = prefix(machine), prefix(first)
+            cut, back = len(here), len(there)
+            route = self._path(there + src[cut:], there + dst[cut:], {first})
+            path = self._paths[key] = tuple((here + u[back:], here + v[back:]) for u, v in route)
+        elif machines == {NETWORK}:
+            path = self._paths[key] = self._across_network(src, dst)
         else:
             try:
-                if machines == {NETWORK}:
-                    nodes = self._network_path(src, dst)
-                else:
-                    nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
+                nodes = nx.dijkstra_path(self.graph, src, dst, weight=self._weight(dst, machines))
             except nx.NetworkXNoPath:
                 raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
             path = self._paths[key] = tuple(zip(nodes, nodes[1:], strict=False))
         return path
+
+    def _across_network(self, src: str, dst: str) -> tuple[Edge, ...]:
+        """The edges from ``src`` to ``dst`` over network switches only (`_network_path`)."""
+        try:
+            nodes = self._network_path(src, dst)
+        except nx.NetworkXNoPath:
+            raise TrainsimError(f"no route from {src!r} to {dst!r}", file=self.source) from None
+        return tuple(zip(nodes, nodes[1:], strict=False))
 
     @cached_property
     def _network_paths(self) -> NetworkPaths | None:
@@ -246,13 +255,14 @@ class Topology:
         return self._port_of[nic]
 
     def _find_leaf_port(self, nic: str) -> int:
-        nodes = self.graph.nodes
-        leaf = next((v for v in self.graph.successors(nic) if nodes[v]["machine"] == NETWORK), None)
+        machine = self._machine  # plain dicts: asked for each of 16k NICs
+        leaf = next((v for v in self.graph.successors(nic) if machine[v] == NETWORK), None)
         if leaf is None:
             return 0
         if leaf not in self._ports:
+            nodes = self.graph.nodes
             ports = sorted((u for u in self.graph.predecessors(leaf) if nodes[u]["kind"] == "nic"),
-                           key=lambda n: (nodes[n]["machine"], natural_key(n)))
+                           key=lambda n: (machine[n], natural_key(n)))
             self._ports[leaf] = {n: i for i, n in enumerate(ports)}
         return self._ports[leaf][nic]
 
@@ -290,16 +300,16 @@ class Topology:
             load[choice] += 1
             self._nic[gpu] = choice
 
-    def _direct(self, src: str, dst: str) -> tuple[Edge, ...]:
-        """A single transfer's path (GPUDirect between machines), ignoring the P2P setting."""
-        m_src, m_dst = self.machine_of(src), self.machine_of(dst)
+    def _direct(self, src: str, dst: str, m_src: int, m_dst: int) -> tuple[Edge, ...]:
+        """A single transfer's path (GPUDirect between machines), ignoring the P2P setting; ``m_src`` and
+        ``m_dst`` are the machines of ``src`` and ``dst``."""
         if m_src == m_dst or NETWORK in (m_src, m_dst):
             return self._path(src, dst, {m_src, m_dst})
         out, nic_src = self._to_network(src, m_src)
         into, nic_dst = self._from_network(dst, m_dst)
         between = self._nic_paths.get((nic_src, nic_dst))
         if between is None:  # kept apart from `_paths`: no frozenset key per pair of NICs
-            between = self._nic_paths[nic_src, nic_dst] = self._path(nic_src, nic_dst, {NETWORK})
+            between = self._nic_paths[nic_src, nic_dst] = self._across_network(nic_src, nic_dst)
         return out + between + into
 
     def _to_network(self, node: str, machine: int) -> tuple[tuple[Edge, ...], str]:
@@ -328,14 +338,13 @@ class Topology:
         read it, without a copy per call."""
         route = self._routes.get((src, dst))
         if route is None:
-            self.machine_of(src)  # both known, else a one-line error
-            self.machine_of(dst)
+            m_src, m_dst = self.machine_of(src), self.machine_of(dst)  # both known, else a one-line error
             if src == dst:
                 route = ()
             elif not self.p2p and self._is_gpu(src) and self._is_gpu(dst):
                 route = tuple(edge for leg in self.gpu_copy_legs(src, dst) for edge in leg)
             else:
-                route = self._direct(src, dst)
+                route = self._direct(src, dst, m_src, m_dst)
             self._routes[src, dst] = route
         return route
 
@@ -359,7 +368,7 @@ class Topology:
             legs = [(a, host_a), (host_a, b)]
         else:
             legs = [(a, host_a), (host_a, host_b), (host_b, b)]
-        return [list(self._direct(u, v)) for u, v in legs]
+        return [list(self._direct(u, v, self.machine_of(u), self.machine_of(v))) for u, v in legs]
 
     def route_latency(self, route: Route) -> float:
         """Seconds: the sum of the edges' latencies."""
