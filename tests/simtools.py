@@ -121,3 +121,19 @@ def stalls_per_call(machine) -> dict:
 
     model._charge = recorded
     return parts
+
+
+def simulate_mirrored(scenario: dict, mirror: bool):
+    """The result of a scenario dict, with symmetry mirroring on or off (sim/symmetry.py), no records."""
+    from trainsim.formats.scenario_loader import load_scenario
+    from trainsim.sim.simulation import Simulation
+
+    return Simulation(load_scenario(scenario, []), record=False, mirror=mirror).run()
+
+
+def assert_same_result(full, mirrored) -> None:
+    """Two results agree in every field but ``stats`` (wall time, events, ranks simulated)."""
+    a, b = full.to_dict(), mirrored.to_dict()
+    for key in a:
+        if key != "stats":
+            assert a[key] == b[key], key

@@ -5,9 +5,8 @@ bytes); a machine that differs is simulated itself, and what cannot be mirrored 
 from __future__ import annotations
 
 import pytest
+from simtools import assert_same_result, simulate_mirrored
 
-from trainsim.formats.scenario_loader import load_scenario
-from trainsim.sim.simulation import Simulation
 from trainsim.topologies import load_spec
 
 # 4 GPUs and 2 NICs over 2 PCIe switches and 2 sockets: input copies of a machine's ranks contend on its
@@ -24,22 +23,11 @@ def _scenario(topology, **strategy) -> dict:
             "host": {"pinned": False, "data_workers": 2}}
 
 
-def _run(scenario: dict, mirror: bool):
-    return Simulation(load_scenario(scenario, []), record=False, mirror=mirror).run()
-
-
-def _assert_equal(full, mirrored):
-    a, b = full.to_dict(), mirrored.to_dict()
-    for key in a:
-        if key != "stats":
-            assert a[key] == b[key], key
-
-
 def test_mirrored_machines_give_the_full_simulation_exactly():
     scenario = _scenario(CLUSTER)
-    full, mirrored = _run(scenario, False), _run(scenario, True)
+    full, mirrored = simulate_mirrored(scenario, False), simulate_mirrored(scenario, True)
     assert (full.stats["simulated_ranks"], mirrored.stats["simulated_ranks"]) == (16, 4)
-    _assert_equal(full, mirrored)
+    assert_same_result(full, mirrored)
     # the check has teeth: mirrored machines' PCIe links carry input copies and all-reduce bytes
     links = {(x.src, x.dst): x.bytes for x in mirrored.links}
     assert links["n3.cpu0", "n3.sw0"] > 0 and links["n3.sw0", "n3.nic0"] > 0
@@ -51,9 +39,9 @@ def test_a_machine_that_differs_is_simulated_itself():
         if (link["a"], link["b"]) == ("n2.sw1", "n2.gpu3"):
             link["lanes"] = 8  # a narrower slot in machine 2 only
     scenario = _scenario(spec)
-    full, mirrored = _run(scenario, False), _run(scenario, True)
+    full, mirrored = simulate_mirrored(scenario, False), simulate_mirrored(scenario, True)
     assert mirrored.stats["simulated_ranks"] == 8  # machine 0 for machines 0, 1 and 3; machine 2 itself
-    _assert_equal(full, mirrored)
+    assert_same_result(full, mirrored)
 
 
 @pytest.mark.parametrize("change", [{"collectives": "flow"}, {"gpus": [0, 1, 2, 3, 4, 5]}],
@@ -66,5 +54,5 @@ def test_what_is_not_symmetric_is_not_mirrored(change):
         scenario.update(gpus=change["gpus"], batch_size=6 * 32)
     else:
         scenario["strategy"].update(change)
-    result = _run(scenario, True)
+    result = simulate_mirrored(scenario, True)
     assert result.stats["simulated_ranks"] == len(result.gpus)

@@ -6,9 +6,8 @@ replicas whose flows share a link, or collectives as flows, are not mirrored at 
 from __future__ import annotations
 
 import pytest
+from simtools import assert_same_result, simulate_mirrored
 
-from trainsim.formats.scenario_loader import load_scenario
-from trainsim.sim.simulation import Simulation
 from trainsim.topologies import load_spec
 
 # 2 V100s and a NIC under one PCIe switch; machines on a 2-tier fat-tree of 4-port switches (2 machines per
@@ -34,23 +33,12 @@ def _scenario(topology, replicas: int, *, schedule="message-driven", offload=Tru
             "optimizer": {"name": "adam"}, "optimizations": {"offload_optimizer_state": offload}}
 
 
-def _run(scenario: dict, mirror: bool):
-    return Simulation(load_scenario(scenario, []), record=False, mirror=mirror).run()
-
-
-def _assert_equal(full, mirrored):
-    a, b = full.to_dict(), mirrored.to_dict()
-    for key in a:
-        if key != "stats":
-            assert a[key] == b[key], key
-
-
 @pytest.mark.parametrize(("schedule", "offload"), [("message-driven", True), ("1f1b", False)])
 def test_mirrored_replicas_give_the_full_simulation_exactly(schedule, offload):
     scenario = _scenario(_cluster(8), 4, schedule=schedule, offload=offload)
-    full, mirrored = _run(scenario, False), _run(scenario, True)
+    full, mirrored = simulate_mirrored(scenario, False), simulate_mirrored(scenario, True)
     assert (full.stats["simulated_ranks"], mirrored.stats["simulated_ranks"]) == (16, 4)
-    _assert_equal(full, mirrored)
+    assert_same_result(full, mirrored)
     # the check has teeth: a mirrored replica's sends cross its machines' NICs and leaf, and its host links
     # carry its input (and offload) copies
     links = {(x.src, x.dst): x.bytes for x in mirrored.links}
@@ -64,17 +52,17 @@ def test_a_replica_that_differs_is_simulated_itself():
         if (link["a"], link["b"]) == ("n3.sw0", "n3.gpu1"):
             link["lanes"] = 8  # a narrower slot in machine 3 (replica 1's) only
     scenario = _scenario(spec, 4)
-    full, mirrored = _run(scenario, False), _run(scenario, True)
+    full, mirrored = simulate_mirrored(scenario, False), simulate_mirrored(scenario, True)
     assert mirrored.stats["simulated_ranks"] == 8  # replica 0 for replicas 0, 2 and 3; replica 1 itself
-    _assert_equal(full, mirrored)
+    assert_same_result(full, mirrored)
 
 
 def test_a_replica_whose_sends_cross_a_leaf_is_no_copy():
     # 3 machines per leaf: replica 1's middle send goes leaf0 -> spine -> leaf1, replica 0's stays on leaf0
     scenario = _scenario(_cluster(4, radix=6, nodes_per_leaf=3), 2)
-    full, mirrored = _run(scenario, False), _run(scenario, True)
+    full, mirrored = simulate_mirrored(scenario, False), simulate_mirrored(scenario, True)
     assert mirrored.stats["simulated_ranks"] == 8
-    _assert_equal(full, mirrored)
+    assert_same_result(full, mirrored)
     assert any(x.src == "leaf0" and x.dst.startswith("spine") for x in mirrored.links)  # the crossing
 
 
@@ -83,10 +71,10 @@ def test_replicas_sharing_an_oversubscribed_uplink_are_not_mirrored():
     # sends climb leaf0's one uplink
     shared = _scenario(_cluster(4, oversubscription=2), 2)
     shared["gpus"] = [0, 1, 4, 5, 2, 3, 6, 7]
-    result = _run(shared, True)
+    result = simulate_mirrored(shared, True)
     assert result.stats["simulated_ranks"] == 8
     # the sharing is real: the same replicas each on their own leaf are faster
-    apart = _run(_scenario(_cluster(4, oversubscription=2), 2), True)
+    apart = simulate_mirrored(_scenario(_cluster(4, oversubscription=2), 2), True)
     assert apart.stats["simulated_ranks"] == 4
     assert result.iteration_time_s > apart.iteration_time_s
 
@@ -95,5 +83,5 @@ def test_replicas_sharing_an_oversubscribed_uplink_are_not_mirrored():
                          ids=["flow collectives", "jitter"])
 def test_what_is_not_symmetric_is_not_mirrored(change):
     scenario = _scenario(_cluster(4), 2, **change)
-    result = _run(scenario, True)
+    result = simulate_mirrored(scenario, True)
     assert result.stats["simulated_ranks"] == len(result.gpus)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib import resources
 
 from . import easgd_knl
-from .physics import simulate
+from .physics import communication_share, simulate
 from .ranges import Evaluation, FigureSpec, Setting, build, overrides
 from .reproduce import register_paper
 
@@ -45,11 +45,6 @@ SPECS = (
 
 def scenario_path() -> str:
     return str(resources.files("trainsim.scenarios") / "papers" / SCENARIO)
-
-
-def communication_share(result) -> float:
-    """Everything on the critical GPU that is not compute, as a fraction of the iteration."""
-    return 1.0 - result.breakdown_s["compute"] / result.iteration_time_s
 
 
 def evaluate(setting: Setting, free) -> Evaluation:

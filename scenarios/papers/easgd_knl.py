@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .physics import simulate
+from .physics import communication_share, simulate
 from .ranges import Evaluation, FigureSpec, Setting, Stated, overrides
 
 SCENARIO = "easgd-knl-cori.yaml"
@@ -53,11 +53,6 @@ SPECS = (
 
 def scenario_path() -> str:
     return str(resources.files("trainsim.scenarios") / "papers" / SCENARIO)
-
-
-def communication_share(result) -> float:
-    """Everything on the critical rank that is not compute, as a fraction of the iteration."""
-    return 1.0 - result.breakdown_s["compute"] / result.iteration_time_s
 
 
 def _value(setting: Setting, free, name: str):

@@ -123,3 +123,8 @@ class RunCache:
         if key not in self._results:
             self._results[key] = simulate(scenario, physics)
         return self._results[key]
+
+
+def communication_share(result) -> float:
+    """Everything on the critical rank that is not compute, as a fraction of the iteration."""
+    return 1.0 - result.breakdown_s["compute"] / result.iteration_time_s
