@@ -321,16 +321,16 @@ def _fill(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbyt
     0 where a measured figure already is what the box does."""
     if measured.figure(topo, op, algo, proto) is not None or algo not in tune.IN_SWITCH:
         return 0.0
-    machines = len(by_machine(topo, list(names)))
+    rates, machines = _stage_rates(topo, op, names, algo, proto)
     return tune.pipeline_fill(compute_capability(topo, names), op, algo, nbytes, len(names) // machines,
-                              machines, _stage_rates(topo, op, names, algo, proto))
+                              machines, rates)
 
 
-def _stage_rates(topo: Topology, op: str, names, algo: str, proto: str) -> tune.StageRates:
+def _stage_rates(topo: Topology, op: str, names, algo: str, proto: str) -> tuple[tune.StageRates, int]:
     """The rates a pipeline stage reaches alone, from the plan's links at its protocol's efficiency: the
     slowest GPU's switch port (the one-link NVLink transfers), the slowest tree hop (network routes; none in
-    one machine), the slowest GPU's memory (a device the library does not know leaves its copies uncharged).
-    Cached with the plans."""
+    one machine), the slowest GPU's memory (a device the library does not know leaves its copies uncharged);
+    and the group's number of machines. Cached with the plans (a collective asks on every call)."""
     key = ("stage rates", op, algo, proto, names)
     cache = _plans.setdefault(topo, {})
     if key not in cache:
@@ -339,8 +339,9 @@ def _stage_rates(topo: Topology, op: str, names, algo: str, proto: str) -> tune.
         port = min((topo.bottleneck(t.route) for t in transfers if len(t.route) == 1), default=math.inf)
         nic = min((topo.bottleneck(t.route) for t in transfers
                    if hop_class(topo, t.route) == "network"), default=math.inf)
-        cache[key] = tune.StageRates(port * plan.efficiency, nic * plan.efficiency,
-                                     min(_memory_bandwidth(topo, g) for g in names))
+        rates = tune.StageRates(port * plan.efficiency, nic * plan.efficiency,
+                                min(_memory_bandwidth(topo, g) for g in names))
+        cache[key] = rates, len(by_machine(topo, list(names)))
     return cache[key]
 
 
