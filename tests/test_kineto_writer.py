@@ -58,6 +58,7 @@ def two_ranks(tmp_path) -> list[Path]:
         b.launch(1, 10, 5, stream=7, gpu_ts=20, gpu_dur=100, name="gemm")
         b.launch(1, 20, 5, stream=13, gpu_ts=130, gpu_dur=50 + 20 * rank,
                  name="ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+                 grid=[2, 1, 1], block=[544, 1, 1],
                  **{"Collective name": "allreduce", "In msg nelems": 1024, "Group size": 2, "dtype": "Float"})
         b.launch(1, 30, 5, stream=7, gpu_ts=200, gpu_dur=10, kind="gpu_memcpy",
                  name="Memcpy DtoH (Device -> Pinned)", bytes=4096)
@@ -141,6 +142,7 @@ def test_replayed_folder_reads_back_as_the_replay(tmp_path):
     [t0, t1] = load_traces(written)
     coll = next(g for g in t1.gpu_events if g.kind == "collective")
     assert coll.collective.nbytes == 4096 and coll.collective.group_size == 2
+    assert (coll.collective.channels, coll.collective.threads) == (2, 544)     # the launch shape: Simple
     assert coll.dur == pytest.approx(70e-6)
     copy = next(g for g in t0.gpu_events if g.kind == "memcpy")
     assert copy.nbytes == 4096 and copy.copy_kind == "D2H" and copy.pinned

@@ -139,12 +139,38 @@ def ll_latency() -> float:
     return collective_time(topo, "allreduce", ["gpu0", "gpu1"], 0, algo="ring", proto="ll")
 
 
-def test_kernel_names_give_algorithm_and_protocol():
-    assert kernel_algo_proto(LL) == ("ring", "ll")
+def test_kernel_names_give_algorithm_and_threads_the_protocol():
+    """NCCL names every kernel of a collective and algorithm ..._LL whatever protocol runs in it; the
+    threads per block tell: LL 512 (halved for small messages), LL128 640, Simple one sync warp more."""
+    assert kernel_algo_proto(LL) == ("ring", "auto")
+    assert kernel_algo_proto(LL, 512) == kernel_algo_proto(LL, 128) == ("ring", "ll")
+    assert kernel_algo_proto(LL, 640) == kernel_algo_proto(LL, 320) == ("ring", "ll128")
+    assert kernel_algo_proto(LL, 544) == kernel_algo_proto(LL, 160) == ("ring", "simple")
+    assert kernel_algo_proto(LL, 96) == ("ring", "auto")          # three warps: the floor of either
+    assert kernel_algo_proto("ncclKernel_AllReduce_TREE_LL_Sum_float", 544) == ("tree", "auto")
+    # From NCCL 2.19 RING_LL runs every algorithm but tree: only the ring's Simple warp is unambiguous.
+    new = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage)"
+    assert kernel_algo_proto(new, 544) == ("ring", "simple")
+    assert kernel_algo_proto(new, 640) == kernel_algo_proto(new, 512) == ("auto", "auto")
     assert kernel_algo_proto("ncclDevKernel_AllReduce_Sum_f32_TREE_LL128(ncclDevKernelArgsStorage)") == (
         "tree", "ll128")
-    assert kernel_algo_proto("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t") == ("ring", "simple")
+    assert kernel_algo_proto("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", 640) == ("ring", "simple")
     assert kernel_algo_proto("ncclKernel_Broadcast") == ("auto", "auto")
+
+
+def test_shared_a100_trace_ran_simple_and_its_rate_is_not_dgx_a100s():
+    """The shared A100 trace's all-reduces launch 544 threads (Simple) and move 13 GB/s at best: the check
+    says the model of dgx-a100 moves far more, so the trace's GPUs were not linked as that machine's."""
+    g = build_graph(load_trace(SHARED / "kineto-a100-ddp2-rank0.json.gz"))
+    split = NcclSplit([g], load_topology("dgx-a100"))
+    allreduces = [m for m in split.members.values() if m.op == "allreduce"]
+    assert allreduces and {(m.algo, m.proto) for m in allreduces} == {("ring", "simple")}
+    result = runner.invoke(app, ["replay", str(SHARED / "kineto-a100-ddp2-rank0.json.gz"), "--json"])
+    assert result.exit_code == 0, result.output
+    rates = json.loads(result.stdout)["checks"]["collectives"]["summary"]["rates"]
+    allreduce = next(r for r in rates if r["collective"] == "allreduce")
+    assert allreduce["measured_gbps"] == pytest.approx(13.1, abs=0.1)
+    assert allreduce["mismatch"] and allreduce["model_gbps"] > 10 * allreduce["measured_gbps"]
 
 
 def test_split_fits_the_fastest_rate_and_calls_the_rest_waiting(tmp_path):
@@ -180,7 +206,7 @@ def test_size_missing_from_one_kernel_comes_from_the_trace_fit(tmp_path):
 def test_ll_kernel_without_size_moved_a_small_message_whatever_it_lasted(tmp_path):
     """NCCL runs LL only for small messages: a 10 ms LL all-reduce is mostly waiting."""
     b = TraceBuilder(world_size=2, device_name=V100)
-    b.launch(MAIN, 0, 5, stream=9, gpu_ts=10, gpu_dur=10_000, name=LL)
+    b.launch(MAIN, 0, 5, stream=9, gpu_ts=10, gpu_dur=10_000, name=LL, block=[512, 1, 1])
     g = graph_of(b, tmp_path / "t.json")
     topo = load_topology("dgx1-v100")
     part = NcclSplit([g], topo).split(0, g.ops[0])

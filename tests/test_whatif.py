@@ -189,12 +189,14 @@ def test_bad_switches(sets, message):
 def test_checks_on_a_synthetic_trace(tmp_path):
     nelems = 2**20
     b = TraceBuilder(device_name=A100)
-    b.launch(MAIN, 10, 5, stream=9, gpu_ts=20, gpu_dur=1000, name=NCCL, **allreduce_args(nelems))
+    b.launch(MAIN, 10, 5, stream=9, gpu_ts=20, gpu_dur=1000, name=NCCL, block=[512, 1, 1],
+             **allreduce_args(nelems))
     b.launch(MAIN, 20, 5, stream=7, gpu_ts=1100, gpu_dur=20, name="Memcpy DtoD (Device -> Device)",
              kind="gpu_memcpy", bytes=8 * 2**20)
     g = graph(b, tmp_path / "t.json")
     coll = collective_check([g], "dgx-a100")
-    # as the kernel ran (its name says ring, LL); one kernel waited for nobody, so all of it is compared
+    # as the kernel ran (its name says ring, its 512 threads LL); one kernel waited for nobody, so all of it
+    # is compared
     alone = simulate_collective(load_topology("dgx-a100"), "allreduce", ["gpu0", "gpu1"], nelems * 4,
                                 algo="ring", proto="ll")["time_s"]
     assert coll.summary["count"] == 1

@@ -429,6 +429,14 @@ class ReplayReport:
                 line += f"; >= 1 MiB: {big['count']} ops, median {big['median_error_pct']:.1f} %"
             lines.append(line)
             lines.append(f"  ({check.note})")
+            for r in sm.get("rates", []):
+                if r["mismatch"]:
+                    kind = ("slower than" if r["measured_gbps"] < r["model_gbps"] else "faster than")
+                    lines.append(f"  the trace's fastest {r['collective']} on {r['gpus']} GPUs moved "
+                                 f"{r['measured_gbps']:.1f} GB/s, the model of {check.topology} "
+                                 f"{r['model_gbps']:.1f} GB/s: the run's links were {kind} {check.topology}'s"
+                                 f"{' (peer-to-peer off, or PCIe?)' if kind == 'slower than' else ''}; "
+                                 f"set ran_on=TOPOLOGY to the machine it ran on")
         for rr in self.replay.ranks:
             st, g = rr.graph.stats, rr.graph
             lines.append(f"rank {g.rank}: {len(g.ops)} GPU ops on {len(g.streams)} streams, "

@@ -62,6 +62,10 @@ def _collective_args(collective) -> dict:
         args["Process Group Name"] = collective.group
     if collective.ranks is not None:
         args["Process Group Ranks"] = str(list(collective.ranks))
+    if collective.channels is not None:
+        args["grid"] = [collective.channels, 1, 1]
+    if collective.threads is not None:
+        args["block"] = [collective.threads, 1, 1]
     return args
 
 

@@ -6,14 +6,14 @@ time is ``wait`` (until the slowest peer has arrived) + ``latency`` (the protoco
 changes and keeps the rest as measured.
 
 - **Latency** is the collective model's time for an empty message (`ops.collective_time` at 0 bytes, with the
-  algorithm and protocol the kernel's name shows) on the machine the trace ran on; 0 when that machine is
-  unknown.
+  algorithm and protocol the kernel ran, `kernel_algo_proto`) on the machine the trace ran on; 0 when that
+  machine is unknown.
 - **Transfer** is fitted from the trace's own kernels: per (collective, group size, protocol), the fastest
   effective rate ``bytes / (time - latency)`` among kernels of known size, i.e. the lower envelope of time
   against size. That kernel waited for nobody; every other kernel's excess over the envelope is its wait.
 - **Sizes a trace does not carry** are inferred from the measured time: on the trace's own fit when kernels
   of the same kind have sizes, else by inverting the collective model of the machine the trace ran on, capped
-  at the largest message for which NCCL picks the protocol in the kernel's name (an LL kernel moved a small
+  at the largest message for which NCCL picks the protocol the kernel ran (an LL kernel moved a small
   message whatever it lasted). Any wait then counts as transfer, so an inferred size is an upper bound.
 
 The model's pieces are public functions of `trainsim.sim.collectives.ops`; nothing here changes them.
@@ -42,14 +42,31 @@ _ALGO_PROTO = re.compile(r"_(RING|TREE|NVLS|NVLSTREE|COLLNET\w*?)_(LL128|LL|SIMP
 _FLOAT32 = re.compile(r"_(float|f32)(?![A-Za-z0-9])")
 _MODEL_ALGOS = {"RING": "ring", "TREE": "tree", "NVLS": "nvls", "NVLSTREE": "nvls_tree"}
 _SIZE_RANGE = (1.0, 2.0**40)      # bytes searched when inverting the model
+# NCCL compiles one kernel per collective and algorithm and runs every protocol inside it: up to 2.18 only
+# the LL variant is a kernel ("Only generate inline kernels for LL", src/collectives/device/common.h); from
+# 2.19 every algorithm but tree runs in the RING_LL kernel (src/device/generate.py, best_kernel). So the LL
+# of a name says nothing, and in a 2.19 name (ncclDevKernel_) RING says only "not tree". The protocol shows
+# in the launch's threads per block (enqueue.cc, channel and thread tuning): LL runs up to 512 threads and
+# LL128 640, halved for small messages while a multiple of 128; Simple adds one warp for sync on a ring.
+_RING_THREADS = {512: "ll", 256: "ll", 128: "ll", 640: "ll128", 320: "ll128",
+                 544: "simple", 288: "simple", 160: "simple"}
 
 
-def kernel_algo_proto(name: str) -> tuple[str, str]:
-    """(algorithm, protocol) an NCCL kernel's name shows, in the model's spelling; "auto" where not."""
+def kernel_algo_proto(name: str, threads: int | None = None) -> tuple[str, str]:
+    """(algorithm, protocol) an NCCL kernel ran, in the model's spelling, from its name and its threads per
+    block; "auto" where they do not tell (see above: a name's own LL never does)."""
     match = _ALGO_PROTO.search(name)
     if not match:
         return "auto", "auto"
-    return _MODEL_ALGOS.get(match.group(1), "auto"), match.group(2).lower()
+    algo = _MODEL_ALGOS.get(match.group(1), "auto")
+    if match.group(2) != "LL":        # SendRecv kernels (always Simple) and builds with exact kernel names
+        return algo, match.group(2).lower()
+    if algo != "ring":                # the tree's Simple adds four warps: its threads collide with LL/LL128
+        return algo, "auto"
+    proto = _RING_THREADS.get(threads or 0, "auto")
+    if name.startswith("ncclDevKernel_") and proto != "simple":
+        return "auto", "auto"         # 2.19 on: 512 or 640 threads may be NVLS or CollNet as well
+    return "ring", proto
 
 
 def kernel_moves_fp32(name: str) -> bool:
@@ -113,7 +130,7 @@ def member(graph: TraceGraph, op: GpuOp, world: int) -> Member | None:
         ranks = tuple(range(c.group_size or graph.trace.world_size or world))
     if len(ranks) < 2:
         return None
-    return Member(name, ranks, *kernel_algo_proto(op.name))
+    return Member(name, ranks, *kernel_algo_proto(op.name, c.threads))
 
 
 class NcclSplit:

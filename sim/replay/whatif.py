@@ -423,7 +423,7 @@ class CheckResult:
 
 
 def _as_it_ran(topo, m: Member, gpus: list[str], nbytes: float, algo: str) -> float:
-    """The collective alone on flows, with the algorithm and protocol the kernel's name shows where the
+    """The collective alone on flows, with the algorithm and protocol the kernel ran where the
     topology has them (and ``algo`` is auto), else NCCL's choice."""
     from trainsim.sim.collectives.ops import simulate_collective
 
@@ -460,9 +460,36 @@ def collective_check(graphs: list[TraceGraph], topology: str, *, algo: str = "au
     summary["by_collective"] = {name: _spread([r["error_pct"] for r in rows if r["collective"] == name])
                                 for name in sorted({r["collective"] for r in rows})}
     summary["fitted"] = split.summary()
+    summary["rates"] = _envelope_rates(rows)
     note = ("compared with each kernel's latency + transfer: its measured time less its wait for peers, the "
             "transfer at the fastest rate the trace shows for that kind of kernel")
     return CheckResult(topo.name, rows, summary, note)
+
+
+# The trace's links and the model's differ in kind, not in detail, beyond this ratio of rates.
+RATE_MISMATCH = 2.0
+
+
+def _envelope_rates(rows: list[dict]) -> list[dict]:
+    """Per kind of kernel (collective, GPUs), the fastest measured transfer rate (the fit's envelope) beside
+    the model's rate for the same kernel; ``mismatch`` when they differ by over RATE_MISMATCH: then the
+    trace ran on links other than the topology's (peer-to-peer off, PCIe instead of NVLink, ...)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        if r["transfer_s"] <= 0 or r["simulated_s"] <= r["latency_s"]:
+            continue
+        key = (r["collective"], r["gpus"])
+        rate = r["bytes"] / r["transfer_s"]
+        if key not in best or (rate, r["bytes"]) > (best[key]["rate"], best[key]["bytes"]):
+            model = r["bytes"] / (r["simulated_s"] - r["latency_s"])
+            best[key] = {"rate": rate, "bytes": r["bytes"], "model": model}
+    out = []
+    for (op, n), b in sorted(best.items()):
+        ratio = b["model"] / b["rate"]
+        out.append({"collective": op, "gpus": n, "bytes": b["bytes"], "measured_gbps": b["rate"] / 1e9,
+                    "model_gbps": b["model"] / 1e9,
+                    "mismatch": ratio > RATE_MISMATCH or ratio < 1 / RATE_MISMATCH})
+    return out
 
 
 def memcpy_check(graphs: list[TraceGraph], topology: str | None) -> CheckResult:

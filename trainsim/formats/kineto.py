@@ -60,6 +60,8 @@ class Collective:
     group: str | None = None       # process group name
     ranks: tuple[int, ...] | None = None
     out_nelems: int | None = None  # output message elements (all-gather: the whole gathered array)
+    channels: int | None = None    # the kernel's blocks (grid x): NCCL runs one block per channel
+    threads: int | None = None     # threads per block (block x): tells the protocol (nccl_split)
 
     @property
     def element_bytes(self) -> int | None:
@@ -344,7 +346,17 @@ def collective_from_args(args: dict, kernel_name: str = "") -> Collective | None
         group=str(args["Process Group Name"]) if args.get("Process Group Name") is not None else None,
         ranks=_parse_ranks(args.get("Process Group Ranks")),
         out_nelems=out_nelems if out_nelems is not None and out_nelems >= 0 else None,
+        channels=_first_dim(args.get("grid")),
+        threads=_first_dim(args.get("block")),
     )
+
+
+def _first_dim(value) -> int | None:
+    """x of a kernel's ``grid`` or ``block`` arg ([x, y, z]); None when absent or not positive."""
+    if isinstance(value, list | tuple) and value:
+        x = _as_int(value[0])
+        return x if x is not None and x > 0 else None
+    return None
 
 
 class _Collector:
