@@ -1,10 +1,11 @@
 """Per-rank costs: bytes per parameter by precision and optimizer, the optimizer step, layer times."""
 
 import pytest
+from simtools import tiny_workload
 
-from trainsim.formats.workload import load_workload
+from trainsim.formats.workload import Workload, load_workload
 from trainsim.sim.compute.costs import optimizer_traffic, rank_costs, state_bytes
-from trainsim.sim.compute.roofline import layer_times
+from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY, layer_times
 from trainsim.sim.core.devices import get_device
 
 
@@ -43,9 +44,22 @@ def test_unmeasured_optimizer_step_is_memory_bound():
     costs = rank_costs(wl, device, 32, "fp32", "adam")
     # Adam fp32: read grads (4), read+write weights (8), read+write m and v (16) = 28 B per parameter
     assert optimizer_traffic(psi, "fp32", "adam") == 28 * psi
-    assert costs.step_s == pytest.approx(28 * psi / device.memory_bandwidth)
+    # at the share of the memory bandwidth streaming kernels reach, as the roofline's elementwise layers
+    assert costs.step_s == pytest.approx(28 * psi / (device.memory_bandwidth * DEFAULT_EFFICIENCY.memory))
     # SGD: read grads, read and write weights
     assert optimizer_traffic(psi, "fp32", "sgd") == 12 * psi
+
+
+def test_optimizer_step_measured_on_another_gpu_scales_by_memory_bandwidth():
+    """Measured 2 ms on an A100 40 GB (1555 GB/s): on an H100 SXM (3350 GB/s) 2 ms x 1555 / 3350."""
+    layers = [{"name": "fc", "fwd": 1e-3, "bwd": 2e-3, "params": 4_000_000}]
+    wl = Workload.model_validate(tiny_workload(layers, batch=8, step_s=2e-3, device_spec="a100-40gb"))
+    here = rank_costs(wl, get_device("a100-40gb"), 8, "fp32", "adam")
+    h100 = get_device("h100-sxm")
+    there = rank_costs(wl, h100, 8, "fp32", "adam")
+    assert here.step_s == pytest.approx(2e-3)
+    a100 = get_device("a100-40gb")
+    assert there.step_s == pytest.approx(2e-3 * a100.memory_bandwidth / h100.memory_bandwidth)
 
 
 def test_unattributed_time_of_a_calibrated_workload():

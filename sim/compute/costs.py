@@ -9,9 +9,10 @@ roofline estimate elsewhere). Bytes follow the precision:
 - Activations are recorded at the workload's dtype and scale with the precision's element size (autocast
   keeps most saved tensors in 16 bit); the input batch crosses PCIe as the workload's input says.
 
-The optimizer step, when not measured on this device, is memory-bound: it reads the gradients, reads and
-writes the (master) weights and the state, and writes the 16-bit weights back under mixed precision, at the
-device's memory bandwidth.
+The optimizer step is memory-bound. Measured on another device, it scales by the ratio of memory bandwidths;
+never measured, it reads the gradients, reads and writes the (master) weights and the state, and writes the
+16-bit weights back under mixed precision, at the share of the memory bandwidth streaming kernels reach
+(`roofline.Efficiency.memory`).
 """
 
 from __future__ import annotations
@@ -105,18 +106,24 @@ def rank_costs(
     act_scale = weight / itemsize  # saved tensors follow the compute precision (masks/indices approximated)
     params_per_layer = [layer.param_bytes / itemsize for layer in workload.layers]
     num_params = sum(params_per_layer)
-    if workload.optimizer_step is not None and measured_here(workload, device):
+    here = measured_here(workload, device)
+    elsewhere = not here and workload.optimizer_step is not None
+    source = roofline.measured_device(workload, measured_on) if elsewhere else None
+    if workload.optimizer_step is not None and (here or source is not None):
         try:
             step = workload.optimizer_step.at(batch)
         except TrainsimError as exc:
             raise TrainsimError(exc.reason, file=workload.source,
                                 field=f"optimizer_step.{exc.field}") from None
+        if source is not None:  # memory-bound: the measured step at the ratio of bandwidths, as retarget does
+            step *= source.memory_bandwidth / device.memory_bandwidth
     else:
-        step = optimizer_traffic(num_params, precision, optimizer) / device.memory_bandwidth
+        step = optimizer_traffic(num_params, precision, optimizer) / (
+            device.memory_bandwidth * roofline.DEFAULT_EFFICIENCY.memory)
     last = workload.layers[-1]
     forward = [float(f) for f, _ in times]
     backward = [float(b) for _, b in times]
-    if measured_here(workload, device):
+    if here:
         # the measured iteration's glue outside every layer (loss, zero_grad, the autograd engine): real work
         # on the rank, charged where the loss is computed, after the last layer's forward
         forward[-1] += unattributed_s(workload, batch)

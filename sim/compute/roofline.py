@@ -118,6 +118,15 @@ def _measured_on(workload: Workload, measured_on: DeviceSpec | str | None) -> De
         raise TrainsimError(str(exc).removeprefix("device: "), field="provenance.device_spec") from None
 
 
+def measured_device(workload: Workload, measured_on: DeviceSpec | str | None = None) -> DeviceSpec | None:
+    """The device a workload's measured times come from (``measured_on``, else its provenance's spec);
+    None when its provenance names no device trainsim knows."""
+    try:
+        return _measured_on(workload, measured_on)
+    except TrainsimError:
+        return None
+
+
 def _scaled(time_model: TimeModel, ratio) -> TimeModel:
     """``time_model`` with every time multiplied by ``ratio(batch)``, refitted."""
     if time_model.points:
