@@ -38,6 +38,41 @@ def test_prefetch_serves_every_unpack_ahead_of_backward(distance):
     assert stats.on_demand == 0 and stats.prefetched > 0  # backward never waited for an unissued copy
 
 
+def test_a_tensor_saved_twice_is_copied_once():
+    """ResNet-18 saves 144 tensors of which 20 again (a layer's output is the next one's input): the
+    offloader copies the distinct ones only, and backward still gets every one (same gradients above)."""
+    _, offloader = _grads("prefetch", distance=2, resnet=True)
+    stats = offloader.stats
+    assert stats.shared > 0 and stats.on_demand == 0
+    torch.manual_seed(0)
+    model = zoo.build_model("resnet18", image_size=32, num_classes=10)
+    x, _ = zoo.example_batch("resnet18", 4, "cpu", generator=torch.Generator().manual_seed(1),
+                             image_size=32, num_classes=10)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    packed: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params and t.numel() * t.element_size() >= 4096:
+            packed[id(t)] = t.numel() * t.element_size()     # the same live object once
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    assert stats.offloaded_bytes == sum(packed.values())
+
+
+def test_a_tensor_changed_in_place_is_copied_again():
+    offloader = PrefetchOffload(zoo.build_model("tiny-cnn"), torch.device("cpu"))
+    t = torch.ones(2048)
+    first = offloader.pack(t)
+    assert offloader.pack(t) is first and first.uses == 2
+    t.add_(1)                                  # a new version: the first copy holds the old values
+    second = offloader.pack(t)
+    assert second is not first and torch.equal(second.host, t)
+    assert torch.equal(offloader.unpack(first), torch.ones(2048)) and first.device_copy is not None
+    offloader.unpack(first)
+    assert first.device_copy is None           # dropped after its last unpack
+
+
 def test_parameters_are_not_offloaded():
     torch.manual_seed(0)
     model = zoo.build_model("tiny-cnn")

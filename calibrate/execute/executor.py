@@ -299,7 +299,8 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
     if strategy.offloader is not None:
         st = strategy.offloader.stats
         notes.append(f"offload: {st.offloaded_bytes // max(1, total)} bytes/iteration offloaded, "
-                     f"{st.prefetched} unpacks prefetched, {st.on_demand} on demand")
+                     f"{st.prefetched} unpacks prefetched, {st.on_demand} on demand, "
+                     f"{st.shared} saves shared an earlier copy")
     params = strategy.final_params().numpy() if cfg.capture_params else None
     extra = dict(strategy.extra)
     if cfg.strategy == "easgd":

@@ -13,6 +13,10 @@ Two modes, both `torch.autograd.graph.saved_tensors_hooks`:
   copies for the ``distance`` saving layers before L are issued. An unpack waits only on its own copy's event.
 
 Parameters (weights a layer saves for backward) stay where they are: offloading them saves nothing.
+A tensor saved again while it is still alive (a layer's output, saved by it and by the next layer as its
+input) is copied once: the second pack shares the first copy, as the simulator counts distinct bytes. The
+match is the same live tensor object at the same version, never an address alone: the caching allocator
+hands a freed tensor's address to the next one within the same forward.
 On the CPU there is no second memory to offload to: the same code runs, "copies" become host-to-host clones
 and there are no side streams; it exercises the logic and measures the copy cost, nothing more.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -29,13 +34,14 @@ from torch import nn
 MIN_BYTES = 4096  # tiny saved tensors (shapes, masks of a few elements) are not worth a copy
 
 
-@dataclass
+@dataclass(eq=False)  # one copy is one object: compared by identity
 class _Saved:
     layer: int
     host: torch.Tensor
     event: object = None  # CUDA event: the D2H copy is done
     device_copy: torch.Tensor | None = None  # brought back by a prefetch
     ready: object = None  # CUDA event: the H2D prefetch is done
+    uses: int = 1  # packs sharing this copy; the device copy is dropped after the last unpack
 
 
 @dataclass
@@ -43,6 +49,7 @@ class OffloadStats:
     offloaded_bytes: int = 0
     prefetched: int = 0  # unpacks served by a prefetch issued ahead
     on_demand: int = 0  # unpacks that had to copy back synchronously
+    shared: int = 0  # packs of a tensor already offloaded and still alive: no second copy
     layers: set = field(default_factory=set)
 
 
@@ -66,6 +73,7 @@ class PrefetchOffload:
                          for m in model.modules() if not list(m.children())]
         self._layer_counter = 0
         self._saved_order: list[int] | None = None
+        self._live: dict[tuple, tuple[weakref.ref, _Saved]] = {}  # offloaded tensors, by what they hold
 
     def _enter_layer(self, module, args) -> None:
         self.current_layer = self._layer_counter
@@ -78,6 +86,21 @@ class PrefetchOffload:
         if (nbytes < MIN_BYTES or tensor.untyped_storage().data_ptr() in self.param_storages
                 or tensor.layout != torch.strided or tensor.device != self.device):
             return tensor
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype, tensor._version)
+        earlier = self._live.get(key)
+        if earlier is not None and earlier[0]() is tensor:
+            saved = earlier[1]
+            saved.uses += 1
+            self.stats.shared += 1
+            if saved.layer != self.current_layer:  # backward reaches the last saver first: prefetch it there
+                first = self.layers[saved.layer]
+                first.remove(saved)
+                if not first:
+                    del self.layers[saved.layer]
+                saved.layer = self.current_layer
+                self.layers.setdefault(saved.layer, []).append(saved)
+            return saved
         layer = self.current_layer
         if self.cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -91,6 +114,7 @@ class PrefetchOffload:
         else:
             saved = _Saved(layer, tensor.detach().clone())
         self.layers.setdefault(layer, []).append(saved)
+        self._live[key] = (weakref.ref(tensor), saved)
         self.stats.offloaded_bytes += nbytes
         self.stats.layers.add(layer)
         return saved
@@ -105,7 +129,10 @@ class PrefetchOffload:
             self.stats.prefetched += 1
         self.issued.add(saved.layer)
         self._issue_ahead(saved.layer)
-        out, saved.device_copy = saved.device_copy, None
+        out = saved.device_copy
+        saved.uses -= 1
+        if saved.uses == 0:
+            saved.device_copy = None
         if self.cuda:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(saved.ready)
@@ -154,6 +181,7 @@ class PrefetchOffload:
     def reset(self) -> None:
         """Before the next forward."""
         self.layers.clear()
+        self._live.clear()
         self.issued.clear()
         self._saved_order = None
         self._layer_counter = 0
