@@ -8,10 +8,12 @@ import pytest
 from simtools import tiny_workload
 
 from trainsim.formats.workload import Workload
+from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY
 from trainsim.sim.optimizations.compression import Codec, CompressionSpec, WeightMatrix, layer_matrices
 
 FP32 = 4
-DEVICE = SimpleNamespace(peak_flops={"fp32": 10e12}, memory_bandwidth=1e12)
+DEVICE = SimpleNamespace(peak_flops={"fp32": 10e12}, memory_bandwidth=1e12, kind="gpu")
+STREAMING = 1e12 * DEFAULT_EFFICIENCY.memory  # bytes/s an elementwise pass reaches on DEVICE
 
 
 def small_cnn() -> Workload:
@@ -67,7 +69,7 @@ def test_powersgd_phases_by_hand():
     assert phases.q_bytes == (27 * 2 + 2048 * 2) * FP32
     assert phases.wire_bytes == pytest.approx(phases.uncompressed_bytes + phases.p_bytes + phases.q_bytes)
     assert phases.matmul_s == pytest.approx((2 * 16 * 27 * 2 + 2 * 10 * 2048 * 2) / 10e12)
-    assert phases.error_feedback_s == pytest.approx(2 * sum(g) / 1e12)  # read + write the bucket
+    assert phases.error_feedback_s == pytest.approx(2 * sum(g) / STREAMING)  # read + write the bucket
 
 
 def test_matrices_not_worth_compressing_go_uncompressed():
@@ -97,7 +99,7 @@ def test_elementwise_methods_keep_their_ratio():
     for spec, ratio in (("fp16", 0.5), ("int8", 0.25), ({"method": "topk", "ratio": 0.1}, 0.2)):
         codec = Codec(CompressionSpec.model_validate(spec), "fp32", layer_matrices(wl), DEVICE)
         assert codec.wire_bytes(g, [0, 1, 3]) == pytest.approx(ratio * (g[0] + g[1] + g[3]))
-        assert codec.encode_s(g, [0]) == pytest.approx((1 + ratio) * g[0] / 1e12)
+        assert codec.encode_s(g, [0]) == pytest.approx((1 + ratio) * g[0] / STREAMING)
 
 
 def test_a_measured_hook_cost_scales_every_pass_and_keeps_their_shares():

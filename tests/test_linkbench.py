@@ -12,11 +12,13 @@ from trainsim.calibrate.measure.linkbench import (
     MIB,
     LinkClass,
     SweepConfig,
+    batch_sizes,
     cpu_links,
     cuda_links,
     dram_bandwidth,
     gemm_flops_per_core,
     last_level_cache_bytes,
+    loader_batch_points,
     quick_memory_bandwidth,
     scales_with_size,
     sweep_for,
@@ -75,13 +77,36 @@ def test_sweeps_and_host_figures():
         SweepConfig(min_bytes=10, max_bytes=5)
 
 
+def test_loader_batches_come_from_a_worker_in_shared_memory_and_are_timed_per_size():
+    sizes = [MIB, 4 * MIB]
+    dst = torch.empty(max(sizes), dtype=torch.uint8)
+    seen = []
+
+    def copy(batch):
+        seen.append((batch.numel(), batch.is_shared()))
+        dst[: batch.numel()].copy_(batch)
+
+    points = loader_batch_points(sizes, 2, copy)
+    assert seen == [(MIB, True)] * 3 + [(4 * MIB, True)] * 3  # each size's first batch is a warm-up
+    assert [p[0] for p in points] == sizes and all(p[1] > 0 and p[2] >= 0 for p in points)
+    assert int(dst[: 4 * MIB].sum()) == 4 * MIB  # the copies moved the worker's bytes
+
+
+def test_loader_batch_sizes_are_input_batch_sizes():
+    assert batch_sizes(SweepConfig()) == [MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+    assert batch_sizes(TINY) == [4 * MIB]  # the sweep's sizes (1K, 16K, 256K, 4M) between 1 and 256 MiB
+    assert batch_sizes(SweepConfig(max_bytes=64 * KIB)) == [MIB]  # none: one size still
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_sweep():
     cfg = SweepConfig(min_bytes=KIB, max_bytes=16 * MIB, factor=16, repeats=2, target_s=0.0005)
     links = cuda_links(cfg)
     kinds = {link.kind for link in links}
-    assert {"h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable", "d2d"} <= kinds
+    assert {"h2d_pinned", "h2d_pageable", "h2d_batch", "d2h_pinned", "d2h_pageable", "d2d"} <= kinds
+    batch = next(link for link in links if link.kind == "h2d_batch")
+    assert batch.fit.beta_bytes_per_s > 1e8 and [p[0] for p in batch.points] == batch_sizes(cfg)
     pinned = next(link for link in links if link.kind == "h2d_pinned")
     assert pinned.fit.beta_bytes_per_s > 1e9
     n = torch.cuda.device_count()

@@ -3,6 +3,7 @@
 import pytest
 from simtools import tiny_topology
 
+from trainsim.errors import TrainsimError
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE, build_machine
 from trainsim.topologies import load_topology
 
@@ -51,6 +52,20 @@ def test_pinned_copy_runs_at_the_link_and_pageable_at_the_cpu_copy_rate_holding_
     assert seen == [1]  # one core busy staging the copy half-way through
     staging = [op for op in pageable.ops if op.resource == "cpu0"]
     assert len(staging) == 1 and staging[0].op == "h2d_input_staging"
+
+
+def test_a_pageable_copy_runs_at_the_topologys_pageable_rate():
+    doc = tiny_topology(gpus=1, nvlink=False, pcie_gbps=25.0)
+    doc["nodes"][0]["pageable_gbps"] = 5.0  # what `trainsim calibrate` wrote for loader batches
+    topo = load_topology(doc)
+    machine = build_machine(topo)
+    assert machine.hosts["cpu0"].pageable_rate == pytest.approx(5e9) == topo.pageable_rate("gpu0")
+    machine.env.process(machine.h2d("gpu0", 1e9, iteration=0, pinned=False))
+    machine.env.run()
+    assert machine.env.now == pytest.approx(1e9 / 5e9 + topo.route_latency(_h2d_route(machine)))
+    assert load_topology(tiny_topology(gpus=1)).pageable_rate("gpu0") == PAGEABLE_COPY_RATE  # none given
+    with pytest.raises(TrainsimError, match=r"nodes\[0\]\.pageable_gbps"):
+        load_topology({**doc, "nodes": [{**doc["nodes"][0], "pageable_gbps": 0}, *doc["nodes"][1:]]})
 
 
 def _watch(env, host, seen):

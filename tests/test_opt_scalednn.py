@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from trainsim.api import simulate
 from trainsim.cli import app
+from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY
 from trainsim.topologies import load_topology
 
 LAYERS = [
@@ -21,7 +22,7 @@ LAYERS = [
 ]
 COMPUTE = sum(layer["fwd"] + layer["bwd"] for layer in LAYERS)
 STEP = 0.002
-A100_HBM = 1555e9
+A100_STREAMING = 1555e9 * DEFAULT_EFFICIENCY.memory  # bytes/s an elementwise pass reaches on an A100
 
 
 def write(tmp_path, data, name="wl.json"):
@@ -145,7 +146,7 @@ def test_compression_cuts_wire_bytes_by_its_ratio_and_adds_memory_bound_codec(tm
     full = allreduce_bytes(base) / 2  # each of the two ranks records the all-reduce
     for name in ("encode_grads", "decode_grads"):
         seconds = sum(op.duration for op in ops(comp, name) if op.resource == "gpu0")
-        assert seconds == pytest.approx((1 + ratio) * full / A100_HBM, rel=1e-9)
+        assert seconds == pytest.approx((1 + ratio) * full / A100_STREAMING, rel=1e-9)
 
 
 def test_powersgd_sends_low_rank_factors_and_pays_matmul_flops(tmp_path):
@@ -163,7 +164,7 @@ def test_powersgd_sends_low_rank_factors_and_pays_matmul_flops(tmp_path):
     assert allreduce_bytes(comp) < 0.01 * allreduce_bytes(base)
     # P = M Q, Q = M^T P, M = P Q^T: 2 m n r FLOPs each; error feedback: read + write the bucket twice
     matmul = sum(2 * s * s * rank for s in sides) / a100_fp32 * comp.iterations
-    feedback = 2 * allreduce_bytes(base) / 2 / A100_HBM  # base all-reduces every gradient byte once per rank
+    feedback = 2 * allreduce_bytes(base) / 2 / A100_STREAMING  # each rank all-reduces each gradient byte once
 
     def seconds(name):
         return sum(op.duration for op in ops(comp, name) if op.resource == "gpu0")
@@ -226,7 +227,7 @@ def test_powersgd_pays_two_more_collective_latencies_per_bucket(tmp_path):
     t = lambda nbytes: collective_time(load_topology(topo), "allreduce", ["gpu0", "gpu1"], nbytes)  # noqa: E731
     side, grads = 316, 400_040
     matmul = 2 * side * side * 4 / 19.5e12
-    feedback = 2 * grads / A100_HBM
+    feedback = 2 * grads / A100_STREAMING
     chain = t(40) + t(side * 4 * 4) + t(side * 4 * 4)  # uncompressed bias, P, Q
     expected = chain - t(grads) + 3 * matmul + 2 * feedback
     assert comp.iteration_time_s - base.iteration_time_s == pytest.approx(expected, rel=1e-6)

@@ -6,13 +6,14 @@ from trainsim.api import simulation
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.formats.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
+from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY
 from trainsim.sim.strategies.easgd import sync_bytes_per_round, tree_order
 
 LAYER_BYTES = 2_000_000  # fp32 weights per layer
 LAYERS = 3
 W = LAYERS * LAYER_BYTES
 GBPS = 10.0
-HBM = 900e9  # V100
+STREAMING = 900e9 * DEFAULT_EFFICIENCY.memory  # bytes/s an elementwise kernel reaches on a V100
 
 
 def _workload(seconds: float) -> Workload:
@@ -96,7 +97,7 @@ def test_tau_divides_the_volume(run):
 
 def test_tree_reduce_takes_log_p_rounds_linear_p_minus_1(run):
     beta = W / (GBPS * 1e9)  # one whole-model message on a free link
-    add = 3 * W / HBM  # a memory-bound a = a + c (b - a) on the GPU
+    add = 3 * W / STREAMING  # a memory-bound a = a + c (b - a) on the GPU
     tree = run(variant="sync", centre="gpu", tree_reduce=True).iteration_time_s
     linear = run(variant="sync", centre="gpu", tree_reduce=False).iteration_time_s
     # broadcast + reduce; the elastic update; a reduce-add per tree round (linear: per message); centre update
@@ -223,7 +224,7 @@ def test_sync_with_a_replicated_centre_is_one_all_reduce_and_two_local_updates(r
         mine = [op.op for op in ops if op.resource == gpu]
         assert mine.count("easgd_elastic_update") == 1 and mine.count("easgd_centre_update") == 1
         update = next(op for op in ops if op.resource == gpu and op.op == "easgd_centre_update")
-        assert update.duration == pytest.approx(3 * W / HBM, rel=1e-9)  # read W~ and S, write W~
+        assert update.duration == pytest.approx(3 * W / STREAMING, rel=1e-9)  # read W~ and S, write W~
     assert result.extra["easgd"]["centre"] == "replicated"
     assert result.extra["staleness"]["max"] == 0
     reduces = [op for op in ops if op.op == "allreduce"]

@@ -74,6 +74,19 @@ def test_apply_link_fits_on_a_dgx1():
     assert topo.bottleneck(topo.route("gpu0", "gpu1")) == pytest.approx(45e9)
 
 
+def test_apply_link_fits_gives_every_socket_the_loader_batch_copy_rate():
+    matrix = parse_topo_matrix((DATA / "dgx1-v100.txt").read_text())
+    doc = to_topology(matrix, name="dgx1", gpu_specs=["V100"] * 8, pcie_generation=3, inter_socket="qpi")
+    links = [fitted("h2d_pageable/gpu0", "h2d_pageable", 19.5, 10.0),  # a warm buffer: not what training sees
+             fitted("h2d_batch/gpu0", "h2d_batch", 5.0, 10.0),
+             fitted("h2d_batch/gpu4", "h2d_batch", 6.0, 10.0)]
+    apply_link_fits(doc, links)
+    cpus = [n for n in doc["nodes"] if n["kind"] == "cpu"]
+    assert len(cpus) == 2 and all(n["pageable_gbps"] == pytest.approx(5.5) for n in cpus)
+    topo = load_topology(doc)
+    assert topo.pageable_rate("gpu7") == pytest.approx(5.5e9)
+
+
 def test_apply_link_fits_through_an_nvswitch():
     matrix = parse_topo_matrix((DATA / "dgx-a100.txt").read_text())
     doc = to_topology(matrix, name="a100", gpu_specs=["A100"] * 8, pcie_generation=4, inter_socket="amd")

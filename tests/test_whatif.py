@@ -13,6 +13,7 @@ from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.formats.kineto import load_trace
 from trainsim.sim.collectives.ops import collective_time, simulate_collective
+from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
 from trainsim.sim.replay.engine import replay, replay_traces
@@ -202,7 +203,7 @@ def test_checks_on_a_synthetic_trace(tmp_path):
     assert coll.summary["count"] == 1
     assert coll.rows[0]["error_pct"] == pytest.approx(100 * (alone - 1000 * US) / (1000 * US))
     copies = memcpy_check([g], "dgx-a100")
-    expected = 2 * 8 * 2**20 / get_device("a100-40gb").memory_bandwidth
+    expected = 2 * 8 * 2**20 / (get_device("a100-40gb").memory_bandwidth * DEFAULT_EFFICIENCY.memory)
     assert copies.rows[0]["simulated_s"] == pytest.approx(expected)
     assert copies.summary["by_copy"]["D2D"]["count"] == 1
 

@@ -161,11 +161,13 @@ def describe(topo: Topology) -> dict:
     nodes = []
     for name, d in topo.graph.nodes(data=True):
         record = {"name": name, **{k: v for k, v in d.items() if v is not None and k not in
-                                   ("memory", "dram_bandwidth")}}
+                                   ("memory", "dram_bandwidth", "pageable_rate")}}
         if "memory" in d:
             record["memory_gib"] = d["memory"] / 2**30
         if "dram_bandwidth" in d:
             record["dram_bandwidth_gbps"] = _gbps(d["dram_bandwidth"])
+        if "pageable_rate" in d:
+            record["pageable_gbps"] = _gbps(d["pageable_rate"])
         nodes.append(record)
     links = [{"a": x["a"], "b": x["b"], "kind": x["kind"], "count": x["count"], "generation": x["generation"],
               "lanes": x["lanes"], "bandwidth_gbps": _gbps(x["bandwidth"]),

@@ -89,6 +89,10 @@ ETHERNET_EFFICIENCY = 4096 / (4096 + 82)
 DRAM_EFFICIENCY = 160.0 / 204.8
 
 DEFAULT_LATENCY_US = {"pcie": 0.5, "nvlink": 0.5, "upi": 0.2, "ib": 0.3, "ethernet": 1.0, "dram": 0.1}
+#: GB/s of a pageable copy between host memory and a GPU where the cpu node gives no ``pageable_gbps``: one
+#: core stages it through a pinned bounce buffer, so the memcpy limits it, not the link (REFERENCE.md: PCIe
+#: Gen4 pageable ~10-11 GB/s against ~25.8 pinned)
+PAGEABLE_GBPS = 10.5
 
 
 @dataclass(frozen=True)

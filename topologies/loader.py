@@ -144,8 +144,9 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
             attrs |= _gpu_attrs(node, field, file)
         elif node.kind == "cpu":
             dram = _dram(node)
+            pageable = node.pageable_gbps if node.pageable_gbps is not None else phys.PAGEABLE_GBPS
             attrs |= {"cores": node.cores, "dram_bandwidth": dram.bandwidth, "model": node.model,
-                      "dram": f"{node.name}.dram"}
+                      "dram": f"{node.name}.dram", "pageable_rate": pageable * phys.GB}
         elif node.kind == "nvswitch":
             reduce = node.reduce if node.reduce is not None else node.nvlink_generation >= 4
             attrs |= {"reduce": reduce, "chips": node.chips, "nvlink_generation": node.nvlink_generation}

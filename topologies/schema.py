@@ -46,6 +46,10 @@ class CpuNode(_Node):
     cores: int = Field(gt=0)
     model: str | None = None
     dram_bandwidth_gbps: float | None = Field(default=None, gt=0, description="what copies reach")
+    pageable_gbps: float | None = Field(
+        default=None, gt=0,
+        description="what a copy of an input batch from pageable memory to a GPU reaches (a core stages it); "
+                    "default 10.5; `trainsim calibrate --device cuda` measures it")
     dram_channels: int | None = Field(default=None, gt=0)
     dram_mt_s: float | None = Field(default=None, gt=0)
 

@@ -125,6 +125,12 @@ class Topology:
     def gpu_spec(self, gpu: str) -> str:
         return self._node(gpu, "gpu")["spec"]
 
+    def pageable_rate(self, node: str) -> float:
+        """Bytes/s of a pageable copy between a GPU and the host memory of the socket nearest ``node``: the
+        rate one core stages it at (the cpu node's ``pageable_gbps``)."""
+        dram = self.host_memory(node)
+        return self.graph.nodes[self.graph.nodes[dram]["cpu"]]["pageable_rate"]
+
     def gpu_memory(self, gpu: str) -> int:
         """Device memory in bytes."""
         return self._node(gpu, "gpu")["memory"]

@@ -3,7 +3,9 @@
 On CUDA (events on the device's stream, back-to-back copies timed together):
   ``h2d_pinned``, ``h2d_pageable``, ``d2h_pinned``, ``d2h_pageable`` per GPU (host memory <-> GPU, PCIe),
   ``d2d`` per GPU (a copy inside one GPU's memory), ``p2p`` for every GPU pair i < j (i -> j, NVLink or
-  PCIe peer-to-peer where the driver allows it, staged through the host where not: ``can_access_peer``).
+  PCIe peer-to-peer where the driver allows it, staged through the host where not: ``can_access_peer``),
+  ``h2d_batch`` per GPU: a pageable copy of a batch as a DataLoader worker hands it over (see
+  `loader_batch_points`), the copy a training loop without ``pin_memory`` makes every iteration.
 On the CPU (perf_counter), the copies that stand in for them:
   ``rank_copy``  one thread copying between two buffers, as one CPU rank's data reaches another rank's
                  buffer (gloo moves tensors between ranks with single-threaded memcpys). This is the "link"
@@ -69,7 +71,7 @@ class LinkClass:
     """One measured link class: where the bytes went, the raw points and the fit."""
 
     name: str  # e.g. "h2d_pinned/gpu0", "p2p/gpu0-gpu1", "rank_copy"
-    kind: str  # h2d_pinned | h2d_pageable | d2h_pinned | d2h_pageable | d2d | p2p | rank_copy | dram_copy
+    kind: str  # h2d_pinned|h2d_pageable|h2d_batch|d2h_pinned|d2h_pageable|d2d|p2p|rank_copy|dram_copy
     src: str
     dst: str
     points: list[tuple[int, float, float]] = field(default_factory=list)  # (bytes moved, median s, IQR s)
@@ -279,8 +281,85 @@ def _cuda_copy_timer(dst, src, device_index: int) -> Callable[[int, int], float]
     return run
 
 
+class _WorkerBatches:
+    """A map-style dataset whose item ``i`` is a batch of ``sizes[i]`` bytes, made in the worker (so it
+    reaches the loading process in shared memory that process has not touched yet)."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = sizes
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        return torch.ones(self.sizes[i], dtype=torch.uint8)
+
+
+def batch_sizes(cfg: SweepConfig) -> list[int]:
+    """The sizes the loader-batch copy is measured at: the sweep's, between 1 MiB and 256 MiB (input batches;
+    every one is made anew by a worker, so the largest sizes of a link sweep would cost seconds each)."""
+    sizes = [n for n in cfg.sizes() if MIB <= n <= 256 * MIB]
+    return sizes or [MIB]
+
+
+def loader_batch_points(sizes: list[int], repeats: int,
+                        copy: Callable[[object], None]) -> list[tuple[int, float, float]]:
+    """(bytes, median seconds, IQR) of ``copy(batch)`` for batches a DataLoader worker process made.
+
+    A worker hands its batch over in shared memory: the loading process maps those pages fresh, so the
+    first pass over them pays a page fault per page on top of the copy. A copy from pageable memory (the
+    CUDA driver stages it through a pinned buffer on the calling thread) is that first pass, every
+    iteration; a warm buffer, as the ``h2d_pageable`` sweep times, never pays it. ``copy`` must return once
+    the bytes have moved. The first batch of each size (the worker's and the allocator's first use) is not
+    counted."""
+    from torch.utils.data import DataLoader
+
+    order = [n for n in sizes for _ in range(repeats + 1)]
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    seen: set[int] = set()
+    loader = DataLoader(_WorkerBatches(order), batch_size=None, num_workers=1, prefetch_factor=2)
+    for batch in loader:
+        nbytes = batch.numel()
+        start = time.perf_counter()
+        copy(batch)
+        elapsed = time.perf_counter() - start
+        if nbytes in seen:
+            times[nbytes].append(elapsed)
+        seen.add(nbytes)
+        del batch
+    points = []
+    for n in sizes:
+        med, spread = median_spread(times[n])
+        points.append((n, med, spread))
+    return points
+
+
+def cuda_batch_link(cfg: SweepConfig, device_index: int, *, progress: Progress | None = None) -> LinkClass:
+    """``h2d_batch/gpuI``: `loader_batch_points` copied to GPU ``device_index`` as a training loop without
+    pinned memory does (``tensor.to(device)``: a blocking copy from pageable memory)."""
+    import torch
+
+    sizes = batch_sizes(cfg)
+    dev = torch.empty(max(sizes), dtype=torch.uint8, device=f"cuda:{device_index}")
+
+    def copy(batch) -> None:
+        dev[: batch.numel()].copy_(batch)
+        torch.cuda.synchronize(device_index)
+
+    link = LinkClass(f"h2d_batch/gpu{device_index}", "h2d_batch", "host", f"gpu{device_index}",
+                     note="pageable copies of batches a DataLoader worker made (pages mapped fresh)")
+    if progress:
+        progress(f"{link.name} {sizes[0]}..{sizes[-1]} B")
+    torch.cuda.synchronize(device_index)
+    link.points = loader_batch_points(sizes, cfg.repeats, copy)
+    link.fit = fit_alpha_beta([p[0] for p in link.points], [p[1] for p in link.points])
+    return link
+
+
 def cuda_links(cfg: SweepConfig, *, progress: Progress | None = None) -> list[LinkClass]:
-    """H2D/D2H pinned and pageable and D2D per GPU, P2P for every GPU pair."""
+    """H2D/D2H pinned and pageable, loader batches and D2D per GPU, P2P for every GPU pair."""
     import torch
 
     links: list[LinkClass] = []
@@ -308,6 +387,7 @@ def cuda_links(cfg: SweepConfig, *, progress: Progress | None = None) -> list[Li
                 )
             )
         del dev, dev2
+        links.append(cuda_batch_link(cfg, i, progress=progress))
         torch.cuda.empty_cache()
     for i in range(count):
         for j in range(i + 1, count):

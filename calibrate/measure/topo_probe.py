@@ -179,8 +179,17 @@ def cuda_topology(
 
 
 def apply_link_fits(doc: dict, links: list[LinkClass], *, p2p: bool | None = None) -> dict:
-    """Write the fitted figures into the topology document ``doc`` (modified in place and returned)."""
+    """Write the fitted figures into the topology document ``doc`` (modified in place and returned): each
+    GPU's PCIe link gets its pinned H2D/D2H figures, NVLink its peer copies', and every cpu node the
+    ``pageable_gbps`` of the loader-batch copies (``h2d_batch``, mean over the GPUs): the pageable copy a
+    training loop makes. The warm ``h2d_pageable`` sweep stays in the links file only; it never pays the
+    page faults of a batch's fresh pages."""
     fits = {link.name: link.fit for link in links if link.fit is not None}
+    batch = [f.bandwidth_gbps for name, f in fits.items() if name.startswith("h2d_batch/")]
+    if batch:
+        for node in doc["nodes"]:
+            if node["kind"] == "cpu":
+                node["pageable_gbps"] = sum(batch) / len(batch)
     rank_copy = fits.get("rank_copy")
     gpu_names = [n["name"] for n in doc["nodes"] if n["kind"] == "gpu"]
 

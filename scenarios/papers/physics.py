@@ -101,6 +101,7 @@ def machine_for(scenario, physics: Physics = STATED):
                       record_flows=False, record_memory=False)
     for host in machine.hosts.values():
         host.copy_rate *= physics.factor("host_copy_rate")
+        host.pageable_rate *= physics.factor("host_copy_rate")
     return machine
 
 

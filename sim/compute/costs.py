@@ -118,8 +118,7 @@ def rank_costs(
         if source is not None:  # memory-bound: the measured step at the ratio of bandwidths, as retarget does
             step *= source.memory_bandwidth / device.memory_bandwidth
     else:
-        step = optimizer_traffic(num_params, precision, optimizer) / (
-            device.memory_bandwidth * roofline.DEFAULT_EFFICIENCY.memory)
+        step = roofline.streaming_seconds(device, optimizer_traffic(num_params, precision, optimizer))
     last = workload.layers[-1]
     forward = [float(f) for f, _ in times]
     backward = [float(b) for _, b in times]

@@ -65,6 +65,16 @@ class Efficiency:
 DEFAULT_EFFICIENCY = Efficiency()
 
 
+def streaming_seconds(device: DeviceSpec, nbytes: float,
+                      efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
+    """Seconds for a memory-bound kernel (a cast, an elementwise update, a device-to-device copy) that reads
+    and writes ``nbytes`` in all on ``device``. A GPU's ``memory_bandwidth`` is its datasheet peak, of which
+    streaming kernels reach ``efficiency.memory`` (as the roofline's elementwise layers); a CPU's is already
+    what copies reach (calibrated, or a published STREAM figure), so it is used as it is."""
+    share = efficiency.memory if device.kind == "gpu" else 1.0
+    return nbytes / (device.memory_bandwidth * share)
+
+
 def _storage_scale(workload_dtype: str, precision: str) -> float:
     if precision not in PRECISION_BYTES:
         raise TrainsimError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISION_BYTES)}",

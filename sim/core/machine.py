@@ -11,9 +11,10 @@ Everything that moves bytes is a flow on a topology route, so transfers contend 
   node of the topology, joined to the socket by a link with the DRAM bandwidth: host buffers live there, so
   copies from and to host memory load that link.
 - Pinned copies are DMA: a flow at whatever the links give. A pageable copy is staged by a CPU core through a
-  pinned bounce buffer: the core is held for the whole copy and the flow is capped at the rate one core
-  copies memory, ``PAGEABLE_COPY_RATE`` = 10.5 GB/s, REFERENCE.md's pageable figure on PCIe Gen4 (where the
-  link, at 25.8 GB/s pinned, is not what limits it: the CPU memcpy is).
+  pinned bounce buffer: the core is held for the whole copy and the flow is capped at the socket's
+  ``pageable_rate`` (the topology's ``pageable_gbps``, which `trainsim calibrate` measures on the copies a
+  training loop makes; default ``PAGEABLE_COPY_RATE`` = 10.5 GB/s, REFERENCE.md's pageable figure on PCIe
+  Gen4, where the link, at 25.8 GB/s pinned, is not what limits it: the CPU memcpy is).
 
 Every piece of work is recorded as an `Op` (what, where, when, how many bytes, which route) for the result,
 the flat records and the trace.
@@ -27,12 +28,14 @@ from functools import cached_property
 
 import simpy
 
+from trainsim.topologies.links import GB, PAGEABLE_GBPS
+
 from .devices import DeviceSpec, get_device
 from .flows import FlowNetwork
 from .latency import CallLatencyModel, CallSite, RouteLatency
 from .memory import MemoryTracker
 
-PAGEABLE_COPY_RATE = 10.5e9  # bytes/s: one core staging pageable memory (REFERENCE.md, PCIe Gen4 pageable)
+PAGEABLE_COPY_RATE = PAGEABLE_GBPS * GB  # bytes/s: one core copying memory (REFERENCE.md, PCIe Gen4 pageable)
 STREAMS = ("compute", "h2d", "d2h", "comm")
 
 #: breakdown categories of ops (see result.py): compute > communication > host-device transfer > data
@@ -89,13 +92,14 @@ class Gpu:
 
 class Host:
     def __init__(self, env: simpy.Environment, name: str, cores: int, dram: str, dram_bandwidth: float,
-                 copy_rate: float = PAGEABLE_COPY_RATE):
+                 copy_rate: float = PAGEABLE_COPY_RATE, pageable_rate: float = PAGEABLE_COPY_RATE):
         self.name = name
         self.dram = dram
         self.dram_bandwidth = dram_bandwidth
         self.num_cores = cores
         self.cores = simpy.Resource(env, capacity=cores)
-        self.copy_rate = copy_rate  # bytes/s one core copies memory (pageable staging, CPU-side updates)
+        self.copy_rate = copy_rate  # bytes/s one core copies memory (CPU-side updates)
+        self.pageable_rate = pageable_rate  # bytes/s of a pageable copy to or from a GPU, one core staging it
 
 
 class Machine:
@@ -134,7 +138,8 @@ class Machine:
         self.hosts: dict[str, Host] = {}
         for cpu in topology.cpus:
             attrs = topology.graph.nodes[cpu]
-            self.hosts[cpu] = Host(self.env, cpu, attrs["cores"], attrs["dram"], attrs["dram_bandwidth"])
+            self.hosts[cpu] = Host(self.env, cpu, attrs["cores"], attrs["dram"], attrs["dram_bandwidth"],
+                                   pageable_rate=attrs["pageable_rate"])
         self._host_of_dram = {h.dram: h for h in self.hosts.values()}
         self.ops: list[Op] = []
         # what a call pays before its bytes move (a host plug-in's measurements); default: the routes' own
@@ -229,7 +234,8 @@ class Machine:
             if not pinned and host is not None:
                 core = host.cores.request()
                 yield core
-            max_rate = math.inf if pinned else (host.copy_rate if host is not None else PAGEABLE_COPY_RATE)
+            staging = host.pageable_rate if host is not None else PAGEABLE_COPY_RATE
+            max_rate = math.inf if pinned else staging
             for leg, latency in zip(legs, latencies or [None] * len(legs), strict=True):
                 yield from self.rank_transfer([gpu, peer], leg, nbytes, latency=latency, max_rate=max_rate,
                                               tag=tag or f"it{iteration}:{op}:{gpu}")

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 from trainsim.formats.scenario_options import CompressionSpec
 from trainsim.sim.compute.costs import WEIGHT_BYTES
+from trainsim.sim.compute.roofline import streaming_seconds
 
 __all__ = ["CompressionSpec", "Codec", "make_codec", "layer_matrices"]
 
@@ -129,7 +130,7 @@ class Codec:
             p_bytes=p_bytes,
             q_bytes=q_bytes,
             matmul_s=self.scale * flops / self.device.peak_flops["fp32"],
-            error_feedback_s=self.scale * 2 * bucket / self.device.memory_bandwidth,  # read + write
+            error_feedback_s=self.scale * streaming_seconds(self.device, 2 * bucket),  # read + write
         )
 
     def wire_bytes(self, grad_bytes_per_layer: list[float], layers: list[int]) -> float:
@@ -153,7 +154,7 @@ class Codec:
 
     def _memory_pass_s(self, grad_bytes_per_layer: list[float], layers: list[int]) -> float:
         moved = sum(grad_bytes_per_layer[i] for i in layers) + self.wire_bytes(grad_bytes_per_layer, layers)
-        return self.scale * moved / self.device.memory_bandwidth
+        return self.scale * streaming_seconds(self.device, moved)
 
 
 def _linear_shape(layer, values: int, itemsize: int) -> WeightMatrix | None:

@@ -17,8 +17,8 @@ the measurement back.
   the collectives before it on its stream did: a shorter all-reduce before does not make a peer come
   sooner.
 - **Host copies** (H2D/D2H) scale by the ratio of their link model (route latency plus bytes over the
-  bottleneck, a pageable copy capped at one core's staging rate, ``machine.PAGEABLE_COPY_RATE``, unless
-  ``pinned=true``) on the new topology to the same model on the old one.
+  bottleneck, a pageable copy capped at the rate one core stages it, the topology's ``pageable_gbps``,
+  unless ``pinned=true``) on the new topology to the same model on the old one.
 - **Another GPU** (``--gpu``): a trace has no FLOP counts per kernel, so the rule is by kernel kind.
   Kernels whose names say matrix multiply or convolution (gemm, conv, fprop/dgrad/wgrad, xmma, cutlass,
   scudnn) are taken as compute-bound and scale by the ratio of peak FLOP/s at the precision the name
@@ -51,6 +51,7 @@ from statistics import median
 import simpy
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.sim.compute.roofline import streaming_seconds
 from trainsim.sim.core.devices import DeviceSpec, get_device, match_cuda_name
 from trainsim.sim.replay.nccl_split import COLLECTIVE_NAMES as COLLECTIVE_OPS
 from trainsim.sim.replay.nccl_split import Member, NcclSplit, Split
@@ -370,8 +371,6 @@ class WhatIfModel:
 
     def _copy_model(self, topology, rank: int, op: GpuOp, pinned: bool) -> tuple[list, float, float]:
         """(route, rate cap, seconds alone) of a host copy on ``topology``."""
-        from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
-
         gpus = topology.gpus
         if rank >= len(gpus):
             raise TrainsimError(f"topology {topology.name} has {len(gpus)} GPUs; the trace needs rank {rank}",
@@ -379,7 +378,7 @@ class WhatIfModel:
         gpu = gpus[rank]
         host = topology.host_memory(gpu)
         route = topology.route(host, gpu) if op.event.copy_kind == "H2D" else topology.route(gpu, host)
-        cap = math.inf if pinned else PAGEABLE_COPY_RATE
+        cap = math.inf if pinned else topology.pageable_rate(gpu)
         alone = topology.route_latency(route) + op.event.nbytes / min(topology.bottleneck(route), cap)
         return route, cap, alone
 
@@ -495,8 +494,6 @@ def _envelope_rates(rows: list[dict]) -> list[dict]:
 def memcpy_check(graphs: list[TraceGraph], topology: str | None) -> CheckResult:
     """Each memcpy with bytes: host copies against their link alone, on-device copies against the GPU's
     memory bandwidth (each byte read and written once)."""
-    from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
-
     topo = _load_topology(topology) if topology else None
     rows = []
     for g in graphs:
@@ -510,11 +507,11 @@ def memcpy_check(graphs: list[TraceGraph], topology: str | None) -> CheckResult:
                 host = topo.host_memory(gpu)
                 route = topo.route(host, gpu) if e.copy_kind == "H2D" else topo.route(gpu, host)
                 rate = topo.bottleneck(route) if e.pinned is not False else min(topo.bottleneck(route),
-                                                                                 PAGEABLE_COPY_RATE)
+                                                                                 topo.pageable_rate(gpu))
                 sim = topo.route_latency(route) + e.nbytes / rate
                 model = "link"
             elif e.copy_kind == "D2D" and spec is not None:
-                sim = 2 * e.nbytes / spec.memory_bandwidth
+                sim = streaming_seconds(spec, 2 * e.nbytes)
                 model = "gpu memory"
             else:
                 continue

@@ -20,6 +20,7 @@ reduce): its copies pay that call's measured latency (the machine's latency mode
 
 from __future__ import annotations
 
+from trainsim.sim.compute.roofline import streaming_seconds
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMPUTE
 
@@ -142,7 +143,7 @@ def _iteration(ctx: Context, it: int):
          for g in others],
     )
     device = machine.gpus[root].device
-    sum_s = grads * (len(others) + 2) / device.memory_bandwidth  # read n copies, write the sum
+    sum_s = streaming_seconds(device, grads * (len(others) + 2))  # read n copies, write the sum
     yield from machine.run(root, "compute", sum_s, op="reduce_add", iteration=it, category=COMPUTE)
     machine.gpus[root].memory.free(ctx.env.now, grads * len(others), "buffers")
     yield from ctx.optimizer_step(root, it)

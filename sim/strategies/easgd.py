@@ -36,6 +36,7 @@ from collections import Counter
 
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_options import VARIANTS, EasgdOptions  # noqa: F401 (re-exported)
+from trainsim.sim.compute.roofline import streaming_seconds
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE
@@ -130,7 +131,7 @@ class _Easgd:
         reads/writes over the socket's DRAM (2/3 reads, 1/3 writes: a = a + c (b - a))."""
         machine = self.ctx.machine
         if where in machine.gpus:
-            seconds = traffic / machine.gpus[where].device.memory_bandwidth
+            seconds = streaming_seconds(machine.gpus[where].device, traffic)
             yield from machine.run(where, "compute", seconds, op=op, iteration=it, category=COMPUTE)
             return
         host = host or machine.host_by_dram(where)

@@ -62,7 +62,8 @@ class Fit(_Strict):
 class LinkRecord(_Strict):
     name: str
     kind: Literal[
-        "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable", "d2d", "p2p", "rank_copy", "dram_copy"
+        "h2d_pinned", "h2d_pageable", "h2d_batch", "d2h_pinned", "d2h_pageable", "d2d", "p2p", "rank_copy",
+        "dram_copy",
     ]
     src: str
     dst: str
