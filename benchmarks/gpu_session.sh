@@ -44,7 +44,7 @@ py=${PYTHON:-python3}
 accuracy_repeats=${ACCURACY_REPEATS:-2}  # validate-gpu, each repeat with its own calibration
 model_rounds=${MODEL_ROUNDS:-2}  # the two models' variants, each run this many times round-robin
 single=single,single-pinned,preload,single-bf16,offload-save-on-cpu,offload-prefetch-1,offload-prefetch-3
-single=$single,single-alexnet
+single=$single,single-adam,offload-optimizer,single-alexnet
 
 step env 30 bash -c "nvidia-smi; $py -c 'import torch, sys; print(sys.version); print(torch.__version__, \
 torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)'"

@@ -129,6 +129,12 @@ def test_what_only_the_simulator_models_is_skipped_with_the_reason_the_rest_runs
     assert "hybrid" in infeasible_reason(exec_config_from_scenario(BASE, "hybrid"))
     cfg = exec_config_from_scenario({**BASE, "optimizations": {"offload_optimizer_state": True}})
     assert cfg.optimizations.offload_optimizer_state and infeasible_reason(cfg) is None  # it runs
+    assert cfg.optimizations.offload_chunk_mb == 64.0  # the simulator's default chunk
+    chunked = {**BASE, "optimizations": {"offload_optimizer_state": True, "offload_chunk_mb": 8}}
+    assert exec_config_from_scenario(chunked).optimizations.offload_chunk_mb == 8
+    with pytest.raises(TrainsimError, match="must be a number > 0") as err:
+        exec_config_from_scenario(merge(chunked, {"optimizations": {"offload_chunk_mb": 0}}))
+    assert err.value.field == "optimizations.offload_chunk_mb"
     recompute = exec_config_from_scenario({**BASE, "strategy": {"name": "pipeline", "pipeline": {
         "stages": 2, "micro_batches": 2, "schedule": "message-driven", "recompute": True}}, "gpus": 2})
     assert recompute.pipeline.recompute and "checkpoint" in infeasible_reason(recompute)

@@ -283,9 +283,9 @@ def test_options_of_another_strategy_are_rejected():
         TrainsimError, match="strategy.pipeline applies to strategy pipeline, not strategy.name ddp"
     ):
         load_scenario({**base, "strategy": {"name": "ddp", "pipeline": {"stages": 2}}})
-    with pytest.raises(TrainsimError, match="offload_optimizer_state is modelled for strategy.name pipeline"):
+    with pytest.raises(TrainsimError, match="offload_optimizer_state is modelled for strategy.name single"):
         load_scenario(
-            {**base, "strategy": {"name": "ddp"}, "optimizations": {"offload_optimizer_state": True}}
+            {**base, "strategy": {"name": "spatial"}, "optimizations": {"offload_optimizer_state": True}}
         )
 
 

@@ -157,7 +157,8 @@ class OptimizationsConfig:
     powersgd_rank: int = 1  # PowerSGD matrix approximation rank
     offload_activations: str = "none"  # none | save_on_cpu | prefetch
     prefetch_distance: int = 1  # prefetch: saved activations of this many layers ahead are brought back
-    offload_optimizer_state: bool = False  # optimizer state + fp32 master weights in host memory
+    offload_optimizer_state: bool = False  # optimizer state in host memory, streamed through the GPU
+    offload_chunk_mb: float = 64.0  # offload_optimizer_state: MiB of state per streamed chunk
 
     def __post_init__(self):
         _positive_int(self.preload, "optimizations.preload", minimum=0)
@@ -168,6 +169,10 @@ class OptimizationsConfig:
         _positive_int(self.powersgd_rank, "optimizations.param_compression.rank")
         _choice(self.offload_activations, OFFLOADS, "offload mode", "optimizations.offload_activations")
         _positive_int(self.prefetch_distance, "optimizations.offload_activations.distance")
+        chunk = self.offload_chunk_mb
+        if isinstance(chunk, bool) or not isinstance(chunk, int | float) or not chunk > 0:
+            raise TrainsimError(f"must be a number > 0, got {self.offload_chunk_mb!r}",
+                                field="optimizations.offload_chunk_mb")
 
 
 @dataclass(frozen=True)
@@ -403,6 +408,8 @@ def _optimizations(block: Any) -> OptimizationsConfig:
         values["offload_activations"] = "none" if off is False else off
     if "offload_optimizer_state" in block:
         values["offload_optimizer_state"] = bool(block["offload_optimizer_state"])
+    if "offload_chunk_mb" in block:
+        values["offload_chunk_mb"] = block["offload_chunk_mb"]
     return OptimizationsConfig(**values)
 
 

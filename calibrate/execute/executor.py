@@ -328,6 +328,8 @@ def _summarise(cfg: ExecConfig, results: list[RankResult], wall_s: float, thread
         applied.pop("powersgd_rank", None)
     if opts.offload_activations != "prefetch":
         applied.pop("prefetch_distance", None)
+    if not opts.offload_optimizer_state:
+        applied.pop("offload_chunk_mb", None)
     notes = sorted({n for r in results for n in r.notes})
     ran = {"strategy": cfg.strategy, "ranks": cfg.ranks, "device": cfg.device, "model": cfg.model,
            "threads_per_rank": threads, "global_batch": cfg.batch_size, "optimizations": applied,

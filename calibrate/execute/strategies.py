@@ -105,8 +105,10 @@ class FlatParams:
             offset += p.numel()
 
 
-def make_optimizer(name: str, params, lr: float, *, offload: bool = False, device=None):
-    """sgd, momentum (0.9) or adam; ``offload``: state and master weights in host memory (HostOptimizer)."""
+def make_optimizer(name: str, params, lr: float, *, offload: bool = False, device=None,
+                   chunk_bytes: float = 64 * 2**20):
+    """sgd, momentum (0.9) or adam; ``offload``: its state in host memory, streamed through ``device`` in
+    chunks of ``chunk_bytes`` at every step (StreamedOptimizer)."""
 
     def build(ps):
         if name == "adam":
@@ -114,9 +116,9 @@ def make_optimizer(name: str, params, lr: float, *, offload: bool = False, devic
         return torch.optim.SGD(ps, lr=lr, momentum=0.9 if name == "momentum" else 0.0)
 
     if offload:
-        from trainsim.calibrate.execute.offload_optimizer import HostOptimizer
+        from trainsim.calibrate.execute.offload_optimizer import StreamedOptimizer
 
-        return HostOptimizer(build, params, device)
+        return StreamedOptimizer(build, name, params, device, chunk_bytes)
     return build(params)
 
 
@@ -162,9 +164,12 @@ class Strategy:
     def new_optimizer(self, params):
         """The configured optimizer; with offload_optimizer_state, its state lives in host memory."""
         offload = self.cfg.optimizations.offload_optimizer_state
+        chunk_mb = self.cfg.optimizations.offload_chunk_mb
         if offload and "optimizer state in host memory" not in " ".join(self.notes):
-            self.notes.append("optimizer state in host memory: gradients out, CPU step, weights back")
-        return make_optimizer(self.cfg.optimizer, params, self.cfg.lr, offload=offload, device=self.device)
+            self.notes.append(f"optimizer state in host memory, streamed through the device in "
+                              f"{chunk_mb:g} MiB chunks at every step")
+        return make_optimizer(self.cfg.optimizer, params, self.cfg.lr, offload=offload, device=self.device,
+                              chunk_bytes=chunk_mb * 2**20)
 
     # which samples this rank loads (global positions in the batch), or None: nothing
     def positions(self) -> range | None:

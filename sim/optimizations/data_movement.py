@@ -11,7 +11,7 @@ from trainsim.formats.scenario_options import _offload_on
 
 
 def prepare(ctx, scenario, rerun=None) -> None:
-    """Put the optimizations' per-run state on ``ctx`` (codec, preload depth, offloader). ``rerun(scenario)
+    """Put the optimizations' per-run state on ``ctx`` (codec, preload depth, offloaders). ``rerun(scenario)
     -> Result`` simulates a variant on the same inputs: ``prefetch_distance: auto`` searches with it."""
     from .compression import make_codec
 
@@ -19,6 +19,10 @@ def prepare(ctx, scenario, rerun=None) -> None:
     ctx.preload_depth = opts.preload
     ctx.cpu_batch_split = opts.cpu_batch_split
     ctx.codec = make_codec(ctx)
+    if opts.offload_optimizer_state:
+        from .optimizer_offload import StateStreamer
+
+        ctx.state_streamer = StateStreamer(ctx, opts.offload_chunk_mb * 2**20)
     if not _offload_on(opts.offload_activations):
         return
     from .offload import Offloader, check_host_memory, offloaded_layers, resolve_auto_distance  # vDNN only

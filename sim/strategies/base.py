@@ -81,6 +81,8 @@ class Context:
     # sim/optimizations/offload.py Offloader when optimizations.offload_activations is on
     offloader: Any = None
     codec: Any = None  # sim/optimizations/compression.py Codec when optimizations.param_compression is set
+    # sim/optimizations/optimizer_offload.py StateStreamer when optimizations.offload_optimizer_state is on
+    state_streamer: Any = None
     # the spread of a rank's passes (sim/core/jitter.py JitterSpec): the scenario's strategy.jitter, else on a
     # calibrated CPU box the measured one; None: every pass takes its nominal time
     jitter_spec: Any = None
@@ -231,6 +233,11 @@ class Context:
                     stops[i]()
 
     def optimizer_step(self, gpu: str, iteration: int):
+        """The rank's optimizer step on its compute stream; with its state offloaded, streamed in chunks."""
+        if self.state_streamer is not None:
+            costs = self.costs[gpu]
+            yield from self.state_streamer.step(gpu, iteration, costs.state_bytes, costs.step_s)
+            return
         yield from self.machine.run(
             gpu,
             "compute",
@@ -246,7 +253,9 @@ class Context:
         memory.alloc(self.env.now, costs.param_bytes, "params")
         if grads:
             memory.alloc(self.env.now, costs.grad_bytes, "grads")
-        if state:
+        if state and self.state_streamer is not None:
+            self.state_streamer.hold(gpu, costs.state_bytes)
+        elif state:
             memory.alloc(self.env.now, costs.state_bytes, "optimizer_state")
         memory.alloc(self.env.now, buckets, "buckets")
 

@@ -30,8 +30,9 @@ After its last backward each stage's gradients are all-reduced over its data-par
 in every replica), then the optimizer steps. ``optimizations.offload_optimizer_state`` keeps the fp32 master
 weights and optimizer state in pinned host memory: they stream to the GPU in chunks of
 ``offload_chunk_mb`` (two chunk buffers on the GPU, H2D engine) while the all-reduce runs, each chunk is
-stepped on the GPU and streamed back (D2H engine). The GPU then holds only the 16-bit weights and gradients
-(mixed-precision Adam: 16 -> 4 bytes per parameter, REFERENCE "Memory accounting") plus the two buffers.
+stepped on the GPU and streamed back (D2H engine; sim/optimizations/optimizer_offload.py). The GPU then
+holds only the 16-bit weights and gradients (mixed-precision Adam: 16 -> 4 bytes per parameter, REFERENCE
+"Memory accounting") plus the two buffers.
 
 ``strategy.pipeline.recompute`` checkpoints activations at stage granularity (Megatron/DeepSpeed-style
 recomputation, as AxoNN's large runs need on 16 GB GPUs): a forward builds its micro-batch's activations and
@@ -51,7 +52,6 @@ micro-batch bookkeeping.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -253,9 +253,7 @@ class _Pipeline:
         self.dp = ctx.n // self.S
         self.mb = ctx.batch_size // (self.dp * self.M)
         self.jitter = Jitter(ctx.jitter_spec)
-        offload = getattr(ctx.optimizations, "offload_optimizer_state", False)
-        self.offload = bool(offload)
-        self.chunk = getattr(ctx.optimizations, "offload_chunk_mb", 64.0) * 2**20
+        self.offload = ctx.state_streamer is not None
         first = ctx.ranks[0]
         counts = opts.stage_layers or balance(self._layer_times(ctx.costs_for(first, self.mb)), self.S)
         self.counts = counts
@@ -425,31 +423,11 @@ class _Pipeline:
             ctx.finish(it, gpu)
 
     def _offloaded_step(self, gpu: str, it: int):
-        """The optimizer state streamed in chunks: H2D while the all-reduce runs, step, D2H; two buffers."""
-        ctx, stage, machine = self.ctx, self.stages[gpu], self.ctx.machine
-        env = ctx.env
-        n_chunks = max(1, math.ceil(stage.state_bytes / self.chunk))
-        buffers = self._buffers[gpu]
-
-        def chunk(c: int):
-            nbytes = stage.state_bytes / n_chunks
-            with buffers.request() as req:
-                yield req
-                yield from machine.h2d(gpu, nbytes, iteration=it, op="h2d_optimizer_state")
-                if self.dp > 1:
-                    yield self.reduced[it, stage.index]
-                yield from machine.run(
-                    gpu,
-                    "compute",
-                    stage.step_s / n_chunks,
-                    op="optimizer",
-                    iteration=it,
-                    optimizer=ctx.optimizer,
-                    chunk=c,
-                )
-                yield from machine.d2h(gpu, nbytes, iteration=it, op="d2h_optimizer_state")
-
-        yield env.all_of([env.process(chunk(c)) for c in range(n_chunks)])
+        """The optimizer state streamed in chunks (sim/optimizations/optimizer_offload.py): their H2D
+        overlaps the stage's all-reduce, their steps wait for it."""
+        stage = self.stages[gpu]
+        before = self.reduced[it, stage.index] if self.dp > 1 else None
+        yield from self.ctx.state_streamer.step(gpu, it, stage.state_bytes, stage.step_s, before_step=before)
 
     def reducer(self, s: int):
         ctx = self.ctx
@@ -463,17 +441,13 @@ class _Pipeline:
             self.reduced[it, s].succeed()
 
     def start(self) -> None:
-        import simpy
-
         ctx = self.ctx
-        self._buffers = {}
         for g in ctx.simulated:
             stage, memory = self.stages[g], ctx.machine.gpus[g].memory
             memory.alloc(ctx.env.now, stage.param_bytes, "params")
             memory.alloc(ctx.env.now, stage.param_bytes, "grads")
             if self.offload:
-                self._buffers[g] = simpy.Resource(ctx.env, capacity=2)
-                memory.alloc(ctx.env.now, min(stage.state_bytes, 2 * self.chunk), "offload_buffers")
+                ctx.state_streamer.hold(g, stage.state_bytes)
             else:
                 memory.alloc(ctx.env.now, stage.state_bytes, "optimizer_state")
             ctx.env.process(self.stage_process(g))

@@ -37,6 +37,8 @@ from .scenario_options import (
 
 SCHEMA = "trainsim.scenario/1"
 STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd")
+#: the strategies whose ranks can stream their optimizer state (optimizations.offload_optimizer_state)
+OPTIMIZER_OFFLOAD_STRATEGIES = ("single", "ddp", "pipeline")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -176,8 +178,8 @@ class Optimizations(_Strict):
 
     offload_optimizer_state: bool = Field(
         default=False,
-        description="pipeline: fp32 master weights + optimizer state in pinned host memory, "
-        "streamed to the GPU in chunks (AxoNN)",
+        description="single, ddp, pipeline: optimizer state (and 16-bit training's fp32 master weights) in "
+        "pinned host memory, streamed through the GPU in chunks at every step (AxoNN)",
     )
     offload_chunk_mb: float = Field(
         default=64.0, gt=0, description="offload_optimizer_state: chunk size (MiB)"
@@ -342,11 +344,12 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _offload_needs_pipeline(self):
-        if self.optimizations.offload_optimizer_state and self.strategy.name != "pipeline":
+    def _offload_needs_a_streaming_strategy(self):
+        name = self.strategy.name
+        if self.optimizations.offload_optimizer_state and name not in OPTIMIZER_OFFLOAD_STRATEGIES:
             raise ValueError(
-                "optimizations.offload_optimizer_state is modelled for strategy.name pipeline, "
-                f"not {self.strategy.name}"
+                "optimizations.offload_optimizer_state is modelled for strategy.name "
+                f"{', '.join(OPTIMIZER_OFFLOAD_STRATEGIES)}, not {name}"
             )
         return self
 
