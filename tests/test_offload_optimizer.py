@@ -24,10 +24,11 @@ def _train(model, optimizer, device, steps=3):
     return [p.detach().cpu().clone() for p in model.parameters()]
 
 
-def test_chunks_close_once_their_state_reaches_the_chunk_size():
+def test_chunks_hold_what_fits_in_the_chunk_size():
     params = [torch.zeros(10), torch.zeros(100), torch.zeros(5), torch.zeros(1)]
     # Adam: 2 state tensors of 4 bytes per value -> 80, 800, 40, 8 bytes
-    assert chunk_parameters(params, 2, 100) == [[0, 1], [2, 3]]
+    assert chunk_parameters(params, 2, 100) == [[0], [1], [2, 3]]  # 800 bytes: a chunk of its own
+    assert chunk_parameters(params, 2, 880) == [[0, 1], [2, 3]]
     assert chunk_parameters(params, 2, 1) == [[0], [1], [2], [3]]  # one parameter per chunk at least
     assert chunk_parameters(params, 2, 1e9) == [[0, 1, 2, 3]]
 

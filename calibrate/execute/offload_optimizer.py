@@ -24,15 +24,16 @@ STATE_TENSORS = {"sgd": (), "momentum": ("momentum_buffer",), "adam": ("exp_avg"
 
 
 def chunk_parameters(params: list[torch.Tensor], state_tensors: int, chunk_bytes: float) -> list[list[int]]:
-    """Parameter indices per chunk, in order: a chunk closes once its state reaches ``chunk_bytes``."""
+    """Parameter indices per chunk, in order: as many parameters as keep the chunk's state within
+    ``chunk_bytes`` (a parameter with more state than that is a chunk of its own)."""
     per_param = [p.numel() * 4 * state_tensors for p in params]
     chunks, current, size = [], [], 0
     for i, nbytes in enumerate(per_param):
-        current.append(i)
-        size += nbytes
-        if size >= chunk_bytes:
+        if current and size + nbytes > chunk_bytes:
             chunks.append(current)
             current, size = [], 0
+        current.append(i)
+        size += nbytes
     if current:
         chunks.append(current)
     return chunks
