@@ -50,7 +50,6 @@ class StreamedOptimizer:
         self.names = STATE_TENSORS[name]
         self.chunks = chunk_parameters(self.params, len(self.names), chunk_bytes) if self.params else []
         self.optimizers = [make([self.params[i] for i in chunk]) for chunk in self.chunks]
-        self.param_groups = [g for opt in self.optimizers for g in opt.param_groups]  # for the LR, scalers
         sizes = [sum(self.params[i].numel() for i in chunk) for chunk in self.chunks]
         self.host = [[torch.zeros(n, dtype=torch.float32, pin_memory=self.cuda) for _ in self.names]
                      for n in sizes]
