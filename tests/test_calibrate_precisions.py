@@ -25,6 +25,11 @@ def test_the_profiler_measures_under_autocast_and_says_so():
     workload = profile_layers("tiny-cnn", "cpu", [2], repeats=1, warmup=0, prep_samples=0, precision="bf16")
     assert workload.provenance.precision == "bf16" and workload.dtype == "float32"
     assert all(layer.forward is not None for layer in workload.layers)
+    # and its activation bytes as autocast keeps them: the first conv saves its 16-bit input copy
+    conv1 = workload.layers[0]
+    assert conv1.autocast.saved_per_sample == conv1.saved_activation_bytes_per_sample // 2
+    fp32 = profile_layers("tiny-cnn", "cpu", [2], repeats=1, warmup=0, prep_samples=0)
+    assert all(layer.autocast is None for layer in fp32.layers)
     with pytest.raises(TrainsimError, match="unknown precision 'int4'"):
         profile_layers("tiny-cnn", "cpu", [2], precision="int4")
 

@@ -77,3 +77,26 @@ def test_unattributed_time_of_a_calibrated_workload():
     assert unattributed_s(wl(points), 128) == pytest.approx(0.008)  # proportional beyond them
     assert unattributed_s(wl(points), 16) == 0.0  # negative: the hooks' own cost, not work
     assert unattributed_s(wl(None), 32) == 0.0
+
+
+def test_mixed_precision_uses_the_bytes_measured_under_autocast():
+    from trainsim.formats.workload import AutocastBytes
+
+    wl = load_workload("tiny-cnn")
+    measured = AutocastBytes(saved_per_sample=300, saved_fixed=7, packed_per_sample=500, packed_fixed=11,
+                             output_per_sample=40)
+    first = wl.layers[0].model_copy(update={"autocast": measured})
+    ac = wl.model_copy(update={"layers": [first] + wl.layers[1:]})
+    a100 = get_device("a100")
+    plain = rank_costs(wl, a100, 8, "bf16", "sgd")
+    costs = rank_costs(ac, a100, 8, "bf16", "sgd")
+    assert costs.saved_bytes_per_layer[0] == 8 * 300 + 7
+    assert costs.packed_bytes_per_layer[0] == 8 * 500 + 11
+    assert costs.output_bytes_per_layer[0] == 8 * 40
+    # the other layers, without measured bytes, keep the element-size scaling
+    assert costs.saved_bytes_per_layer[1:] == plain.saved_bytes_per_layer[1:]
+    assert plain.saved_bytes_per_layer[0] == pytest.approx(
+        (8 * wl.layers[0].saved_activation_bytes_per_sample + wl.layers[0].saved_activation_bytes_fixed) / 2)
+    # fp32 ignores them
+    assert rank_costs(ac, a100, 8, "fp32", "sgd").saved_bytes_per_layer == \
+        rank_costs(wl, a100, 8, "fp32", "sgd").saved_bytes_per_layer

@@ -177,3 +177,54 @@ def test_packed_bytes_count_every_save_and_the_weights():
     assert fc.saved_packed_bytes_per_sample == 32 * 8 * 8 * F32 + 2 * 10 * F32 + 8
     assert all(layer.saved_packed_bytes_per_sample >= layer.saved_activation_bytes_per_sample
                for layer in layers.values())
+
+
+BF16 = 2
+
+
+@functools.cache
+def _autocast(name, precision="bf16", **cfg):
+    from trainsim.calibrate.measure.describe import autocast_bytes
+
+    return autocast_bytes(name, "cpu", precision, **cfg)
+
+
+def test_autocast_does_not_halve_what_it_keeps_in_fp32():
+    # GPT-2 under CPU autocast: layer norms read the fp32 residual stream and save it whole, linears save a
+    # 16-bit copy of their input, and the loss's log-softmax is fp32 (the executor's loss takes
+    # output.float())
+    t, c, vocab = SMALL_GPT["block_size"], SMALL_GPT["n_embd"], SMALL_GPT["vocab_size"]
+    fp32 = describe_layers("gpt2-small", **SMALL_GPT)
+    under = dict(zip([layer.name for layer in fp32], _autocast("gpt2-small", **SMALL_GPT), strict=True))
+    layers = {layer.name: layer for layer in fp32}
+    ln = layers["h.0.ln_1"]
+    assert ln.saved_activation_bytes_per_sample == t * c * F32 + 2 * t * F32  # input, mean and 1/std
+    assert under["h.0.ln_1"].saved_per_sample == ln.saved_activation_bytes_per_sample
+    assert under["h.0.mlp.c_fc"].saved_per_sample == t * c * BF16
+    assert under["h.0.mlp.c_fc"].output_per_sample == t * 4 * c * BF16
+    head = under["lm_head"]
+    assert head.saved_per_sample == t * c * BF16 + t * vocab * F32 + t * I64  # input, log-softmax, targets
+    assert layers["lm_head"].saved_activation_bytes_per_sample == t * c * F32 + t * vocab * F32 + t * I64
+    total = sum(a.saved_per_sample for a in under.values())
+    assert 0.5 * sum(layer.saved_activation_bytes_per_sample for layer in fp32) < total
+
+
+def test_autocast_weight_copies_are_packed_not_saved():
+    # autocast's 16-bit copy of a weight is what the simulator calls 16-bit weights: not an activation, but
+    # save_on_cpu copies it with the rest (once per call: fixed bytes)
+    c = SMALL_GPT["n_embd"]
+    fp32 = {layer.name: layer for layer in describe_layers("gpt2-small", **SMALL_GPT)}
+    under = dict(zip(fp32, _autocast("gpt2-small", **SMALL_GPT), strict=True))
+    fc = under["h.0.mlp.c_fc"]
+    assert fc.saved_fixed == 0
+    assert fc.packed_fixed == c * 4 * c * BF16
+    assert fp32["h.0.mlp.c_fc"].saved_packed_bytes_fixed == c * 4 * c * F32
+
+
+def test_autocast_bytes_need_a_real_device_and_a_16_bit_precision():
+    from trainsim.calibrate.measure.describe import autocast_bytes
+
+    with pytest.raises(TrainsimError, match="real device"):
+        autocast_bytes("tiny-cnn", "meta", "bf16")
+    with pytest.raises(TrainsimError, match="valid choices: bf16, fp16"):
+        autocast_bytes("tiny-cnn", "cpu", "fp8")

@@ -29,6 +29,7 @@ the causal mask) is ``saved_activation_bytes_fixed``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -38,8 +39,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainsim.calibrate import zoo
 from trainsim.calibrate.measure.layer_hooks import LayerHooks
-from trainsim.errors import TrainsimError
-from trainsim.formats.workload import InputSpec, Layer, Provenance, SpatialShape, Workload
+from trainsim.errors import TrainsimError, unknown_name
+from trainsim.formats.workload import AutocastBytes, InputSpec, Layer, Provenance, SpatialShape, Workload
 from trainsim.provenance import provenance
 
 _KINDS = {
@@ -143,6 +144,7 @@ class _Recorder:
         self.unattributed_packed = 0
         self._seen_storages: set[int] = set()
         self._param_storages = {_storage_key(p) for p in model.parameters()}
+        self._param_ids = {id(p) for p in model.parameters()}
         self._param_owner: dict[int, str] = {}
 
     # LayerObserver
@@ -182,7 +184,8 @@ class _Recorder:
         else:
             self.facts[layer].packed_bytes += t.numel() * t.element_size()
         key = _storage_key(t)
-        if key not in self._param_storages and key not in self._seen_storages:
+        owned = key in self._param_storages or self._casts_parameter(t)  # weights, not activations
+        if not owned and key not in self._seen_storages:
             self._seen_storages.add(key)
             nbytes = t.untyped_storage().nbytes()
             layer = self.hooks.current
@@ -191,6 +194,16 @@ class _Recorder:
             else:
                 self.facts[layer].saved_bytes += nbytes
         return t
+
+    def _casts_parameter(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` (or the tensor it views) is autocast's 16-bit copy of a parameter: made by a copy
+        whose autograd input is the parameter itself."""
+        base = t._base if t._base is not None else t
+        fn = base.grad_fn
+        if fn is None or fn.name() != "ToCopyBackward0" or not fn.next_functions:
+            return False
+        source = fn.next_functions[0][0]
+        return source is not None and id(getattr(source, "variable", None)) in self._param_ids
 
     # flop counting
     def add_flops(self, flops: int) -> None:
@@ -216,16 +229,20 @@ class _LayerFlopCounter(FlopCounterMode):
         return out
 
 
-def step_facts(model: nn.Module, name: str, batch: int, device: str = "meta", **cfg
-               ) -> tuple[list[StepFacts], int, int]:
+def step_facts(model: nn.Module, name: str, batch: int, device: str | torch.device = "meta",
+               autocast: torch.dtype | None = None, **cfg) -> tuple[list[StepFacts], int, int]:
     """Run one training step of zoo model ``name`` at ``batch`` and return its layers' facts in forward
-    order, and the bytes saved and packed outside any layer (by the loss)."""
+    order, and the bytes saved and packed outside any layer (by the loss). ``autocast``: the forward runs
+    under autocast to that dtype and the loss on its output cast to fp32, as the executor trains."""
     inputs, targets = zoo.example_batch(name, batch, device, **cfg)
+    device_type = torch.device(device).type
     with LayerHooks(model, []) as hooks:
         rec = _Recorder(model, hooks)
         hooks.observers.append(rec)
         with _LayerFlopCounter(rec), torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
-            loss = zoo.loss_fn(name, model(inputs), targets)
+            with torch.autocast(device_type, dtype=autocast) if autocast else contextlib.nullcontext():
+                output = model(inputs)
+            loss = zoo.loss_fn(name, output.float(), targets)
             rec.phase = "backward"
             loss.backward()
     model.zero_grad(set_to_none=True)
@@ -244,25 +261,33 @@ def _as_int(x: float) -> int:
     return int(round(x))
 
 
+def _two_steps(name: str, device: str | torch.device, merged: dict, autocast: torch.dtype | None = None
+               ) -> tuple[list[StepFacts], list[StepFacts]]:
+    """The facts of a step at each of DESCRIBE_BATCHES, the loss's saved and packed bytes in the last layer's
+    (the loss saves its input's softmax, GPT-2: batch x tokens x vocabulary, for its backward, which runs
+    just before the last layer's)."""
+    with torch.device(device):
+        model = zoo.build_model(name, **merged)
+    steps = []
+    for batch in DESCRIBE_BATCHES:
+        try:
+            facts, loss_saved, loss_packed = step_facts(model, name, batch, device, autocast, **merged)
+        except (RuntimeError, ValueError) as exc:  # shapes torch refuses, e.g. an image too small for it
+            options = ", ".join(f"{k}={v}" for k, v in merged.items())
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrainsimError(f"{name} does not run with {options}: {first}",
+                                field="model options") from None
+        facts[-1].saved_bytes += loss_saved
+        facts[-1].packed_bytes += loss_packed
+        steps.append(facts)
+    return steps[0], steps[1]
+
+
 def describe_layers(name: str, device: str = "meta", **cfg) -> list[Layer]:
     """Per-layer analytic records (no timing) of zoo model ``name`` with options ``cfg``."""
     name = zoo.canonical_name(name)
     merged = zoo.model_config(name, **cfg)
-    with torch.device(device):
-        model = zoo.build_model(name, **merged)
-    try:
-        small, loss_small, packed_small = step_facts(model, name, DESCRIBE_BATCHES[0], device, **merged)
-        large, loss_large, packed_large = step_facts(model, name, DESCRIBE_BATCHES[1], device, **merged)
-    except (RuntimeError, ValueError) as exc:  # shapes torch refuses, e.g. an image too small for the model
-        options = ", ".join(f"{k}={v}" for k, v in merged.items())
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TrainsimError(f"{name} does not run with {options}: {first}", field="model options") from None
-    # the loss saves its input's softmax (GPT-2: batch x tokens x vocabulary) for its backward, which runs
-    # just before the last layer's: counted with the last layer
-    small[-1].saved_bytes += loss_small
-    large[-1].saved_bytes += loss_large
-    small[-1].packed_bytes += packed_small
-    large[-1].packed_bytes += packed_large
+    small, large = _two_steps(name, device, merged)
     layers = []
     for s, g in zip(small, large, strict=True):
         saved = _per_sample(s.saved_bytes, g.saved_bytes)
@@ -281,6 +306,35 @@ def describe_layers(name: str, device: str = "meta", **cfg) -> list[Layer]:
             spatial=SpatialShape(**s.spatial) if s.spatial else None,
         ))
     return layers
+
+
+#: the dtype of each 16-bit precision autocast runs
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_bytes(name: str, device: str | torch.device, precision: str, **cfg) -> list[AutocastBytes]:
+    """Each layer's activation bytes of zoo model ``name`` (in forward order, as `describe_layers`) with the
+    forward under autocast to ``precision``, from real training steps on ``device`` at DESCRIBE_BATCHES:
+    autocast's op lists are the device type's own, and the meta device has none."""
+    if precision not in AUTOCAST_DTYPES:
+        raise unknown_name("precision", precision, AUTOCAST_DTYPES, field="precision")
+    if torch.device(device).type == "meta":
+        raise TrainsimError("autocast bytes need a real device (cpu or cuda), not meta", field="device")
+    name = zoo.canonical_name(name)
+    merged = zoo.model_config(name, **cfg)
+    small, large = _two_steps(name, device, merged, AUTOCAST_DTYPES[precision])
+    out = []
+    for s, g in zip(small, large, strict=True):
+        saved = _per_sample(s.saved_bytes, g.saved_bytes)
+        packed = _per_sample(s.packed_bytes, g.packed_bytes)
+        out.append(AutocastBytes(
+            saved_per_sample=_as_int(saved),
+            saved_fixed=max(0, _as_int(s.saved_bytes - DESCRIBE_BATCHES[0] * saved)),
+            packed_per_sample=_as_int(packed),
+            packed_fixed=max(0, _as_int(s.packed_bytes - DESCRIBE_BATCHES[0] * packed)),
+            output_per_sample=_as_int(_per_sample(s.output_bytes, g.output_bytes)),
+        ))
+    return out
 
 
 def input_spec(name: str, prep_s_per_sample: float | None = None, **cfg) -> InputSpec:

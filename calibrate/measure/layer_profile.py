@@ -46,7 +46,7 @@ import torch
 
 from trainsim.calibrate import zoo
 from trainsim.calibrate.execute import data_prep
-from trainsim.calibrate.measure.describe import describe_layers, input_spec
+from trainsim.calibrate.measure.describe import autocast_bytes, describe_layers, input_spec
 from trainsim.calibrate.measure.layer_hooks import LayerHooks
 from trainsim.calibrate.measure.time_fit import time_model
 from trainsim.calibrate.sampling import median_spread
@@ -328,7 +328,8 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
     ``provenance["iteration"]`` the whole-iteration and unattributed times. ``threads`` sets
     ``torch.set_num_threads`` for the run (default: torch's choice); the value used is recorded.
     ``precision`` bf16/fp16: the forward runs under autocast to it, as the executor runs it (no loss scaling);
-    byte counts stay fp32's and ``provenance.precision`` says what the times were measured in.
+    byte counts stay fp32's, each layer's ``autocast`` holds its activation bytes measured under autocast on
+    ``device``, and ``provenance.precision`` says what the times were measured in.
     """
     progress = progress or (lambda text: None)
     canonical = zoo.canonical_name(name)
@@ -392,14 +393,22 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
         raise TrainsimError(f"no batch size fits in memory on {dev} (smallest tried: {batches[0]}; "
                             f"{skipped[0]['reason']})", field="batch_sizes")
 
+    autocast = [None] * len(static)
+    if precision != "fp32":
+        progress("activation bytes under autocast")
+        del model, opt
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        autocast = autocast_bytes(canonical, dev, precision, **cfg)
     layers = []
-    for layer in static:
+    for layer, under_autocast in zip(static, autocast, strict=True):
         times = {}
         for phase in ("forward", "backward"):
             points = [(bt.batch, max(bt.layers.get((phase, layer.name), (0.0, 0.0))[0], MIN_TIME_S),
                        bt.layers.get((phase, layer.name), (0.0, 0.0))[1]) for bt in measured]
             times[phase] = time_model(points)
-        layers.append(layer.model_copy(update=times))
+        layers.append(layer.model_copy(update={**times, "autocast": under_autocast}))
 
     prep = data_prep.measure_prep(canonical, prep_samples, **cfg) if prep_samples > 0 else None
     device_name, device_spec = _device_names(dev)

@@ -6,8 +6,10 @@ roofline estimate elsewhere). Bytes follow the precision:
 - fp32/tf32: weights 4 B/param, gradients 4 B/param, optimizer state: momentum 4, Adam 8 (m and v);
 - fp16/bf16 (mixed precision, REFERENCE "Memory accounting"): weights 2, gradients 2, and the optimizer
   keeps an fp32 master copy (4) plus its moments, so Adam totals 2 + 2 + 12 = 16 B/param.
-- Activations are recorded at the workload's dtype and scale with the precision's element size (autocast
-  keeps most saved tensors in 16 bit); the input batch crosses PCIe as the workload's input says.
+- Activations under mixed precision are the bytes measured under autocast where the workload has them
+  (`Layer.autocast`: autocast keeps layer norms, softmax, the loss and the residual stream in fp32); otherwise
+  the workload's bytes scaled by the precision's element size. The input batch crosses PCIe as the
+  workload's input says.
 
 The optimizer step is memory-bound. Measured on another device, it scales by the ratio of memory bandwidths;
 never measured, it reads the gradients, reads and writes the (master) weights and the state, and writes the
@@ -136,23 +138,38 @@ def rank_costs(
         param_bytes=num_params * weight,
         grad_bytes_per_layer=[p * weight for p in params_per_layer],
         state_bytes=state_bytes(num_params, precision, optimizer),
-        saved_bytes_per_layer=[
-            (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * act_scale
-            for layer in workload.layers
-        ],
+        saved_bytes_per_layer=[float(_saved(layer, batch, act_scale, mixed(precision)))
+                               for layer in workload.layers],
         input_bytes=float(batch * workload.input.bytes_per_sample),
-        output_bytes=float(batch * last.output_bytes_per_sample * act_scale),
-        output_bytes_per_layer=[float(batch * layer.output_bytes_per_sample * act_scale)
+        output_bytes=float(_output(last, batch, act_scale, mixed(precision))),
+        output_bytes_per_layer=[float(_output(layer, batch, act_scale, mixed(precision)))
                                 for layer in workload.layers],
-        packed_bytes_per_layer=[float(_packed(layer, batch) * act_scale) for layer in workload.layers],
+        packed_bytes_per_layer=[float(_packed(layer, batch, act_scale, mixed(precision)))
+                                for layer in workload.layers],
     )
 
 
-def _packed(layer, batch: int) -> float:
+def _saved(layer, batch: int, scale: float, mixed_precision: bool) -> float:
+    """Bytes autograd keeps for ``layer``'s backward at ``batch`` (measured under autocast where known)."""
+    if mixed_precision and layer.autocast is not None:
+        return batch * layer.autocast.saved_per_sample + layer.autocast.saved_fixed
+    return (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * scale
+
+
+def _packed(layer, batch: int, scale: float, mixed_precision: bool) -> float:
     """Bytes autograd packs for ``layer`` at ``batch`` (its distinct saved bytes where not described)."""
+    if mixed_precision and layer.autocast is not None:
+        return batch * layer.autocast.packed_per_sample + layer.autocast.packed_fixed
     if layer.saved_packed_bytes_per_sample is None:
-        return batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed
-    return batch * layer.saved_packed_bytes_per_sample + (layer.saved_packed_bytes_fixed or 0)
+        return (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * scale
+    return (batch * layer.saved_packed_bytes_per_sample + (layer.saved_packed_bytes_fixed or 0)) * scale
+
+
+def _output(layer, batch: int, scale: float, mixed_precision: bool) -> float:
+    """Bytes of ``layer``'s output at ``batch`` (and of its gradient in backward)."""
+    if mixed_precision and layer.autocast is not None:
+        return batch * layer.autocast.output_per_sample
+    return batch * layer.output_bytes_per_sample * scale
 
 
 def unattributed_s(workload: Workload, batch: int) -> float:

@@ -58,7 +58,7 @@ import numpy as np
 
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_options import SCHEDULES, PipelineOptions  # noqa: F401 (re-exported)
-from trainsim.sim.compute.costs import WEIGHT_BYTES, RankCosts
+from trainsim.sim.compute.costs import RankCosts
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.machine import COMM, COMPUTE
 
@@ -155,8 +155,6 @@ class Stage:
 
 
 def build_stages(ctx: Context, costs: RankCosts, counts: list[int]) -> list[Stage]:
-    workload = ctx.workload
-    act_scale = WEIGHT_BYTES[ctx.precision] / workload.itemsize
     num = sum(costs.grad_bytes_per_layer) or 1.0
     out, first = [], 0
     for s, count in enumerate(counts):
@@ -174,7 +172,7 @@ def build_stages(ctx: Context, costs: RankCosts, counts: list[int]) -> list[Stag
                 param_bytes=params,
                 state_bytes=costs.state_bytes * params / num,
                 step_s=costs.step_s * params / num,
-                send_bytes=costs.batch * workload.layers[layers[-1]].output_bytes_per_sample * act_scale,
+                send_bytes=costs.output_bytes_per_layer[layers[-1]],
                 input_bytes=costs.input_bytes if s == 0 else 0.0,
             )
         )

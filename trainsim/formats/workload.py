@@ -209,6 +209,20 @@ class SpatialShape(_Strict):
         return self
 
 
+class AutocastBytes(_Strict):
+    """A layer's activation bytes measured with the forward under autocast to 16 bit (the executor's mixed
+    precision). Autocast does not halve them: the ops it keeps in fp32 (layer norm, softmax, the loss) and
+    the fp32 residual stream save fp32 tensors. ``saved_*`` excludes the 16-bit copies autocast makes of the
+    parameters (the simulator counts 16-bit weights of its own); ``packed_*`` counts every packed tensor,
+    those copies too, as torch's ``save_on_cpu`` copies them."""
+
+    saved_per_sample: int = Field(strict=True, ge=0)
+    saved_fixed: int = Field(strict=True, default=0, ge=0)
+    packed_per_sample: int = Field(strict=True, ge=0)
+    packed_fixed: int = Field(strict=True, default=0, ge=0)
+    output_per_sample: int = Field(strict=True, ge=0)
+
+
 class Layer(_Strict):
     """One leaf-module invocation. Byte counts are at the workload's dtype; traffic excludes parameters."""
 
@@ -230,6 +244,9 @@ class Layer(_Strict):
     memory_bytes_forward_per_sample: float = Field(strict=True, ge=0)
     memory_bytes_backward_per_sample: float = Field(strict=True, ge=0)
     spatial: SpatialShape | None = None
+    # the activation bytes under 16-bit autocast, where measured (`calibrate --precisions bf16`); without
+    # them the simulator scales the bytes above by the element size
+    autocast: AutocastBytes | None = None
     forward: TimeModel | None = None
     backward: TimeModel | None = None
 
