@@ -5,7 +5,9 @@ what `torch.cuda.max_memory_allocated` measured on the H200 (benchmarks/results/
 The autocast bytes are measured here on ``--device`` (default the CPU). CPU autocast runs softmax and layer
 norm in their input's dtype, CUDA autocast in fp32 (PyTorch's AMP documentation, "CUDA Ops that can autocast
 to float32"), so on the CPU a third column measures them again with those ops in fp32, as a CUDA calibration
-would. Memory does not depend on the GPU's speed, so the runs are simulated on dgx-h100.
+would. The scenarios say ``mixed_precision: autocast`` (fp32 weights and gradients, 16-bit weight copies
+until the backward), as the executor trains. Memory does not depend on the GPU's speed, so the runs are
+simulated on dgx-h100.
 
     python benchmarks/autocast_memory.py [--device cpu]
 """

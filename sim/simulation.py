@@ -261,6 +261,9 @@ class Simulation:
         self.host = host_model_for(calls, self.workload, devices, tick=tick)
         if machine is None and self.host is not None and calls:
             self.machine.latency = self.host.latency
+        if sc.mixed_precision == "autocast" and sc.strategy.name in ("spatial", "hybrid"):
+            raise TrainsimError("mixed_precision: autocast is not modelled for spatial decomposition; valid "
+                                "there: master", file=sc.source, field="mixed_precision")
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
         if batch_hook is not None:
             per_gpu = batch_hook(sc, self.ranks, self.workload)
@@ -278,7 +281,8 @@ class Simulation:
             if key not in cache:
                 scale = self.host.step_scale(device, batch, sharing[gpu]) if self.host else 1.0
                 cache[key] = rank_costs(self.workload, device, batch, sc.precision, sc.optimizer.name,
-                                        measured_on=measured_on, scale=scale)
+                                        measured_on=measured_on, scale=scale,
+                                        mixed_precision=sc.mixed_precision)
             return cache[key]
 
         for gpu in self.ranks:
@@ -295,6 +299,7 @@ class Simulation:
             costs=costs,
             total_iterations=sc.warmup_iterations + sc.iterations,
             precision=sc.precision,
+            mixed_precision=sc.mixed_precision,
             optimizer=sc.optimizer.name,
             pinned=sc.host.pinned,
             data_workers=sc.host.data_workers,

@@ -3,6 +3,7 @@
 import pytest
 from simtools import tiny_workload
 
+from trainsim.errors import TrainsimError
 from trainsim.formats.workload import Workload, load_workload
 from trainsim.sim.compute.costs import optimizer_traffic, rank_costs, state_bytes
 from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY, layer_times
@@ -100,3 +101,39 @@ def test_mixed_precision_uses_the_bytes_measured_under_autocast():
     # fp32 ignores them
     assert rank_costs(ac, a100, 8, "fp32", "sgd").saved_bytes_per_layer == \
         rank_costs(wl, a100, 8, "fp32", "sgd").saved_bytes_per_layer
+
+
+def test_autocast_keeps_fp32_weights_and_gradients_and_16_bit_copies_until_backward():
+    # torch.autocast with Adam: weights 4 + gradients 4 + m, v 8 B/param, no separate master; the forward
+    # copies each conv/linear weight to 16 bit and the backward keeps the copy (2 B/param of those layers)
+    wl = load_workload("tiny-cnn")
+    psi = wl.num_params
+    a100 = get_device("a100")
+    amp = rank_costs(wl, a100, 4, "bf16", "adam", mixed_precision="autocast")
+    master = rank_costs(wl, a100, 4, "bf16", "adam")
+    assert (amp.param_bytes, amp.grad_bytes, amp.state_bytes) == (4 * psi, 4 * psi, 8 * psi)
+    copied = [2 * layer.param_bytes / 4 if layer.kind in ("conv2d", "linear") else 0 for layer in wl.layers]
+    assert sum(copied) > 0
+    assert amp.saved_bytes_per_layer == pytest.approx(
+        [m + c for m, c in zip(master.saved_bytes_per_layer, copied, strict=True)])
+    # its step reads fp32 gradients and writes no 16-bit copy: 4 + 2 x 4 + 2 x 8 = 28 B/param
+    assert optimizer_traffic(psi, "bf16", "adam", "autocast") == 28 * psi
+    assert optimizer_traffic(psi, "bf16", "adam") == (2 + 8 + 16 + 2) * psi
+    # fp32 runs are the same either way
+    assert rank_costs(wl, a100, 4, "fp32", "adam", mixed_precision="autocast") == \
+        rank_costs(wl, a100, 4, "fp32", "adam")
+    with pytest.raises(TrainsimError, match="valid choices: master, autocast"):
+        rank_costs(wl, a100, 4, "bf16", "adam", mixed_precision="amp")
+
+
+def test_ddp_under_autocast_all_reduces_fp32_gradients():
+    # torch DDP under autocast reduces the fp32 .grad tensors: twice the NVLink bytes of 16-bit gradients
+    # (not exactly: buckets of another size pick NCCL protocols whose wire overhead differs)
+    from trainsim.api import simulate
+
+    nvlink = {}
+    for mode in ("master", "autocast"):
+        result = simulate("ddp-resnet50-dgx-a100", record=False,
+                          overrides=["precision=bf16", f"mixed_precision={mode}", "iterations=1"])
+        nvlink[mode] = sum(link.bytes for link in result.links if link.kind == "nvlink")
+    assert 1.9 < nvlink["autocast"] / nvlink["master"] <= 2.0

@@ -219,6 +219,10 @@ def test_autocast_weight_copies_are_packed_not_saved():
     assert fc.saved_fixed == 0
     assert fc.packed_fixed == c * 4 * c * BF16
     assert fp32["h.0.mlp.c_fc"].saved_packed_bytes_fixed == c * 4 * c * F32
+    # and counted apart, once: the tied head's copy of the token embedding belongs to the head
+    assert fc.weight_copies == c * 4 * c * BF16
+    assert under["lm_head"].weight_copies == SMALL_GPT["vocab_size"] * c * BF16
+    assert under["wte"].weight_copies == under["h.0.ln_1"].weight_copies == 0
 
 
 def test_autocast_bytes_need_a_real_device_and_a_16_bit_precision():

@@ -230,3 +230,13 @@ def test_fixed_pipeline_schedules_run_only_without_blocking_sends():
     assert reason(schedule="message-driven") is None  # never blocks
     with pytest.raises(TrainsimError, match="true or false"):
         PipelineConfig(blocking_sends="yes")
+
+
+def test_16_bit_runs_say_they_are_autocast_runs():
+    # the executor's bf16 is torch.autocast: fp32 weights and gradients; a scenario that leaves
+    # mixed_precision at master would be simulated with 16-bit weights and gradients instead
+    with pytest.raises(TrainsimError, match="set mixed_precision: autocast") as err:
+        exec_config_from_scenario(merge(BASE, {"precision": "bf16"}))
+    assert err.value.field == "mixed_precision"
+    cfg = exec_config_from_scenario(merge(BASE, {"precision": "bf16", "mixed_precision": "autocast"}))
+    assert cfg.precision == "bf16"

@@ -503,6 +503,11 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
         )
         if values["precision"] == "tf32":
             values["precision"] = "fp32"  # TF32 is a matmul mode of fp32 training, not a different dtype
+        if values["precision"] in ("fp16", "bf16") and s.get("mixed_precision", "master") != "autocast":
+            # the simulator would model 16-bit weights and an fp32 master copy, which this executor lacks
+            raise TrainsimError("the executor trains 16-bit precisions with torch.autocast (fp32 weights); "
+                                "set mixed_precision: autocast so that the simulator models the same run",
+                                field="mixed_precision")
         values.update(overrides)
         return ExecConfig(**values)
     except TrainsimError as exc:

@@ -74,6 +74,7 @@ class StepFacts:
     shared_param_bytes: int = 0
     saved_bytes: int = 0
     packed_bytes: int = 0  # every tensor packed, each time, parameters too (what torch's save_on_cpu copies)
+    weight_copy_bytes: int = 0  # autocast's 16-bit copies of parameters that the backward keeps
     output_bytes: int = 0
     flops_forward: int = 0
     flops_backward: int = 0
@@ -184,8 +185,12 @@ class _Recorder:
         else:
             self.facts[layer].packed_bytes += t.numel() * t.element_size()
         key = _storage_key(t)
-        owned = key in self._param_storages or self._casts_parameter(t)  # weights, not activations
-        if not owned and key not in self._seen_storages:
+        if self._casts_parameter(t):  # weights, not activations: counted apart
+            if key not in self._seen_storages and layer is not None:
+                self._seen_storages.add(key)
+                self.facts[layer].weight_copy_bytes += t.untyped_storage().nbytes()
+            return t
+        if key not in self._param_storages and key not in self._seen_storages:
             self._seen_storages.add(key)
             nbytes = t.untyped_storage().nbytes()
             layer = self.hooks.current
@@ -333,6 +338,7 @@ def autocast_bytes(name: str, device: str | torch.device, precision: str, **cfg)
             packed_per_sample=_as_int(packed),
             packed_fixed=max(0, _as_int(s.packed_bytes - DESCRIBE_BATCHES[0] * packed)),
             output_per_sample=_as_int(_per_sample(s.output_bytes, g.output_bytes)),
+            weight_copies=s.weight_copy_bytes,
         ))
     return out
 

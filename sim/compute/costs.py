@@ -4,8 +4,12 @@ Times come from `roofline.layer_times` (measured where the workload was measured
 roofline estimate elsewhere). Bytes follow the precision:
 
 - fp32/tf32: weights 4 B/param, gradients 4 B/param, optimizer state: momentum 4, Adam 8 (m and v);
-- fp16/bf16 (mixed precision, REFERENCE "Memory accounting"): weights 2, gradients 2, and the optimizer
-  keeps an fp32 master copy (4) plus its moments, so Adam totals 2 + 2 + 12 = 16 B/param.
+- fp16/bf16 (mixed precision, REFERENCE "Memory accounting"), ``mixed_precision="master"`` (Megatron,
+  DeepSpeed): weights 2, gradients 2, and the optimizer keeps an fp32 master copy (4) plus its moments, so
+  Adam totals 2 + 2 + 12 = 16 B/param. ``"autocast"`` (torch.autocast, what `validate` executes): weights 4
+  and gradients 4 (the weights are the master), the moments, and autocast's 16-bit copies of the weights
+  held from each layer's forward to its backward (measured, `AutocastBytes.weight_copies`, or 2 B per
+  parameter of the convolutions and linear layers): Adam 4 + 4 + 8 + 2 = 18 B/param at the peak.
 - Activations under mixed precision are the bytes measured under autocast where the workload has them
   (`Layer.autocast`: autocast keeps layer norms, softmax, the loss and the residual stream in fp32); otherwise
   the workload's bytes scaled by the precision's element size. The input batch crosses PCIe as the
@@ -29,10 +33,19 @@ WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 #: optimizer moments per parameter (bytes, fp32)
 STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8}
 MASTER_BYTES = 4  # fp32 master weights under mixed precision
+#: how 16-bit training keeps its weights (the scenario's ``mixed_precision``)
+MIXED_MODES = ("master", "autocast")
+#: the layer kinds torch.autocast runs in 16 bit, so that it copies their weights
+AUTOCAST_KINDS = ("conv2d", "linear")
 
 
 def mixed(precision: str) -> bool:
     return WEIGHT_BYTES[precision] < 4
+
+
+def weight_bytes(precision: str, mode: str = "master") -> int:
+    """Bytes per parameter of the weights kept between steps, and of their gradients."""
+    return MASTER_BYTES if mode == "autocast" and mixed(precision) else WEIGHT_BYTES[precision]
 
 
 @dataclass(frozen=True)
@@ -68,17 +81,19 @@ class RankCosts:
         return sum(self.forward_s) + sum(self.backward_s)
 
 
-def optimizer_traffic(num_params: float, precision: str, optimizer: str) -> float:
-    """Bytes an optimizer step moves through memory (see the module docstring)."""
-    grad = WEIGHT_BYTES[precision]
+def optimizer_traffic(num_params: float, precision: str, optimizer: str, mode: str = "master") -> float:
+    """Bytes an optimizer step moves through memory (see the module docstring): under autocast no 16-bit
+    copy is written (the forward makes its own)."""
+    grad = weight_bytes(precision, mode)
     master = MASTER_BYTES if mixed(precision) else WEIGHT_BYTES[precision]
     state = STATE_BYTES[optimizer]
-    low_precision_copy = WEIGHT_BYTES[precision] if mixed(precision) else 0
+    low_precision_copy = WEIGHT_BYTES[precision] if mixed(precision) and mode == "master" else 0
     return num_params * (grad + 2 * master + 2 * state + low_precision_copy)
 
 
-def state_bytes(num_params: float, precision: str, optimizer: str) -> float:
-    return num_params * (STATE_BYTES[optimizer] + (MASTER_BYTES if mixed(precision) else 0))
+def state_bytes(num_params: float, precision: str, optimizer: str, mode: str = "master") -> float:
+    master = MASTER_BYTES if mixed(precision) and mode == "master" else 0
+    return num_params * (STATE_BYTES[optimizer] + master)
 
 
 def rank_costs(
@@ -90,22 +105,27 @@ def rank_costs(
     *,
     measured_on: DeviceSpec | None = None,
     scale: float = 1.0,
+    mixed_precision: str = "master",
 ) -> RankCosts:
     """The costs of one rank running ``batch`` samples of ``workload`` on ``device`` (``measured_on``: the
     device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU).
-    ``scale``: the factor on times measured on this device (a host plug-in's, e.g. ranks sharing cores)."""
+    ``scale``: the factor on times measured on this device (a host plug-in's, e.g. ranks sharing cores).
+    ``mixed_precision``: how a 16-bit ``precision`` keeps its weights (`MIXED_MODES`, module docstring)."""
     from . import roofline  # the roofline module owns "measured or estimated"
 
     if batch < 1:
         raise TrainsimError(f"per-GPU batch must be >= 1, got {batch}", field="batch_size")
+    if mixed_precision not in MIXED_MODES:
+        raise TrainsimError(f"unknown mixed_precision {mixed_precision!r}; valid choices: "
+                            f"{', '.join(MIXED_MODES)}", field="mixed_precision")
     times = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on)
     if len(times) != len(workload.layers):
         raise TrainsimError(
             f"got {len(times)} layer times for {len(workload.layers)} layers", field="workload.layers"
         )
     itemsize = workload.itemsize
-    weight = WEIGHT_BYTES[precision]
-    act_scale = weight / itemsize  # saved tensors follow the compute precision (masks/indices approximated)
+    weight = weight_bytes(precision, mixed_precision)
+    act_scale = WEIGHT_BYTES[precision] / itemsize  # saved tensors follow the compute precision
     params_per_layer = [layer.param_bytes / itemsize for layer in workload.layers]
     num_params = sum(params_per_layer)
     here = measured_here(workload, device)
@@ -120,8 +140,10 @@ def rank_costs(
         if source is not None:  # memory-bound: the measured step at the ratio of bandwidths, as retarget does
             step *= source.memory_bandwidth / device.memory_bandwidth
     else:
-        step = roofline.streaming_seconds(device, optimizer_traffic(num_params, precision, optimizer))
+        step = roofline.streaming_seconds(device, optimizer_traffic(num_params, precision, optimizer,
+                                                                    mixed_precision))
     last = workload.layers[-1]
+    copies = mixed(precision) and mixed_precision == "autocast"
     forward = [float(f) for f, _ in times]
     backward = [float(b) for _, b in times]
     if here:
@@ -137,8 +159,9 @@ def rank_costs(
         step_s=float(step),
         param_bytes=num_params * weight,
         grad_bytes_per_layer=[p * weight for p in params_per_layer],
-        state_bytes=state_bytes(num_params, precision, optimizer),
-        saved_bytes_per_layer=[float(_saved(layer, batch, act_scale, mixed(precision)))
+        state_bytes=state_bytes(num_params, precision, optimizer, mixed_precision),
+        saved_bytes_per_layer=[float(_saved(layer, batch, act_scale, mixed(precision))
+                                     + (_weight_copies(layer, itemsize) if copies else 0.0))
                                for layer in workload.layers],
         input_bytes=float(batch * workload.input.bytes_per_sample),
         output_bytes=float(_output(last, batch, act_scale, mixed(precision))),
@@ -163,6 +186,15 @@ def _packed(layer, batch: int, scale: float, mixed_precision: bool) -> float:
     if layer.saved_packed_bytes_per_sample is None:
         return (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * scale
     return (batch * layer.saved_packed_bytes_per_sample + (layer.saved_packed_bytes_fixed or 0)) * scale
+
+
+def _weight_copies(layer, itemsize: int) -> float:
+    """Bytes of autocast's 16-bit copies of ``layer``'s weights (measured, else its conv/linear params)."""
+    if layer.autocast is not None:
+        return float(layer.autocast.weight_copies)
+    if layer.kind not in AUTOCAST_KINDS:
+        return 0.0
+    return 2.0 * (layer.param_bytes + layer.shared_param_bytes) / itemsize
 
 
 def _output(layer, batch: int, scale: float, mixed_precision: bool) -> float:

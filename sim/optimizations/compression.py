@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from trainsim.formats.scenario_options import CompressionSpec
-from trainsim.sim.compute.costs import WEIGHT_BYTES
+from trainsim.sim.compute.costs import weight_bytes
 from trainsim.sim.compute.roofline import streaming_seconds
 
 __all__ = ["CompressionSpec", "Codec", "make_codec", "layer_matrices"]
@@ -76,9 +76,10 @@ class PowerSGDPhases:
 class Codec:
     """What compression does to one rank's per-layer gradient (or parameter) tensors."""
 
-    def __init__(self, spec: CompressionSpec, precision: str, matrices: list[WeightMatrix | None], device):
+    def __init__(self, spec: CompressionSpec, precision: str, matrices: list[WeightMatrix | None], device,
+                 mixed_precision: str = "master"):
         self.spec = spec
-        self.elem = WEIGHT_BYTES[precision]
+        self.elem = weight_bytes(precision, mixed_precision)  # a gradient's bytes per value
         self.matrices = matrices  # per layer; None: no weight matrix (no parameters, or only 1-D ones)
         self.device = device
         self.scale = 1.0  # on the roofline times of the codec's passes (`fit_to`)
@@ -200,4 +201,4 @@ def make_codec(ctx) -> Codec | None:
     if spec is None:
         return None
     device = ctx.machine.gpus[ctx.ranks[0]].device
-    return Codec(spec, ctx.precision, layer_matrices(ctx.workload), device)
+    return Codec(spec, ctx.precision, layer_matrices(ctx.workload), device, ctx.mixed_precision)

@@ -25,7 +25,7 @@ from typing import Any
 import simpy
 
 from trainsim.errors import unknown_name
-from trainsim.sim.compute.costs import RankCosts
+from trainsim.sim.compute.costs import RankCosts, weight_bytes
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE, DATA, Machine
@@ -50,6 +50,7 @@ class Context:
     costs: dict[str, RankCosts]  # per rank
     total_iterations: int
     precision: str = "fp32"
+    mixed_precision: str = "master"  # how a 16-bit precision keeps weights and gradients (costs.MIXED_MODES)
     optimizer: str = "sgd"
     pinned: bool = True
     data_workers: int = 4
@@ -94,6 +95,11 @@ class Context:
     @property
     def env(self) -> simpy.Environment:
         return self.machine.env
+
+    @property
+    def grad_itemsize(self) -> int:
+        """Bytes per gradient value: 16-bit only under master-weight mixed precision."""
+        return weight_bytes(self.precision, self.mixed_precision)
 
     @property
     def n(self) -> int:
@@ -301,7 +307,8 @@ class Context:
         algo = self.collective_algo
         if algo == "auto":  # name the kernel after what "auto" ran, as NCCL's kernel names do
             algo = coll.choose_algorithm(machine.topology, op, gpus, nbytes)
-        kernel = NCCL_KERNEL.get(op, "ncclDevKernel_" + op).format(dtype=DTYPE_NAME[self.precision],
+        dtype = "f32" if self.grad_itemsize == 4 else DTYPE_NAME[self.precision]
+        kernel = NCCL_KERNEL.get(op, "ncclDevKernel_" + op).format(dtype=dtype,
                                                                    algo=algo.upper())
         for rank, g in enumerate(gpus):
             if self.mirrors is not None and g not in self.mirrors:

@@ -61,7 +61,7 @@ def _server(ctx: Context, host, pushed, pulled):
 
 
 def _grad_itemsize(ctx: Context) -> int:
-    return 2 if ctx.precision in ("fp16", "bf16") else 4
+    return ctx.grad_itemsize
 
 
 @register("parameter-server")

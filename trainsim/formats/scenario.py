@@ -285,6 +285,11 @@ class Scenario(_Strict):
                                    description="simulated first, excluded from figures")
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     precision: Literal["fp32", "tf32", "fp16", "bf16"] = "fp32"
+    mixed_precision: Literal["master", "autocast"] = Field(
+        default="master",
+        description="how fp16/bf16 training keeps its weights: master (16-bit weights and gradients, an fp32 "
+                    "master copy in the optimizer: Megatron, DeepSpeed) or autocast (torch.autocast: fp32 "
+                    "weights and gradients, 16-bit copies made in the forward; what `validate` executes)")
     host: HostSpec = Field(default_factory=HostSpec)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -221,6 +221,9 @@ class AutocastBytes(_Strict):
     packed_per_sample: int = Field(strict=True, ge=0)
     packed_fixed: int = Field(strict=True, default=0, ge=0)
     output_per_sample: int = Field(strict=True, ge=0)
+    # autocast's 16-bit copies of the parameters this layer computes with, kept from its forward to its
+    # backward (a weight's copy counts once, with its first user)
+    weight_copies: int = Field(strict=True, default=0, ge=0)
 
 
 class Layer(_Strict):
