@@ -261,8 +261,9 @@ class Simulation:
         self.host = host_model_for(calls, self.workload, devices, tick=tick)
         if machine is None and self.host is not None and calls:
             self.machine.latency = self.host.latency
-        if sc.mixed_precision == "autocast" and sc.strategy.name in ("spatial", "hybrid"):
-            raise TrainsimError("mixed_precision: autocast is not modelled for spatial decomposition; valid "
+        if sc.mixed_precision == "autocast" and sc.precision in ("fp16", "bf16") and sc.strategy.name in (
+                "spatial", "hybrid"):
+            raise TrainsimError("autocast is not modelled for spatial decomposition; valid "
                                 "there: master", file=sc.source, field="mixed_precision")
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
         if batch_hook is not None:

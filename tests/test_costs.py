@@ -137,3 +137,12 @@ def test_ddp_under_autocast_all_reduces_fp32_gradients():
                           overrides=["precision=bf16", f"mixed_precision={mode}", "iterations=1"])
         nvlink[mode] = sum(link.bytes for link in result.links if link.kind == "nvlink")
     assert 1.9 < nvlink["autocast"] / nvlink["master"] <= 2.0
+
+
+def test_autocast_is_refused_where_it_is_not_modelled():
+    from trainsim.api import simulate
+
+    with pytest.raises(TrainsimError, match="valid there: master") as err:
+        simulate("validate-gpu", variant="single-bf16",
+                 overrides=["topology=dgx-h100", "strategy.name=spatial"], record=False)
+    assert err.value.field == "mixed_precision"
