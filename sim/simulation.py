@@ -31,7 +31,7 @@ import simpy
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.workload import Workload, load_workload, parse_workload
-from trainsim.sim.compute.costs import rank_costs
+from trainsim.sim.compute.costs import mixed, rank_costs
 from trainsim.sim.core.collector import fewer_collections
 from trainsim.sim.core.devices import DeviceSpec, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
@@ -261,8 +261,8 @@ class Simulation:
         self.host = host_model_for(calls, self.workload, devices, tick=tick)
         if machine is None and self.host is not None and calls:
             self.machine.latency = self.host.latency
-        if sc.mixed_precision == "autocast" and sc.precision in ("fp16", "bf16") and sc.strategy.name in (
-                "spatial", "hybrid"):
+        spatial = sc.strategy.name in ("spatial", "hybrid")
+        if spatial and sc.mixed_precision == "autocast" and mixed(sc.precision):
             raise TrainsimError("autocast is not modelled for spatial decomposition; valid "
                                 "there: master", file=sc.source, field="mixed_precision")
         per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainsim.errors import TrainsimError
+from trainsim.errors import TrainsimError, unknown_name
 from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 
@@ -116,8 +116,7 @@ def rank_costs(
     if batch < 1:
         raise TrainsimError(f"per-GPU batch must be >= 1, got {batch}", field="batch_size")
     if mixed_precision not in MIXED_MODES:
-        raise TrainsimError(f"unknown mixed_precision {mixed_precision!r}; valid choices: "
-                            f"{', '.join(MIXED_MODES)}", field="mixed_precision")
+        raise unknown_name("mixed_precision", mixed_precision, MIXED_MODES, field="mixed_precision")
     times = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on)
     if len(times) != len(workload.layers):
         raise TrainsimError(
@@ -172,16 +171,16 @@ def rank_costs(
     )
 
 
-def _saved(layer, batch: int, scale: float, mixed_precision: bool) -> float:
+def _saved(layer, batch: int, scale: float, sixteen_bit: bool) -> float:
     """Bytes autograd keeps for ``layer``'s backward at ``batch`` (measured under autocast where known)."""
-    if mixed_precision and layer.autocast is not None:
+    if sixteen_bit and layer.autocast is not None:
         return batch * layer.autocast.saved_per_sample + layer.autocast.saved_fixed
     return (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * scale
 
 
-def _packed(layer, batch: int, scale: float, mixed_precision: bool) -> float:
+def _packed(layer, batch: int, scale: float, sixteen_bit: bool) -> float:
     """Bytes autograd packs for ``layer`` at ``batch`` (its distinct saved bytes where not described)."""
-    if mixed_precision and layer.autocast is not None:
+    if sixteen_bit and layer.autocast is not None:
         return batch * layer.autocast.packed_per_sample + layer.autocast.packed_fixed
     if layer.saved_packed_bytes_per_sample is None:
         return (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * scale
@@ -197,9 +196,9 @@ def _weight_copies(layer, itemsize: int) -> float:
     return 2.0 * (layer.param_bytes + layer.shared_param_bytes) / itemsize
 
 
-def _output(layer, batch: int, scale: float, mixed_precision: bool) -> float:
+def _output(layer, batch: int, scale: float, sixteen_bit: bool) -> float:
     """Bytes of ``layer``'s output at ``batch`` (and of its gradient in backward)."""
-    if mixed_precision and layer.autocast is not None:
+    if sixteen_bit and layer.autocast is not None:
         return batch * layer.autocast.output_per_sample
     return batch * layer.output_bytes_per_sample * scale
 

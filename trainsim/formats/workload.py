@@ -213,8 +213,9 @@ class AutocastBytes(_Strict):
     """A layer's activation bytes measured with the forward under autocast to 16 bit (the executor's mixed
     precision). Autocast does not halve them: the ops it keeps in fp32 (layer norm, softmax, the loss) and
     the fp32 residual stream save fp32 tensors. ``saved_*`` excludes the 16-bit copies autocast makes of the
-    parameters (the simulator counts 16-bit weights of its own); ``packed_*`` counts every packed tensor,
-    those copies too, as torch's ``save_on_cpu`` copies them."""
+    parameters, which are ``weight_copies`` (the simulator adds them under ``mixed_precision: autocast``;
+    under ``master`` its 16-bit weights stand for them); ``packed_*`` counts every packed tensor, those
+    copies too, as torch's ``save_on_cpu`` copies them."""
 
     saved_per_sample: int = Field(strict=True, ge=0)
     saved_fixed: int = Field(strict=True, default=0, ge=0)
