@@ -146,6 +146,17 @@ def test_image_size_and_classes_are_configurable():
     assert cifar.layer("fc").param_bytes == 4 * (512 * 10 + 10)
 
 
+def test_images_cross_as_uint8_or_as_the_cpu_pipeline_normalised_them():
+    uint8 = build_analytic("resnet18", image_size=32)
+    normalised = build_analytic("resnet18", image_size=32, input_dtype="float32")
+    assert (uint8.input.dtype, uint8.input.bytes_per_sample) == ("uint8", 3 * 32 * 32)
+    assert (normalised.input.dtype, normalised.input.bytes_per_sample) == ("float32", 4 * 3 * 32 * 32)
+    assert normalised.layers == uint8.layers  # only what crosses to the device changes
+    with pytest.raises(TrainsimError, match="input_dtype.*float32, uint8") as info:
+        build_analytic("resnet18", input_dtype="int8")
+    assert info.value.field == "input_dtype"
+
+
 def test_too_small_images_are_refused_with_a_clear_error():
     with pytest.raises(TrainsimError, match="features.12") as info:
         build_analytic("alexnet", image_size=32)  # torchvision's AlexNet cannot take 32x32 either

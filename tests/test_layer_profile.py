@@ -54,7 +54,7 @@ def test_provenance_and_input(tiny):
     assert prov["threads"] == 1 and prov["cores_available"] >= 1
     assert prov["batch_sizes_measured"] == [2, 4] and prov["largest_batch_that_fits"] == 4
     assert prov["optimizer"]["name"] == "sgd"
-    assert tiny.input.prep_s_per_sample > 0 and tiny.input.bytes_per_sample == 3 * 32 * 32
+    assert tiny.input.prep_s_per_sample > 0 and tiny.input.bytes_per_sample == 3 * 32 * 32 * 4  # float32
 
 
 def test_static_fields_are_describes(tiny):

@@ -16,10 +16,11 @@ from trainsim.sim.optimizations.offload import offload_stall_s
 from trainsim.topologies import load_topology
 
 BATCH = 8
-# layer a is offloaded; c saves more than a, so the peak without a sits at the turn (input + b + c)
+# layer a is offloaded; c saves more than a, and the gradients backward writes are smaller than c's saved
+# tensors, so the peak without a sits at the turn (input + b + c)
 LAYERS = [
-    {"name": "a", "fwd": 0.010, "bwd": 0.020, "params": 4_000_000, "saved": 100_000},
-    {"name": "b", "fwd": 0.005, "bwd": 0.007, "params": 40_000_000, "saved": 50_000},
+    {"name": "a", "fwd": 0.010, "bwd": 0.020, "params": 40_000, "saved": 100_000},
+    {"name": "b", "fwd": 0.005, "bwd": 0.007, "params": 400_000, "saved": 50_000},
     {"name": "c", "fwd": 0.001, "bwd": 0.003, "params": 0, "saved": 200_000},
 ]
 A_BYTES = BATCH * 100_000

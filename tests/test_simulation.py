@@ -64,24 +64,42 @@ def test_single_device_is_sum_of_layers_plus_input_plus_step(tmp_path):
     assert result.breakdown_s["exposed_transfer"] == pytest.approx(h2d_time(topo, 8e6), rel=1e-9)
 
 
-def test_memory_peak_is_params_grads_state_and_activations_at_the_turn(tmp_path):
+def test_memory_peak_is_params_grads_state_and_what_the_first_layer_backward_holds(tmp_path):
     topo = tiny_topology(gpus=1, nvlink=False)
     wl = write(tmp_path, tiny_workload(LAYERS, batch=8))
     result = simulate(make_scenario(topo, wl, "single", 8, optimizer={"name": "momentum"}))
     params = sum(layer["params"] for layer in LAYERS)
-    # alive at the turn: every layer's saved tensors and the input batch the training loop still holds
-    alive = 8 * sum(layer["saved"] for layer in LAYERS) + 8 * 1_000_000
-    # ... and as the last layer's backward starts, the loss's two gradients of its output (the log-softmax's
-    # and the logits'), then one of them and the gradient of its input
+    # gradients exist from their layer's backward to the step's zero_grad(set_to_none=True); b's 40 MB of them
+    # outweigh every activation, so the peak is at the first layer's backward: all gradients, a's saved
+    # tensors, the input batch and the output the training loop still holds, and the gradient of a's output
     out = [8 * layer.get("output", 1000) for layer in LAYERS]  # the tiny workload's default output
-    grads = max(2 * out[-1], out[-1] + out[-2])
+    alive = 8 * LAYERS[0]["saved"] + 8 * 1_000_000 + out[-1]
     # fp32: weights 4 B, gradients 4 B, momentum 4 B per parameter -> 3 x the parameter bytes
-    assert result.gpus[0].memory_peak_bytes == pytest.approx(3 * params + alive + grads, rel=1e-12)
+    assert result.gpus[0].memory_peak_bytes == pytest.approx(3 * params + alive + out[0], rel=1e-12)
     at_peak = result.gpus[0].memory_at_peak
-    assert at_peak["activations"] + at_peak["input"] == pytest.approx(alive)
-    assert at_peak["activation_grads"] == pytest.approx(grads)
+    assert at_peak["activations"] + at_peak["input"] + at_peak["output"] == pytest.approx(alive)
+    assert at_peak["activation_grads"] == pytest.approx(out[0])
     assert at_peak["params"] == at_peak["grads"] == at_peak["optimizer_state"] == pytest.approx(params)
+    # after the step's zero_grad no gradient is held
+    grads = [e for e in result.machine.gpus["gpu0"].memory.timeline if e.category == "grads"]
+    assert sum(e.delta for e in grads) == pytest.approx(0.0)
     assert not result.oom
+
+
+def test_the_loss_backward_makes_fp32_gradients_of_a_16_bit_output(tmp_path):
+    # a head with a large output and no parameters: the peak is at the turn, as the loss's backward makes
+    # two gradients of its input, the output cast to fp32 (``output.float()``), whatever the precision
+    layers = [{"name": "a", "fwd": 0.01, "bwd": 0.02, "saved": 100_000},
+              {"name": "head", "fwd": 0.01, "bwd": 0.02, "output": 1_000_000}]
+    topo = tiny_topology(gpus=1, nvlink=False)
+    wl = write(tmp_path, tiny_workload(layers, batch=8))
+    result = simulate(make_scenario(topo, wl, "single", 8, precision="bf16"))
+    saved, output_bf16, loss_input_fp32 = 8 * 100_000 / 2, 8 * 1_000_000 / 2, 8 * 1_000_000
+    assert result.gpus[0].memory_peak_bytes == pytest.approx(8 * 1_000_000 + saved + output_bf16
+                                                             + 2 * loss_input_fp32, rel=1e-12)
+    at_peak = result.gpus[0].memory_at_peak
+    assert at_peak["activation_grads"] == pytest.approx(2 * loss_input_fp32)
+    assert at_peak["output"] == pytest.approx(output_bf16)
 
 
 def test_out_of_memory_is_a_result(tmp_path):

@@ -344,11 +344,12 @@ def autocast_bytes(name: str, device: str | torch.device, precision: str, **cfg)
 
 
 def input_spec(name: str, prep_s_per_sample: float | None = None, **cfg) -> InputSpec:
-    """The host-side input of one sample: uint8 CHW image or int64 tokens, as it crosses to the device."""
+    """The host-side input of one sample as the executor's data pipeline hands it to the device
+    (`calibrate.execute.data_prep`): a normalised float32 CHW image, or int64 tokens."""
     shape = zoo.input_shape(name, **cfg)
     tokens = zoo.model_spec(name).kind == "tokens"
-    itemsize = 8 if tokens else 1
-    return InputSpec(shape=shape, dtype="int64" if tokens else "uint8",
+    itemsize = 8 if tokens else 4
+    return InputSpec(shape=shape, dtype="int64" if tokens else "float32",
                      bytes_per_sample=math.prod(shape) * itemsize, prep_s_per_sample=prep_s_per_sample)
 
 

@@ -272,14 +272,21 @@ def _pool_out(size: int, kernel: int, stride: int, padding: int, ceil_mode: bool
 
 # --- model configs ------------------------------------------------------------------------------------
 
+#: bytes per value of an image batch as it crosses to the device
+IMAGE_INPUT_BYTES = {"uint8": 1, "float32": 4}
+
+
 @dataclass
 class ImageConfig:
-    """A CNN on square images. ``dropout_mask_bytes``: 1 for CUDA (bool mask), 4 for torch on the CPU."""
+    """A CNN on square images. ``dropout_mask_bytes``: 1 for CUDA (bool mask), 4 for torch on the CPU.
+    ``input_dtype``: how a batch crosses to the device, uint8 (normalised on the GPU, as DALI does) or float32
+    (normalised by the CPU pipeline, as torchvision's transforms and the executor's `data_prep` do)."""
 
     image_size: int = 224
     num_classes: int = 1000
     dropout_mask_bytes: int = 1
     dtype: str = "float32"
+    input_dtype: str = "uint8"
 
     def __post_init__(self):
         _positive(self, "image_size", "num_classes")
@@ -287,6 +294,8 @@ class ImageConfig:
             raise TrainsimError("must be 1, 2 or 4", field="dropout_mask_bytes")
         if self.dtype not in DTYPE_BYTES:
             raise unknown_name("dtype", self.dtype, DTYPE_BYTES, field="dtype")
+        if self.input_dtype not in IMAGE_INPUT_BYTES:
+            raise unknown_name("input_dtype", self.input_dtype, IMAGE_INPUT_BYTES, field="input_dtype")
 
 
 @dataclass
@@ -327,7 +336,8 @@ def _positive(cfg, *names):
 def _image_input(b: _Builder, cfg: ImageConfig) -> tuple[_Tensor, InputSpec]:
     size = cfg.image_size
     x = b.tensor((3, size, size), requires_grad=False)
-    return x, InputSpec(shape=[3, size, size], dtype="uint8", bytes_per_sample=3 * size * size)
+    return x, InputSpec(shape=[3, size, size], dtype=cfg.input_dtype,
+                        bytes_per_sample=3 * size * size * IMAGE_INPUT_BYTES[cfg.input_dtype])
 
 
 def _alexnet(b: _Builder, cfg: ImageConfig) -> InputSpec:

@@ -12,8 +12,9 @@ roofline estimate elsewhere). Bytes follow the precision:
   parameter of the convolutions and linear layers): Adam 4 + 4 + 8 + 2 = 18 B/param at the peak.
 - Activations under mixed precision are the bytes measured under autocast where the workload has them
   (`Layer.autocast`: autocast keeps layer norms, softmax, the loss and the residual stream in fp32); otherwise
-  the workload's bytes scaled by the precision's element size. The input batch crosses PCIe as the
-  workload's input says.
+  the workload's bytes scaled by the precision's element size. The loss reads the last output cast to fp32
+  (``output.float()``, as the executor and Megatron compute cross entropy), so its backward's gradients
+  take 4 B per output element at every precision. The input batch crosses PCIe as the workload's input says.
 
 The optimizer step is memory-bound. Measured on another device, it scales by the ratio of memory bandwidths;
 never measured, it reads the gradients, reads and writes the (master) weights and the state, and writes the
@@ -67,6 +68,9 @@ class RankCosts:
     output_bytes_per_layer: list[float] = field(default_factory=list)
     # what autograd packs for backward, each time, parameters too (torch's save_on_cpu copies this)
     packed_bytes_per_layer: list[float] = field(default_factory=list)
+    # the loss's input: the last output cast to fp32 (``output.float()``), whatever the precision; the loss's
+    # backward makes gradients of this size (0: the size of the last output)
+    loss_input_bytes: float = 0.0
 
     @property
     def grad_bytes(self) -> float:
@@ -168,6 +172,7 @@ def rank_costs(
                                 for layer in workload.layers],
         packed_bytes_per_layer=[float(_packed(layer, batch, act_scale, mixed(precision)))
                                 for layer in workload.layers],
+        loss_input_bytes=float(batch * last.output_bytes_per_sample * WEIGHT_BYTES["fp32"] / itemsize),
     )
 
 

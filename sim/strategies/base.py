@@ -91,6 +91,13 @@ class Context:
     host: Any = None
     # sim/symmetry.py: simulated rank -> the ranks it stands for (itself first); None: every rank runs
     mirrors: dict[str, list[str]] | None = None
+    # the training loop keeps ``output = model(inputs)`` until its backward is done (DataParallel's gathered
+    # output is dp_gpu0's own)
+    loop_holds_output: bool = True
+    # ranks whose parameter gradients backward writes layer by layer and the step's zero_grad frees
+    # (`hold_model`'s ``grads="backward"``), and the layers whose gradients are held now
+    grads_from_backward: set[str] = field(default_factory=set)
+    live_grads: dict[str, set[int]] = field(default_factory=dict)
 
     @property
     def env(self) -> simpy.Environment:
@@ -190,20 +197,25 @@ class Context:
             t = start = env.now
             total = sum(times[i] for i in layers)
             grads = costs.output_bytes_per_layer if saved_delta < 0 else []
+            last = len(costs.layer_names) - 1
             for i in layers:
                 end = t + times[i]
                 if saved_delta > 0:
                     memory.alloc(t, costs.saved_bytes_per_layer[i], "activations")
+                    if i == last and self.loop_holds_output:  # ``output = model(x)`` lives through backward
+                        memory.alloc(end, costs.output_bytes, "output")
                 if grads:
-                    gradients_in(memory, t, grads, i)
+                    gradients_in(memory, t, grads, i, costs.loss_input_bytes)
+                    self.write_param_grads(gpu, t, i)
                 if self.detail:
                     record(t, end, costs.layer_names[i])
                 if saved_delta < 0:
                     memory.free(end, costs.saved_bytes_per_layer[i], "activations")
                     if grads:
                         gradients_out(memory, end, grads, i)
-                    if i == 0:  # the training loop holds the batch until its backward is done
+                    if i == 0:  # the training loop holds the batch and the output until its backward is done
                         memory.free(end, costs.input_bytes, "input")
+                        memory.free(end, costs.output_bytes, "output")
                 t = end
             if not self.detail:
                 first, last = costs.layer_names[layers[0]], costs.layer_names[layers[-1]]
@@ -239,31 +251,53 @@ class Context:
                     stops[i]()
 
     def optimizer_step(self, gpu: str, iteration: int):
-        """The rank's optimizer step on its compute stream; with its state offloaded, streamed in chunks."""
+        """The rank's optimizer step on its compute stream; with its state offloaded, streamed in chunks.
+        Then ``zero_grad(set_to_none=True)``, as the executor's loops do: the gradients backward wrote go."""
         if self.state_streamer is not None:
             costs = self.costs[gpu]
             yield from self.state_streamer.step(gpu, iteration, costs.state_bytes, costs.step_s)
-            return
-        yield from self.machine.run(
-            gpu,
-            "compute",
-            self.costs[gpu].step_s,
-            op="optimizer",
-            iteration=iteration,
-            optimizer=self.optimizer,
-        )
+        else:
+            yield from self.machine.run(
+                gpu,
+                "compute",
+                self.costs[gpu].step_s,
+                op="optimizer",
+                iteration=iteration,
+                optimizer=self.optimizer,
+            )
+        self.zero_grad(gpu)
 
-    def hold_model(self, gpu: str, *, grads: bool = True, state: bool = True, buckets: float = 0.0) -> None:
-        """Allocate what stays on the GPU for the whole run."""
+    def hold_model(self, gpu: str, *, grads: bool | str = True, state: bool = True,
+                   buckets: float = 0.0) -> None:
+        """Allocate what stays on the GPU for the whole run. ``grads``: True, the parameter gradients too;
+        ``"backward"``, they are written by each layer's backward and freed by the step's ``zero_grad``
+        (`write_param_grads`); False, none."""
         costs, memory = self.costs[gpu], self.machine.gpus[gpu].memory
         memory.alloc(self.env.now, costs.param_bytes, "params")
-        if grads:
+        if grads == "backward":
+            self.grads_from_backward.add(gpu)
+        elif grads:
             memory.alloc(self.env.now, costs.grad_bytes, "grads")
         if state and self.state_streamer is not None:
             self.state_streamer.hold(gpu, costs.state_bytes)
         elif state:
             memory.alloc(self.env.now, costs.state_bytes, "optimizer_state")
         memory.alloc(self.env.now, buckets, "buckets")
+
+    def write_param_grads(self, gpu: str, t: float, i: int) -> None:
+        """Layer ``i``'s backward writes its parameters' gradients, unless they are held already."""
+        if gpu not in self.grads_from_backward:
+            return
+        live = self.live_grads.setdefault(gpu, set())
+        if i not in live:
+            live.add(i)
+            self.machine.gpus[gpu].memory.alloc(t, self.costs[gpu].grad_bytes_per_layer[i], "grads")
+
+    def zero_grad(self, gpu: str) -> None:
+        """``zero_grad(set_to_none=True)``: the gradients backward wrote are freed."""
+        live = self.live_grads.pop(gpu, set())
+        held = sum(self.costs[gpu].grad_bytes_per_layer[i] for i in live)
+        self.machine.gpus[gpu].memory.free(self.env.now, held, "grads")
 
     # ---- communication --------------------------------------------------------------------------------
     def collective(
@@ -465,13 +499,15 @@ class _SharedView:
 # ---- activation gradients in backward ----------------------------------------------------------------------
 
 
-def gradients_in(memory, t: float, grads: list[float], i: int) -> None:
+def gradients_in(memory, t: float, grads: list[float], i: int, loss_input: float = 0.0) -> None:
     """Layer ``i``'s backward starts: it writes the gradient of its input (the previous layer's output size;
     the first layer's input needs none). Before the last layer, the loss's backward makes the gradient of
-    the last output, through one intermediate of that size (cross entropy: log-softmax, then NLL)."""
+    the last output: cross entropy's two gradients of its input (NLL's, then log-softmax's), ``loss_input``
+    bytes each (the output cast to fp32; 0: the output's size), then that gradient in the output's dtype."""
     if i == len(grads) - 1:
-        memory.alloc(t, 2 * grads[i], "activation_grads")
-        memory.free(t, grads[i], "activation_grads")
+        loss = loss_input or grads[i]
+        memory.alloc(t, 2 * loss, "activation_grads")
+        memory.free(t, 2 * loss - grads[i], "activation_grads")
     if i > 0:
         memory.alloc(t, grads[i - 1], "activation_grads")
 

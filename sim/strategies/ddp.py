@@ -150,8 +150,9 @@ def run_ddp(ctx: Context) -> None:
     counts: dict[tuple[int, int], int] = {}
     skews: dict[tuple[int, int], float] = {}  # per bucket: how far apart the ranks filled it
     for gpu in ctx.simulated:  # mirrored ranks (sim/symmetry.py) are their representatives
-        # DDP's buckets are flat copies of the gradients (gradient_as_bucket_view=False, the default)
-        ctx.hold_model(gpu, buckets=sum(bucket_bytes))
+        # DDP's buckets are flat copies of the gradients (gradient_as_bucket_view=False, the default); the
+        # gradients themselves live from backward to the step's zero_grad
+        ctx.hold_model(gpu, grads="backward", buckets=sum(bucket_bytes))
         ctx.env.process(_rank(ctx, gpu, buckets, ready, done, counts, skews))
     if buckets:
         ctx.env.process(_reducer(ctx, buckets, ready, done, bucket_bytes, skews))

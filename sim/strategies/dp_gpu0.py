@@ -159,6 +159,7 @@ def _driver(ctx: Context):
 @register("dp-gpu0")
 def run_dp_gpu0(ctx: Context) -> None:
     root = ctx.ranks[0]
+    ctx.loop_holds_output = False  # the root's gathered output is accounted below (``gathered``)
     for g in ctx.ranks:
         ctx.hold_model(g, state=(g == root))
     # one loader, on GPU0's socket, prepares the whole batch (cpu_batch_split: each GPU's loader its shard)

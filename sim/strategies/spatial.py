@@ -169,6 +169,10 @@ def _rank(
     layers = layout.workload.layers
     grids = layout.grids
     closes_at = {bucket[-1]: b for b, bucket in enumerate(buckets)}
+    # the loss reads this rank's share of the output cast to fp32, as the whole model's loss does
+    whole = ctx.costs[gpu]
+    share = layout.output_bytes[-1] / whole.output_bytes if whole.output_bytes else 0.0
+    loss_input = whole.loss_input_bytes * share
     for it in range(ctx.total_iterations):
         yield from ctx.get_batch(gpu, it, batch=layout.local_samples(0))
         yield from ctx.input_copy(gpu, it, nbytes=layout.input_bytes)
@@ -177,6 +181,8 @@ def _rank(
                 yield from _receive(ctx, events, "redist_forward", it, i, rank, layout.moves(i, "forward"))
             memory.alloc(env.now, layout.saved_bytes[i], "activations")
             yield from _pass(ctx, layout, events, gpu, rank, it, i, "forward", layout.forward_s[i])
+            if i == len(layers) - 1 and ctx.loop_holds_output:  # the loop keeps its output through backward
+                memory.alloc(env.now, layout.output_bytes[i], "output")
             if i + 1 < len(layers) and grids[i + 1] != grids[i]:
                 _start_sends(
                     ctx,
@@ -195,12 +201,14 @@ def _rank(
                 yield from _receive(
                     ctx, events, "redist_backward", it, i + 1, rank, layout.moves(i + 1, "backward")
                 )
-            gradients_in(memory, env.now, layout.output_bytes, i)
+            gradients_in(memory, env.now, layout.output_bytes, i, loss_input)
+            ctx.write_param_grads(gpu, env.now, i)
             yield from _pass(ctx, layout, events, gpu, rank, it, i, "backward", layout.backward_s[i])
             memory.free(env.now, layout.saved_bytes[i], "activations")
             gradients_out(memory, env.now, layout.output_bytes, i)
-            if i == 0:  # the training loop holds the batch until its backward is done
+            if i == 0:  # the training loop holds the batch and the output until its backward is done
                 memory.free(env.now, layout.input_bytes, "input")
+                memory.free(env.now, layout.output_bytes[-1], "output")
             b = closes_at.get(i)
             if b is not None:
                 counts[it, b] = counts.get((it, b), 0) + 1
@@ -277,7 +285,7 @@ def run_spatial(ctx: Context) -> None:
         block = symmetric_block(layout, ctx.machine.topology, ctx.ranks)
     for rank, gpu in enumerate(ctx.ranks):
         ctx.costs[gpu] = base
-        ctx.hold_model(gpu, buckets=sum(bucket_bytes))
+        ctx.hold_model(gpu, grads="backward", buckets=sum(bucket_bytes))
         if rank < block:
             ctx.env.process(_rank(ctx, layout, rank, buckets, ready, done, counts, events, block))
     if buckets:
