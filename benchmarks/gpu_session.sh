@@ -8,13 +8,13 @@
 # OUT gets one log per step (STEP.log), summary.txt (each step's exit status and time) and the figures,
 # bundles, reports and traces. SECONDS (default 560) bounds the whole session: each step has its own limit
 # and the last ones get what is left. STEPS (default: all) is a comma list of env,cuda-tests,loader-copy,
-# autocast-memory,resnet50,gpt2-small,replay,accuracy,suite. ACCURACY_REPEATS (2: validate-gpu, each with its
+# peak-memory,resnet50,gpt2-small,replay,accuracy,suite. ACCURACY_REPEATS (2: validate-gpu, each with its
 # own calibration) and MODEL_ROUNDS (2: real runs per variant of the two models) size the validations.
 # Assumes trainsim is installed (README).
 set -u
 out=${1:?usage: gpu_session.sh OUT [SECONDS] [STEPS]}
 budget=${2:-560}
-steps=${3:-env,cuda-tests,loader-copy,autocast-memory,resnet50,gpt2-small,replay,accuracy,suite}
+steps=${3:-env,cuda-tests,loader-copy,peak-memory,resnet50,gpt2-small,replay,accuracy,suite}
 mkdir -p "$out"
 summary="$out/summary.txt"
 began=$(date +%s)
@@ -51,7 +51,7 @@ torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_propert
 step cuda-tests 150 $py -m pytest -q -p no:cacheprovider -rs tests/test_offload.py tests/test_linkbench.py \
     tests/test_layer_profile.py tests/test_calibrate_cli.py tests/test_exec_config.py tests/test_datapipe.py
 step loader-copy 60 $py benchmarks/loader_batch_copy.py --device cuda
-step autocast-memory 60 $py benchmarks/autocast_memory.py --device cuda
+step peak-memory 60 $py benchmarks/peak_memory.py --device cuda
 for model in resnet50 gpt2-small; do
     step "$model" 150 $py benchmarks/validate_accuracy.py --scenario "benchmarks/gpu/$model.yaml" \
         --repeats 1 --rounds "$model_rounds" --out "$out/$model" --results "$out/$model.txt"
