@@ -475,7 +475,8 @@ def workload_show(
 def workload_generate(
     model: str = typer.Argument(..., help="alexnet, vgg16, resnet18, resnet50, googlenet, tiny-cnn, gpt..."),
     options: list[str] = typer.Option([], "--set", metavar="KEY=VALUE",
-                                      help="Model option, e.g. image_size=64, num_classes=10, n_layer=24."),
+                                      help="Model option, e.g. image_size=64, num_classes=10, "
+                                           "input_dtype=float32, n_layer=24."),
     out: str | None = typer.Option(None, "--out", "-o", help="Write the workload JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
