@@ -15,13 +15,9 @@ simulated on dgx-h100.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import tempfile
 from pathlib import Path
-
-import torch
-from torch.overrides import TorchFunctionMode
 
 from trainsim.api import load_scenario, simulate
 from trainsim.calibrate.measure.describe import autocast_bytes, describe
@@ -36,24 +32,8 @@ CASES = [
 ]
 
 
-class CudaFloat32Ops(TorchFunctionMode):
-    """The float32 policy of CUDA autocast for the ops of the zoo's models that CPU autocast leaves alone:
-    their floating inputs are cast to fp32, so they compute and save in fp32."""
-
-    FUNCS = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax, torch.log_softmax,
-             torch.nn.functional.log_softmax, torch.Tensor.log_softmax, torch.layer_norm,
-             torch.nn.functional.layer_norm}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.FUNCS:
-            args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                         for a in args)
-        return func(*args, **(kwargs or {}))
-
-
 def with_autocast_bytes(plain, name: str, device: str, cfg: dict, cuda_policy: bool = False):
-    with CudaFloat32Ops() if cuda_policy else contextlib.nullcontext():
-        under = autocast_bytes(name, device, "bf16", **cfg)
+    under = autocast_bytes(name, device, "bf16", cuda_policy=cuda_policy, **cfg)
     return plain.model_copy(update={"layers": [
         layer.model_copy(update={"autocast": a}) for layer, a in zip(plain.layers, under, strict=True)]})
 

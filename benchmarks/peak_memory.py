@@ -8,10 +8,11 @@ output, backward, the optimizer's step with its foreach kernels (CUDA's default)
 ``zero_grad(set_to_none=True)``. The step after a warm-up one (the optimizer's state exists) runs under
 torch's ``MemTracker``, which sorts every tensor's storage into parameters, gradients, optimizer state,
 activations and temporaries and keeps the breakdown at the peak. On the CPU, CUDA autocast's fp32 ops are
-emulated (`autocast_memory.CudaFloat32Ops`); on CUDA the row also gives ``torch.cuda.max_memory_allocated``,
+emulated (`calibrate.measure.cuda_autocast`); on CUDA the row also gives ``torch.cuda.max_memory_allocated``,
 whose excess over the tracker is what no tensor holds (library workspaces). The simulator runs the workload
-described from the same model (for bf16 with its activation bytes measured under autocast on ``--device``) on
-dgx-h100 (memory does not depend on the GPU).
+described from the same model (for bf16 with its activation bytes measured under CUDA's autocast on
+``--device``), and the built-in analytic workload of the model (its bytes under autocast derived from CUDA
+autocast's op lists), both on dgx-h100 (memory does not depend on the GPU).
 
 Columns, MiB: params, grads, state, activations (with the input batch and the loop's output), temporaries (the
 simulator's activation gradients; the tracker's temporaries), the total, and its error against the H200's
@@ -23,16 +24,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 import torch
-from autocast_memory import RESULTS, ROOT, CudaFloat32Ops, measured_peak, with_autocast_bytes
+from autocast_memory import RESULTS, ROOT, measured_peak, with_autocast_bytes
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from trainsim.api import load_scenario, simulate
 from trainsim.calibrate import zoo
 from trainsim.calibrate.execute.strategies import make_optimizer
+from trainsim.calibrate.measure.cuda_autocast import CudaFloat32Ops
 from trainsim.calibrate.measure.describe import describe
+from trainsim.sim.compute.analytic_models import MODELS, build_analytic
 
 MIB = 2**20
 #: (run, scenario, variant, the results file that measured it)
@@ -112,6 +116,13 @@ def simulated(scenario: str, variant: str, workload: Path) -> dict[str, float]:
     return by_column
 
 
+def built_in(name: str, cfg: dict):
+    """The built-in analytic workload of ``name`` (its bytes under autocast from CUDA's op lists), its images
+    crossing as float32, as the executor's pipeline hands them over."""
+    images = "input_dtype" in {f.name for f in fields(MODELS[name][0])}
+    return build_analytic(name, **cfg, **({"input_dtype": "float32"} if images else {}))
+
+
 def row(label: str, by_column: dict[str, float], measured_gib: float | None) -> str:
     total = sum(by_column.values())
     error = "-" if not measured_gib else f"{(total / (measured_gib * 2**30) - 1) * 100:+.1f} %"
@@ -135,10 +146,11 @@ def main() -> None:
             cfg = sc.workload.config
             workload = describe(sc.workload.name, **cfg)
             if sc.precision in ("bf16", "fp16"):
-                workload = with_autocast_bytes(workload, sc.workload.name, args.device, cfg,
-                                               cuda_policy=args.device == "cpu")
+                workload = with_autocast_bytes(workload, sc.workload.name, args.device, cfg, cuda_policy=True)
             path = Path(tmp) / f"{run}.json"
             path.write_text(workload.model_dump_json())
+            analytic = Path(tmp) / f"{run}-analytic.json"
+            analytic.write_text(built_in(sc.workload.name, cfg).model_dump_json())
             measured = measured_peak(RESULTS / results, variant)
             print(f"  {run} (batch {sc.batch_size}, {sc.precision}, {sc.optimizer.name}): H200 measured "
                   f"{measured * 1024 if measured else float('nan'):.0f} MiB")
@@ -150,6 +162,7 @@ def main() -> None:
                       f"(what no tensor holds: {(allocated - sum(tracked.values())) / MIB:.0f} MiB; cuBLAS "
                       f"workspaces {'?' if workspaces is None else f'{workspaces / MIB:.0f}'} MiB)")
             print(row("simulated", simulated(scenario, variant, path), measured))
+            print(row("simulated, built-in", simulated(scenario, variant, analytic), measured))
 
 
 if __name__ == "__main__":

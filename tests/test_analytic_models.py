@@ -130,6 +130,48 @@ def test_gpt_activations_match_the_megatron_formula_without_dropout(workloads):
     assert wl.layer("h.0.attn.core").saved_activation_bytes_fixed == s * s  # the bool causal mask
 
 
+def test_gpt_block_under_autocast_by_hand(workloads):
+    # CUDA autocast: the residual stream and layer norms stay fp32 (input and statistics: 2 x (4 s h + 8 s));
+    # each linear keeps its 16-bit input (c_attn, c_proj, c_fc: s h each; mlp.c_proj: 4 s h), gelu its 16-bit
+    # input (4 s h); the attention its q, k, v copies (3 s h), the fp32 softmax and the second matmul's 16-bit
+    # copy of it (a s^2 x (4 + 2)); all in bytes per sample
+    wl = workloads["gpt2-small"]
+    s, h, a = 1024, 768, 12
+    block = [la.autocast for la in wl.layers if la.name.startswith("h.3.")]
+    assert sum(x.saved_per_sample for x in block) == \
+        2 * (4 * s * h + 8 * s) + 2 * (3 * s * h + 4 * s * h + 4 * s * h + 3 * s * h) + 6 * a * s * s
+    ac = {la.name: la.autocast for la in wl.layers}
+    assert ac["h.3.ln_2"].output_per_sample == 4 * s * h
+    assert ac["h.3.mlp.c_fc"].output_per_sample == 2 * 4 * s * h
+    # the 16-bit weight copies backward keeps: the weights, not the biases; the tied head's copy of wte
+    assert ac["h.3.mlp.c_fc"].weight_copies == 2 * h * 4 * h
+    assert ac["lm_head"].weight_copies == 2 * 50257 * h and ac["wte"].weight_copies == 0
+    # the loss reads the logits cast to fp32: its log-softmax (packed twice: log-softmax and NLL) is fp32
+    assert ac["lm_head"].saved_per_sample == 2 * s * h + 4 * s * 50257 + 8 * s
+    assert ac["lm_head"].packed_per_sample == 2 * s * h + 2 * 4 * s * 50257 + 8 * s
+    assert ac["lm_head"].packed_fixed == 4 + ac["lm_head"].weight_copies
+
+
+def test_packed_bytes_count_every_pack_and_the_parameters(workloads):
+    wl = workloads["tiny-cnn"]
+    pool1, conv2 = wl.layer("pool1"), wl.layer("conv2")
+    # relu1's output is saved once, but packed by relu1, pool1 (with its indices) and nothing else
+    assert pool1.saved_activation_bytes_per_sample == 16 * 16 * 16 * 8
+    assert pool1.saved_packed_bytes_per_sample == 16 * 32 * 32 * 4 + 16 * 16 * 16 * 8
+    assert conv2.saved_packed_bytes_per_sample == 16 * 16 * 16 * 4
+    assert conv2.saved_packed_bytes_fixed == 32 * 16 * 9 * 4  # its weight, not its bias
+    bn = workloads["resnet18"].layer("bn1")
+    assert bn.saved_packed_bytes_fixed == bn.saved_activation_bytes_fixed + 64 * 4  # and its weight
+
+
+def test_only_fp32_workloads_carry_bytes_under_autocast(workloads):
+    assert all(la.autocast is None for la in build_analytic("tiny-cnn", dtype="float16").layers)
+    assert build_analytic("tiny-cnn", dtype="float16").summary()["autocast_saved_mib_per_sample"] is None
+    # GPT-2 keeps more under autocast than in fp32: its attention's fp32 softmax and 16-bit copy of it
+    gpt = workloads["gpt2-small"].summary()
+    assert gpt["autocast_saved_mib_per_sample"] > gpt["saved_activation_mib_per_sample"]
+
+
 def test_dropout_mask_bytes_option():
     cuda = build_analytic("alexnet").layer("classifier.0")
     cpu = build_analytic("alexnet", dropout_mask_bytes=4).layer("classifier.0")

@@ -80,23 +80,34 @@ def test_unattributed_time_of_a_calibrated_workload():
     assert unattributed_s(wl(None), 32) == 0.0
 
 
-def test_mixed_precision_uses_the_bytes_measured_under_autocast():
+def _without_autocast_bytes(wl):
+    layers = [layer.model_copy(update={"autocast": None}) for layer in wl.layers]
+    return wl.model_copy(update={"layers": layers})
+
+
+def test_autocast_uses_the_workloads_bytes_under_autocast_and_master_scales_its_bytes():
     from trainsim.formats.workload import AutocastBytes
 
-    wl = load_workload("tiny-cnn")
+    wl = _without_autocast_bytes(load_workload("tiny-cnn"))
     measured = AutocastBytes(saved_per_sample=300, saved_fixed=7, packed_per_sample=500, packed_fixed=11,
                              output_per_sample=40)
     first = wl.layers[0].model_copy(update={"autocast": measured})
     ac = wl.model_copy(update={"layers": [first] + wl.layers[1:]})
     a100 = get_device("a100")
-    plain = rank_costs(wl, a100, 8, "bf16", "sgd")
-    costs = rank_costs(ac, a100, 8, "bf16", "sgd")
+    plain = rank_costs(wl, a100, 8, "bf16", "sgd", mixed_precision="autocast")
+    costs = rank_costs(ac, a100, 8, "bf16", "sgd", mixed_precision="autocast")
     assert costs.saved_bytes_per_layer[0] == 8 * 300 + 7
     assert costs.packed_bytes_per_layer[0] == 8 * 500 + 11
     assert costs.output_bytes_per_layer[0] == 8 * 40
-    # the other layers, without measured bytes, keep the element-size scaling
+    # the other layers, without bytes under autocast, keep the element-size scaling (and their weight copies)
     assert costs.saved_bytes_per_layer[1:] == plain.saved_bytes_per_layer[1:]
     assert plain.saved_bytes_per_layer[0] == pytest.approx(
+        (8 * wl.layers[0].saved_activation_bytes_per_sample + wl.layers[0].saved_activation_bytes_fixed) / 2
+        + 2 * wl.layers[0].param_bytes / 4)
+    # a model held in 16 bit (master) does not run under autocast: its bytes are the fp32 ones halved
+    master = rank_costs(ac, a100, 8, "bf16", "sgd")
+    assert master.saved_bytes_per_layer == rank_costs(wl, a100, 8, "bf16", "sgd").saved_bytes_per_layer
+    assert master.saved_bytes_per_layer[0] == pytest.approx(
         (8 * wl.layers[0].saved_activation_bytes_per_sample + wl.layers[0].saved_activation_bytes_fixed) / 2)
     # fp32 ignores them
     assert rank_costs(ac, a100, 8, "fp32", "sgd").saved_bytes_per_layer == \
@@ -112,10 +123,17 @@ def test_autocast_keeps_fp32_weights_and_gradients_and_16_bit_copies_until_backw
     amp = rank_costs(wl, a100, 4, "bf16", "adam", mixed_precision="autocast")
     master = rank_costs(wl, a100, 4, "bf16", "adam")
     assert (amp.param_bytes, amp.grad_bytes, amp.state_bytes) == (4 * psi, 4 * psi, 8 * psi)
+    # tiny-cnn's 16-bit copies: the weights of conv1 (16x3x3x3), conv2 (32x16x3x3) and fc (10x2048), not
+    # the biases, which backward does not keep
+    copies = [layer.autocast.weight_copies for layer in wl.layers]
+    assert copies == [2 * 16 * 3 * 9, 0, 0, 2 * 32 * 16 * 9, 0, 0, 2 * 10 * 32 * 8 * 8]
+    assert amp.saved_bytes_per_layer == [4 * layer.autocast.saved_per_sample + layer.autocast.saved_fixed + c
+                                         for layer, c in zip(wl.layers, copies, strict=True)]
+    # without bytes under autocast, the fp32 bytes halved, and 2 B per parameter of the convs and linears
+    bare = _without_autocast_bytes(wl)
     copied = [2 * layer.param_bytes / 4 if layer.kind in ("conv2d", "linear") else 0 for layer in wl.layers]
-    assert sum(copied) > 0
-    assert amp.saved_bytes_per_layer == pytest.approx(
-        [m + c for m, c in zip(master.saved_bytes_per_layer, copied, strict=True)])
+    assert rank_costs(bare, a100, 4, "bf16", "adam", mixed_precision="autocast").saved_bytes_per_layer == \
+        pytest.approx([m + c for m, c in zip(master.saved_bytes_per_layer, copied, strict=True)])
     # its step reads fp32 gradients and writes no 16-bit copy: 4 + 2 x 4 + 2 x 8 = 28 B/param
     assert optimizer_traffic(psi, "bf16", "adam", "autocast") == 28 * psi
     assert optimizer_traffic(psi, "bf16", "adam") == (2 + 8 + 16 + 2) * psi

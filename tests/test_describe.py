@@ -92,7 +92,8 @@ def _assert_same_layers(ours, theirs, label):
     assert [layer.name for layer in ours.layers] == [layer.name for layer in theirs.layers], label
     for a, b in zip(ours.layers, theirs.layers, strict=True):
         for field in ("kind", "param_bytes", "shared_param_bytes", "saved_activation_bytes_per_sample",
-                      "saved_activation_bytes_fixed", "output_bytes_per_sample", "flops_forward_per_sample",
+                      "saved_activation_bytes_fixed", "saved_packed_bytes_per_sample",
+                      "saved_packed_bytes_fixed", "output_bytes_per_sample", "flops_forward_per_sample",
                       "flops_backward_per_sample", "memory_bytes_forward_per_sample",
                       "memory_bytes_backward_per_sample", "spatial"):
             assert getattr(a, field) == getattr(b, field), f"{label}: {a.name}.{field}"
@@ -232,6 +233,36 @@ def test_autocast_weight_copies_are_packed_not_saved():
     assert fc.weight_copies == c * 4 * c * BF16
     assert under["lm_head"].weight_copies == SMALL_GPT["vocab_size"] * c * BF16
     assert under["wte"].weight_copies == under["h.0.ln_1"].weight_copies == 0
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_the_analytic_bytes_under_autocast_are_cuda_autocasts(name):
+    # real steps on the CPU under autocast, with CUDA's fp32 ops (layer norm, softmax) emulated, keep exactly
+    # what the analytic generator derives from CUDA autocast's op lists, layer by layer
+    from trainsim.calibrate.measure.describe import autocast_bytes
+
+    cfg = SMALL.get(name, {"image_size": 64, "num_classes": 10})
+    measured = autocast_bytes(name, "cpu", "bf16", cuda_policy=True, **cfg)
+    analytic = build_analytic(name, **cfg)
+    for layer, under in zip(analytic.layers, measured, strict=True):
+        assert layer.autocast == under, f"{name}: {layer.name}"
+
+
+def test_cpu_and_cuda_autocast_differ_only_where_cuda_runs_fp32():
+    # CPU autocast runs softmax in its input's type, CUDA's in fp32. Layer norms read GPT-2's fp32 residual
+    # stream and the loss reads output.float(), so they are fp32 either way: only the attention cores differ
+    cpu = dict(zip([layer.name for layer in describe_layers("gpt2-small", **SMALL_GPT)],
+                   _autocast("gpt2-small", **SMALL_GPT), strict=True))
+    from trainsim.calibrate.measure.describe import autocast_bytes
+
+    cuda = dict(zip(cpu, autocast_bytes("gpt2-small", "cpu", "bf16", cuda_policy=True, **SMALL_GPT),
+                    strict=True))
+    t, heads = SMALL_GPT["block_size"], SMALL_GPT["n_head"]
+    assert {name for name in cpu if cpu[name] != cuda[name]} == {"h.0.attn.core", "h.1.attn.core"}
+    # the softmax output: 16-bit on the CPU, which the second matmul reuses; fp32 on CUDA, and the second
+    # matmul keeps its own 16-bit copy of it
+    scores = heads * t * t
+    assert cuda["h.0.attn.core"].saved_per_sample - cpu["h.0.attn.core"].saved_per_sample == scores * F32
 
 
 def test_autocast_bytes_need_a_real_device_and_a_16_bit_precision():

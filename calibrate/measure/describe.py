@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainsim.calibrate import zoo
+from trainsim.calibrate.measure.cuda_autocast import CudaFloat32Ops
 from trainsim.calibrate.measure.layer_hooks import LayerHooks
 from trainsim.errors import TrainsimError, unknown_name
 from trainsim.formats.workload import AutocastBytes, InputSpec, Layer, Provenance, SpatialShape, Workload
@@ -317,17 +318,21 @@ def describe_layers(name: str, device: str = "meta", **cfg) -> list[Layer]:
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast_bytes(name: str, device: str | torch.device, precision: str, **cfg) -> list[AutocastBytes]:
+def autocast_bytes(name: str, device: str | torch.device, precision: str, *, cuda_policy: bool = False,
+                   **cfg) -> list[AutocastBytes]:
     """Each layer's activation bytes of zoo model ``name`` (in forward order, as `describe_layers`) with the
     forward under autocast to ``precision``, from real training steps on ``device`` at DESCRIBE_BATCHES:
-    autocast's op lists are the device type's own, and the meta device has none."""
+    autocast's op lists are the device type's own, and the meta device has none. ``cuda_policy``: on a CPU,
+    run CUDA autocast's fp32 ops in fp32 (`cuda_autocast.CudaFloat32Ops`), as a CUDA run keeps them."""
     if precision not in AUTOCAST_DTYPES:
         raise unknown_name("precision", precision, AUTOCAST_DTYPES, field="precision")
     if torch.device(device).type == "meta":
         raise TrainsimError("autocast bytes need a real device (cpu or cuda), not meta", field="device")
     name = zoo.canonical_name(name)
     merged = zoo.model_config(name, **cfg)
-    small, large = _two_steps(name, device, merged, AUTOCAST_DTYPES[precision])
+    emulate = cuda_policy and torch.device(device).type != "cuda"
+    with CudaFloat32Ops() if emulate else contextlib.nullcontext():
+        small, large = _two_steps(name, device, merged, AUTOCAST_DTYPES[precision])
     out = []
     for s, g in zip(small, large, strict=True):
         saved = _per_sample(s.saved_bytes, g.saved_bytes)

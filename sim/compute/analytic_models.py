@@ -34,8 +34,16 @@ unless the dtype says otherwise):
   total weight (one fp32 per batch), counted with the last layer.
 
 A layer whose input is a storage already saved earlier (a conv after a relu, the branches of an inception
-block reading the same concat) saves nothing new. Functional ops between modules (residual add, flatten,
-concat) are not layers; their (small) traffic is not counted.
+block reading the same concat) saves nothing new. Packed bytes (what torch's ``save_on_cpu`` copies) count
+every tensor each time an op packs it, and the parameters backward needs: conv/linear weights (not biases),
+batchnorm's weight, layer norm's weight and bias; the softmax output twice in the attention (softmax and the
+second bmm), the log-probs twice in the loss (log-softmax and NLL).
+
+An fp32 workload also carries each layer's bytes with the forward under CUDA's torch.autocast to 16 bit
+(`autocast_bytes`: the same walk, with autocast's casts).
+
+Functional ops between modules (residual add, flatten, concat) are not layers; their (small) traffic is not
+counted.
 
 Memory traffic per sample is the bytes each op must read and write once (compulsory traffic, no cache reuse
 modelled), excluding parameters: the roofline adds ``param_bytes`` once per batch (read in forward, read and
@@ -56,6 +64,7 @@ from pathlib import Path
 from trainsim.errors import TrainsimError, unknown_name
 from trainsim.formats.workload import (
     DTYPE_BYTES,
+    AutocastBytes,
     InputSpec,
     Layer,
     Provenance,
@@ -65,6 +74,8 @@ from trainsim.formats.workload import (
 )
 
 INT64 = 8
+FP32 = 4
+LOW = 2  # bytes per value of autocast's 16-bit types (bf16, fp16)
 
 
 @dataclass
@@ -86,13 +97,19 @@ class _Tensor:
 
 
 class _Builder:
-    """Records layers as a model's forward pass would execute them."""
+    """Records layers as a model's forward pass would execute them; with ``autocast``, as it runs under CUDA's
+    torch.autocast to 16 bit (see `autocast_bytes`), keeping the 16-bit weight copies per layer."""
 
-    def __init__(self, dtype: str = "float32", dropout_mask_bytes: int = 1):
+    def __init__(self, dtype: str = "float32", dropout_mask_bytes: int = 1, autocast: bool = False):
         self.dtype = dtype
         self.itemsize = DTYPE_BYTES[dtype]
         self.dropout_mask_bytes = dropout_mask_bytes
+        self.autocast = autocast
+        # the element size of the ops autocast runs in 16 bit, and of those it runs in fp32
+        self.low = LOW if autocast else self.itemsize
+        self.fp32 = FP32 if autocast else self.itemsize
         self.layers: list[Layer] = []
+        self.weight_copies: dict[str, int] = {}
         self._ids = itertools.count()
         self._saved: set[int] = set()
 
@@ -106,14 +123,28 @@ class _Builder:
         return _Tensor(tuple(shape), x.storage, x.itemsize, x.requires_grad)
 
     def add(self, a: _Tensor, b: _Tensor) -> _Tensor:
-        """A functional residual add: a new tensor, not a layer."""
-        return self.tensor(a.shape)
+        """A functional residual add: a new tensor, not a layer (the wider of the two types)."""
+        return self.tensor(a.shape, itemsize=max(a.itemsize, b.itemsize))
 
     def cat(self, tensors: list[_Tensor], dim: int = 0) -> _Tensor:
         """A functional concat along a per-sample dim: a new tensor, not a layer."""
         shape = list(tensors[0].shape)
         shape[dim] = sum(t.shape[dim] for t in tensors)
-        return self.tensor(shape)
+        return self.tensor(shape, itemsize=max(t.itemsize for t in tensors))
+
+    def _cast(self, x: _Tensor, itemsize: int) -> _Tensor:
+        """Autocast's cast of an op's input: a new tensor, unless it already has that element size."""
+        if x.itemsize == itemsize:
+            return x
+        return _Tensor(x.shape, next(self._ids), itemsize, x.requires_grad)
+
+    def _weight(self, name: str, elements: int) -> int:
+        """Bytes of the conv/linear weight that backward packs (not the bias): under autocast its 16-bit
+        copy, kept apart as the layer's weight copy."""
+        if self.autocast:
+            self.weight_copies[name] = elements * LOW
+            return elements * LOW
+        return elements * self.itemsize
 
     def _save(self, x: _Tensor) -> int:
         """Bytes newly saved if autograd keeps ``x`` (0 when its storage is already kept)."""
@@ -122,12 +153,16 @@ class _Builder:
         self._saved.add(x.storage)
         return x.nbytes
 
-    def _record(self, name, kind, *, params=0, saved=0, saved_fixed=0, out: _Tensor | None = None,
-                flops_f=0.0, flops_b=0.0, mem_f=0.0, mem_b=0.0, spatial=None, shared_params=0) -> None:
+    def _record(self, name, kind, *, params=0, saved=0, saved_fixed=0, packed=0, packed_fixed=0,
+                out: _Tensor | None = None, flops_f=0.0, flops_b=0.0, mem_f=0.0, mem_b=0.0, spatial=None,
+                shared_params=0) -> None:
+        """One layer. ``saved``: bytes newly kept for backward (storages de-duplicated); ``packed``: bytes of
+        every tensor its backward packs, each time, and ``packed_fixed`` the parameters it packs too."""
         self.layers.append(Layer(
             name=name, kind=kind, param_bytes=params * self.itemsize,
             shared_param_bytes=shared_params * self.itemsize,
             saved_activation_bytes_per_sample=saved, saved_activation_bytes_fixed=saved_fixed,
+            saved_packed_bytes_per_sample=packed, saved_packed_bytes_fixed=saved_fixed + packed_fixed,
             output_bytes_per_sample=out.nbytes if out is not None else 0,
             flops_forward_per_sample=float(flops_f), flops_backward_per_sample=float(flops_b),
             memory_bytes_forward_per_sample=float(mem_f), memory_bytes_backward_per_sample=float(mem_b),
@@ -152,10 +187,13 @@ class _Builder:
         if out_h < 1 or out_w < 1:
             raise TrainsimError(f"input {in_h}x{in_w} is too small: {name} would output {out_h}x{out_w}",
                                 field="image_size")
-        out = self.tensor((out_c, out_h, out_w))
+        x = self._cast(x, self.low)
+        out = self.tensor((out_c, out_h, out_w), itemsize=self.low)
         flops = 2.0 * out_c * in_c * kernel * kernel * out_h * out_w
         self._record(name, "conv2d", params=out_c * in_c * kernel * kernel + (out_c if bias else 0),
-                     saved=self._save(x), out=out, flops_f=flops, flops_b=self._grad_flops(x, flops),
+                     saved=self._save(x), packed=x.nbytes,
+                     packed_fixed=self._weight(name, out_c * in_c * kernel * kernel),
+                     out=out, flops_f=flops, flops_b=self._grad_flops(x, flops),
                      mem_f=x.nbytes + out.nbytes, mem_b=self._grad_traffic(x, out),
                      spatial=SpatialShape(in_h=in_h, in_w=in_w, in_c=in_c, out_c=out_c, kernel_h=kernel,
                                           kernel_w=kernel, stride=stride, padding=padding, out_h=out_h,
@@ -165,30 +203,35 @@ class _Builder:
     def linear(self, name, x: _Tensor, out_features: int, bias: bool = True, tied: bool = False) -> _Tensor:
         *lead, in_features = x.shape
         rows = math.prod(lead)
-        out = self.tensor((*lead, out_features))
+        x = self._cast(x, self.low)
+        out = self.tensor((*lead, out_features), itemsize=self.low)
         flops = 2.0 * rows * in_features * out_features
         weights = in_features * out_features + (out_features if bias else 0)
         self._record(name, "linear", params=0 if tied else weights, shared_params=weights if tied else 0,
-                     saved=self._save(x), out=out, flops_f=flops, flops_b=self._grad_flops(x, flops),
-                     mem_f=x.nbytes + out.nbytes, mem_b=self._grad_traffic(x, out))
+                     saved=self._save(x), packed=x.nbytes,
+                     packed_fixed=self._weight(name, in_features * out_features), out=out, flops_f=flops,
+                     flops_b=self._grad_flops(x, flops), mem_f=x.nbytes + out.nbytes,
+                     mem_b=self._grad_traffic(x, out))
         return out
 
     def batchnorm(self, name, x: _Tensor) -> _Tensor:
         channels = x.shape[0]
-        out = self.tensor(x.shape)
-        self._record(name, "batchnorm", params=2 * channels, saved=self._save(x),
-                     saved_fixed=4 * channels * 4, out=out,
+        out = self.tensor(x.shape, itemsize=x.itemsize)
+        self._record(name, "batchnorm", params=2 * channels, saved=self._save(x), packed=x.nbytes,
+                     saved_fixed=4 * channels * 4, packed_fixed=channels * self.itemsize, out=out,
                      mem_f=2 * x.nbytes + out.nbytes, mem_b=2 * out.nbytes + 3 * x.nbytes)
         return out
 
     def relu(self, name, x: _Tensor) -> _Tensor:
-        out = self.tensor(x.shape)
-        self._record(name, "relu", saved=self._save(out), out=out, mem_f=2 * x.nbytes, mem_b=3 * x.nbytes)
+        out = self.tensor(x.shape, itemsize=x.itemsize)
+        self._record(name, "relu", saved=self._save(out), packed=out.nbytes, out=out, mem_f=2 * x.nbytes,
+                     mem_b=3 * x.nbytes)
         return out
 
     def gelu(self, name, x: _Tensor) -> _Tensor:
-        out = self.tensor(x.shape)
-        self._record(name, "gelu", saved=self._save(x), out=out, mem_f=2 * x.nbytes, mem_b=3 * x.nbytes)
+        out = self.tensor(x.shape, itemsize=x.itemsize)
+        self._record(name, "gelu", saved=self._save(x), packed=x.nbytes, out=out, mem_f=2 * x.nbytes,
+                     mem_b=3 * x.nbytes)
         return out
 
     def maxpool(self, name, x: _Tensor, kernel: int, stride: int | None = None, padding: int = 0,
@@ -200,17 +243,17 @@ class _Builder:
         if out_h < 1 or out_w < 1:
             raise TrainsimError(f"input is too small: {name} gets {in_h}x{in_w} and would output "
                                 f"{out_h}x{out_w}", field="image_size")
-        out = self.tensor((channels, out_h, out_w))
+        out = self.tensor((channels, out_h, out_w), itemsize=x.itemsize)
         indices = out.numel * INT64
-        self._record(name, "maxpool", saved=self._save(x) + indices, out=out,
+        self._record(name, "maxpool", saved=self._save(x) + indices, packed=x.nbytes + indices, out=out,
                      mem_f=x.nbytes + out.nbytes + indices, mem_b=out.nbytes + indices + 2 * x.nbytes)
         return out
 
     def adaptive_avgpool(self, name, x: _Tensor, size: int) -> _Tensor:
-        out = self.tensor((x.shape[0], size, size))
+        out = self.tensor((x.shape[0], size, size), itemsize=x.itemsize)
         saved = 0 if size == 1 else self._save(x)
-        self._record(name, "avgpool", saved=saved, out=out, mem_f=x.nbytes + out.nbytes,
-                     mem_b=out.nbytes + x.nbytes)
+        self._record(name, "avgpool", saved=saved, packed=0 if size == 1 else x.nbytes, out=out,
+                     mem_f=x.nbytes + out.nbytes, mem_b=out.nbytes + x.nbytes)
         return out
 
     def dropout(self, name, x: _Tensor, p: float) -> _Tensor:
@@ -218,9 +261,9 @@ class _Builder:
             # torch returns the input itself: no kernel, nothing saved
             self._record(name, "dropout", out=x)
             return x
-        out = self.tensor(x.shape)
+        out = self.tensor(x.shape, itemsize=x.itemsize)
         mask = x.numel * self.dropout_mask_bytes
-        self._record(name, "dropout", saved=mask, out=out, mem_f=x.nbytes + out.nbytes + mask,
+        self._record(name, "dropout", saved=mask, packed=mask, out=out, mem_f=x.nbytes + out.nbytes + mask,
                      mem_b=out.nbytes + mask + x.nbytes)
         return out
 
@@ -235,15 +278,17 @@ class _Builder:
             self._record(name, "embedding", params=num * dim, saved_fixed=tokens * INT64)
             self._saved.add(idx.storage)
         else:
-            self._record(name, "embedding", params=num * dim, saved=self._save(idx), out=out,
-                         mem_f=traffic_f, mem_b=traffic_b)
+            self._record(name, "embedding", params=num * dim, saved=self._save(idx), packed=idx.nbytes,
+                         out=out, mem_f=traffic_f, mem_b=traffic_b)
         return out
 
     def layernorm(self, name, x: _Tensor) -> _Tensor:
         *lead, dim = x.shape
         stats = 2 * math.prod(lead) * 4  # fp32 mean and rstd per row
-        out = self.tensor(x.shape)
-        self._record(name, "layernorm", params=2 * dim, saved=self._save(x) + stats, out=out,
+        x = self._cast(x, self.fp32)
+        out = self.tensor(x.shape, itemsize=self.fp32)
+        self._record(name, "layernorm", params=2 * dim, saved=self._save(x) + stats, packed=x.nbytes + stats,
+                     packed_fixed=2 * dim * self.itemsize, out=out,
                      mem_f=2 * x.nbytes + stats, mem_b=3 * x.nbytes + stats)
         return out
 
@@ -251,11 +296,15 @@ class _Builder:
         seq, three_c = qkv.shape
         dim = three_c // 3
         scores = n_head * seq * seq  # elements of one score matrix set
-        s = self.itemsize
-        out = self.tensor((seq, dim))
+        s = qkv.itemsize
+        out = self.tensor((seq, dim), itemsize=self.low)
         copies = 3 * seq * dim * s  # contiguous q, k, v batches for bmm
+        # the softmax output, packed by the softmax and by the second bmm; under autocast it is fp32 and the
+        # bmm keeps its own 16-bit copy of it
+        probs = scores * self.fp32 + (scores * LOW if self.autocast else 0)
         self._record(name, "attention",
-                     saved=copies + scores * s, saved_fixed=seq * seq,  # + the bool causal mask
+                     saved=copies + probs, packed=copies + scores * self.fp32 + scores * self.low,
+                     saved_fixed=seq * seq,  # + the bool causal mask
                      out=out, flops_f=4.0 * seq * seq * dim, flops_b=8.0 * seq * seq * dim,
                      mem_f=(12 * seq * dim + 8 * scores) * s, mem_b=(16 * seq * dim + 11 * scores) * s)
         return out
@@ -556,25 +605,65 @@ def config_for(name: str, **cfg):
     return config_cls(**cfg)
 
 
-def _with_loss(layers: list[Layer], input_spec: InputSpec) -> list[Layer]:
-    """The cross-entropy loss saves the log-softmax of the last layer's output, the int64 targets (one per
-    sample, or one per token) and its total weight, counted with the last layer, whose backward comes right
-    after it."""
+def _with_loss(layers: list[Layer], input_spec: InputSpec, log_softmax_bytes: int) -> list[Layer]:
+    """The cross-entropy loss saves the log-softmax of the last layer's output (``log_softmax_bytes`` per
+    sample), the int64 targets (one per sample, or one per token) and its total weight, counted with the
+    last layer, whose backward comes right after it. The log-softmax and the NLL both pack the log-probs."""
     targets = input_spec.bytes_per_sample if input_spec.dtype == "int64" else INT64
     last = layers[-1]
-    saved = last.saved_activation_bytes_per_sample + last.output_bytes_per_sample + targets
-    fixed = last.saved_activation_bytes_fixed + 4  # the NLL's total weight, one fp32 per batch
-    return layers[:-1] + [last.model_copy(update={"saved_activation_bytes_per_sample": saved,
-                                                  "saved_activation_bytes_fixed": fixed})]
+    weight = 4  # the NLL's total weight, one fp32 per batch
+    return layers[:-1] + [last.model_copy(update={
+        "saved_activation_bytes_per_sample": last.saved_activation_bytes_per_sample + log_softmax_bytes
+        + targets,
+        "saved_activation_bytes_fixed": last.saved_activation_bytes_fixed + weight,
+        "saved_packed_bytes_per_sample": last.saved_packed_bytes_per_sample + 2 * log_softmax_bytes + targets,
+        "saved_packed_bytes_fixed": last.saved_packed_bytes_fixed + weight})]
+
+
+def autocast_bytes(name: str, config) -> list[AutocastBytes]:
+    """Each layer's activation bytes with the forward under CUDA's torch.autocast to 16 bit (bf16 or fp16:
+    the same bytes), for a model whose weights are fp32. CUDA autocast's op lists (PyTorch's AMP docs):
+
+    - conv2d, linear and the attention's matmuls run in 16 bit: an fp32 input is cast, and the cast is what
+      backward keeps; the output is 16-bit; backward keeps the weight's 16-bit copy too (``weight_copies``);
+    - layer norm and softmax run in fp32: a 16-bit input is cast up, the output is fp32; the attention's
+      second matmul then keeps its own 16-bit copy of the softmax output;
+    - every other op here (batchnorm, relu, gelu, pooling, dropout, embedding) keeps its input's type, and a
+      residual add or a concat takes the wider of its inputs' (the fp32 residual stream of a transformer);
+    - the loss is computed on the output cast to fp32 (``output.float()``, as the executor does): its
+      log-softmax is fp32.
+
+    Packed bytes (what torch's ``save_on_cpu`` copies) count every tensor each time it is packed, the weight
+    copies and the fp32 parameters of batchnorm and layer norm too."""
+    builder = _Builder(config.dtype, getattr(config, "dropout_mask_bytes", 1), autocast=True)
+    input_spec = MODELS[name][1](builder, config)
+    last = builder.layers[-1]
+    layers = _with_loss(builder.layers, input_spec, last.output_bytes_per_sample // LOW * FP32)
+    out = []
+    for layer in layers:
+        copies = builder.weight_copies.get(layer.name, 0)
+        out.append(AutocastBytes(
+            saved_per_sample=layer.saved_activation_bytes_per_sample,
+            saved_fixed=layer.saved_activation_bytes_fixed,
+            packed_per_sample=layer.saved_packed_bytes_per_sample,
+            packed_fixed=layer.saved_packed_bytes_fixed,
+            output_per_sample=layer.output_bytes_per_sample,
+            weight_copies=copies))
+    return out
 
 
 def build_analytic(name: str, **cfg) -> Workload:
-    """The analytic workload of model ``name`` (see ``MODELS``) with config overrides ``cfg``."""
+    """The analytic workload of model ``name`` (see ``MODELS``) with config overrides ``cfg``; an fp32 one
+    carries its bytes under autocast (`autocast_bytes`) for 16-bit runs."""
     config = config_for(name, **cfg)
     builder = _Builder(config.dtype, getattr(config, "dropout_mask_bytes", 1))
     input_spec = MODELS[name][1](builder, config)
+    layers = _with_loss(builder.layers, input_spec, builder.layers[-1].output_bytes_per_sample)
+    if config.dtype == "float32":
+        layers = [layer.model_copy(update={"autocast": under})
+                  for layer, under in zip(layers, autocast_bytes(name, config), strict=True)]
     return Workload(
-        name=name, dtype=config.dtype, input=input_spec, layers=_with_loss(builder.layers, input_spec),
+        name=name, dtype=config.dtype, input=input_spec, layers=layers,
         provenance=Provenance(device="analytic", device_spec=None, tool="trainsim",
                               generator="trainsim.sim.compute.analytic_models",
                               config={f.name: getattr(config, f.name) for f in fields(config)}))

@@ -10,11 +10,13 @@ roofline estimate elsewhere). Bytes follow the precision:
   and gradients 4 (the weights are the master), the moments, and autocast's 16-bit copies of the weights
   held from each layer's forward to its backward (measured, `AutocastBytes.weight_copies`, or 2 B per
   parameter of the convolutions and linear layers): Adam 4 + 4 + 8 + 2 = 18 B/param at the peak.
-- Activations under mixed precision are the bytes measured under autocast where the workload has them
-  (`Layer.autocast`: autocast keeps layer norms, softmax, the loss and the residual stream in fp32); otherwise
-  the workload's bytes scaled by the precision's element size. The loss reads the last output cast to fp32
-  (``output.float()``, as the executor and Megatron compute cross entropy), so its backward's gradients
-  take 4 B per output element at every precision. The input batch crosses PCIe as the workload's input says.
+- Activations under ``autocast`` are the workload's bytes under autocast where it has them (`Layer.autocast`,
+  measured by a calibration or, for the built-in workloads, from CUDA autocast's op lists: autocast keeps
+  layer norms, softmax, the loss and the residual stream in fp32). Under ``master`` (the model itself held in
+  16 bit) and where a workload lacks them, they are the workload's bytes scaled by the element size. The
+  loss reads the last output cast to fp32 (``output.float()``, as the executor and Megatron compute cross
+  entropy), so its backward's gradients take 4 B per output element at every precision. The input batch
+  crosses PCIe as the workload's input says.
 
 The optimizer step is memory-bound. Measured on another device, it scales by the ratio of memory bandwidths;
 never measured, it reads the gradients, reads and writes the (master) weights and the state, and writes the
@@ -146,7 +148,7 @@ def rank_costs(
         step = roofline.streaming_seconds(device, optimizer_traffic(num_params, precision, optimizer,
                                                                     mixed_precision))
     last = workload.layers[-1]
-    copies = mixed(precision) and mixed_precision == "autocast"
+    autocast = mixed(precision) and mixed_precision == "autocast"
     forward = [float(f) for f, _ in times]
     backward = [float(b) for _, b in times]
     if here:
@@ -163,29 +165,29 @@ def rank_costs(
         param_bytes=num_params * weight,
         grad_bytes_per_layer=[p * weight for p in params_per_layer],
         state_bytes=state_bytes(num_params, precision, optimizer, mixed_precision),
-        saved_bytes_per_layer=[float(_saved(layer, batch, act_scale, mixed(precision))
-                                     + (_weight_copies(layer, itemsize) if copies else 0.0))
+        saved_bytes_per_layer=[float(_saved(layer, batch, act_scale, autocast)
+                                     + (_weight_copies(layer, itemsize) if autocast else 0.0))
                                for layer in workload.layers],
         input_bytes=float(batch * workload.input.bytes_per_sample),
-        output_bytes=float(_output(last, batch, act_scale, mixed(precision))),
-        output_bytes_per_layer=[float(_output(layer, batch, act_scale, mixed(precision)))
+        output_bytes=float(_output(last, batch, act_scale, autocast)),
+        output_bytes_per_layer=[float(_output(layer, batch, act_scale, autocast))
                                 for layer in workload.layers],
-        packed_bytes_per_layer=[float(_packed(layer, batch, act_scale, mixed(precision)))
+        packed_bytes_per_layer=[float(_packed(layer, batch, act_scale, autocast))
                                 for layer in workload.layers],
         loss_input_bytes=float(batch * last.output_bytes_per_sample * WEIGHT_BYTES["fp32"] / itemsize),
     )
 
 
-def _saved(layer, batch: int, scale: float, sixteen_bit: bool) -> float:
-    """Bytes autograd keeps for ``layer``'s backward at ``batch`` (measured under autocast where known)."""
-    if sixteen_bit and layer.autocast is not None:
+def _saved(layer, batch: int, scale: float, autocast: bool) -> float:
+    """Bytes autograd keeps for ``layer``'s backward at ``batch`` (its bytes under autocast where known)."""
+    if autocast and layer.autocast is not None:
         return batch * layer.autocast.saved_per_sample + layer.autocast.saved_fixed
     return (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * scale
 
 
-def _packed(layer, batch: int, scale: float, sixteen_bit: bool) -> float:
+def _packed(layer, batch: int, scale: float, autocast: bool) -> float:
     """Bytes autograd packs for ``layer`` at ``batch`` (its distinct saved bytes where not described)."""
-    if sixteen_bit and layer.autocast is not None:
+    if autocast and layer.autocast is not None:
         return batch * layer.autocast.packed_per_sample + layer.autocast.packed_fixed
     if layer.saved_packed_bytes_per_sample is None:
         return (batch * layer.saved_activation_bytes_per_sample + layer.saved_activation_bytes_fixed) * scale
@@ -201,9 +203,9 @@ def _weight_copies(layer, itemsize: int) -> float:
     return 2.0 * (layer.param_bytes + layer.shared_param_bytes) / itemsize
 
 
-def _output(layer, batch: int, scale: float, sixteen_bit: bool) -> float:
+def _output(layer, batch: int, scale: float, autocast: bool) -> float:
     """Bytes of ``layer``'s output at ``batch`` (and of its gradient in backward)."""
-    if sixteen_bit and layer.autocast is not None:
+    if autocast and layer.autocast is not None:
         return batch * layer.autocast.output_per_sample
     return batch * layer.output_bytes_per_sample * scale
 

@@ -389,6 +389,10 @@ class Workload(_Strict):
             "gflops_forward_per_sample": round(self.flops_forward_per_sample / 1e9, 4),
             "gflops_backward_per_sample": round(self.flops_backward_per_sample / 1e9, 4),
             "saved_activation_mib_per_sample": round(self.saved_activation_bytes_per_sample / 2**20, 3),
+            # under 16-bit autocast, where every layer has its bytes (None otherwise)
+            "autocast_saved_mib_per_sample": (
+                round(sum(layer.autocast.saved_per_sample for layer in self.layers) / 2**20, 3)
+                if all(layer.autocast is not None for layer in self.layers) else None),
             "input_bytes_per_sample": self.input.bytes_per_sample,
             "measured": self.measured,
             "device": self.provenance.device,
