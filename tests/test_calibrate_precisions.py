@@ -34,6 +34,18 @@ def test_the_profiler_measures_under_autocast_and_says_so():
         profile_layers("tiny-cnn", "cpu", [2], precision="int4")
 
 
+def test_a_cpu_calibration_keeps_the_bytes_cuda_autocast_keeps():
+    # a 16-bit what-if is a GPU's: the CPU profiler runs softmax in fp32 as CUDA's autocast does, so its bytes
+    # equal the built-in generator's, which follow CUDA's op lists
+    from trainsim.sim.compute.analytic_models import build_analytic
+
+    small = dict(n_layer=1, n_head=2, n_embd=16, vocab_size=50, block_size=8)
+    measured = profile_layers("gpt2-small", "cpu", [2], repeats=1, warmup=0, prep_samples=0, precision="bf16",
+                              **small)
+    analytic = build_analytic("gpt2-small", **small)
+    assert [layer.autocast for layer in measured.layers] == [layer.autocast for layer in analytic.layers]
+
+
 def test_a_scenario_calibrates_the_precisions_its_variants_run():
     assert calibration_precisions("validate-cpu") == ("fp32",)
     assert calibration_precisions("validate-gpu") == ("fp32", "bf16")

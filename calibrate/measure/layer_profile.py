@@ -328,8 +328,9 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
     ``provenance["iteration"]`` the whole-iteration and unattributed times. ``threads`` sets
     ``torch.set_num_threads`` for the run (default: torch's choice); the value used is recorded.
     ``precision`` bf16/fp16: the forward runs under autocast to it, as the executor runs it (no loss scaling);
-    byte counts stay fp32's, each layer's ``autocast`` holds its activation bytes measured under autocast on
-    ``device``, and ``provenance.precision`` says what the times were measured in.
+    byte counts stay fp32's, each layer's ``autocast`` holds its activation bytes under CUDA's autocast
+    (measured on ``device``; on a CPU with CUDA's fp32 ops emulated, since a 16-bit what-if is a GPU's), and
+    ``provenance.precision`` says what the times were measured in.
     """
     progress = progress or (lambda text: None)
     canonical = zoo.canonical_name(name)
@@ -400,7 +401,7 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        autocast = autocast_bytes(canonical, dev, precision, **cfg)
+        autocast = autocast_bytes(canonical, dev, precision, cuda_policy=True, **cfg)
     layers = []
     for layer, under_autocast in zip(static, autocast, strict=True):
         times = {}

@@ -210,9 +210,10 @@ class SpatialShape(_Strict):
 
 
 class AutocastBytes(_Strict):
-    """A layer's activation bytes measured with the forward under autocast to 16 bit (the executor's mixed
-    precision). Autocast does not halve them: the ops it keeps in fp32 (layer norm, softmax, the loss) and
-    the fp32 residual stream save fp32 tensors. ``saved_*`` excludes the 16-bit copies autocast makes of the
+    """A layer's activation bytes with the forward under CUDA's autocast to 16 bit (the executor's mixed
+    precision; a CPU calibration emulates CUDA's fp32 ops, the built-ins derive them). Autocast does not halve
+    them: the ops it keeps in fp32 (layer norm, softmax, the loss) and the fp32 residual stream save fp32
+    tensors. ``saved_*`` excludes the 16-bit copies autocast makes of the
     parameters, which are ``weight_copies`` (the simulator adds them under ``mixed_precision: autocast``;
     under ``master`` its 16-bit weights stand for them); ``packed_*`` counts every packed tensor, those
     copies too, as torch's ``save_on_cpu`` copies them."""
@@ -248,8 +249,8 @@ class Layer(_Strict):
     memory_bytes_forward_per_sample: float = Field(strict=True, ge=0)
     memory_bytes_backward_per_sample: float = Field(strict=True, ge=0)
     spatial: SpatialShape | None = None
-    # the activation bytes under 16-bit autocast, where measured (`calibrate --precisions bf16`); without
-    # them the simulator scales the bytes above by the element size
+    # the activation bytes under CUDA's 16-bit autocast (`calibrate --precisions bf16`, the built-ins); used
+    # under mixed_precision autocast; without them, and under master, the bytes above scale by element size
     autocast: AutocastBytes | None = None
     forward: TimeModel | None = None
     backward: TimeModel | None = None
