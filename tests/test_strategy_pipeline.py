@@ -121,6 +121,22 @@ def test_1f1b_keeps_fewer_micro_batches_in_flight_than_gpipe(workload_file):
         assert one_f_one_b.gpus[s].memory_peak_bytes == (S - s) * per_micro_batch
 
 
+def test_gradients_live_from_a_stages_first_backward_to_its_step(workload_file):
+    # GPipe, 4 stages of 2 layers, 8 micro-batches of one sample: every forward of an iteration runs before
+    # any backward, so a stage holds no gradient while its forwards run; its first backward writes them (the
+    # later ones accumulate) and zero_grad(set_to_none=True) frees them after the step
+    S, M, P = 4, 8, 4000
+    result = _run(workload_file(params=P), stages=S, micro=M, schedule="gpipe")
+    f_stage, b_stage = 2 * F, 2 * B
+    for s in range(S):
+        events = [e for e in result.machine.gpus[f"gpu{s}"].memory.timeline if e.category == "grads"]
+        assert [e.delta for e in events] == [2 * P, -2 * P] * 3  # a warm-up and two measured iterations
+        first_backward_ends = (M + S - 1) * f_stage + (S - 1 - s) * b_stage + b_stage
+        assert events[0].time == pytest.approx(first_backward_ends, rel=1e-12)
+        # the peak: the weights, every micro-batch's activations and the gradients the first backward wrote
+        assert result.gpus[s].memory_peak_bytes == pytest.approx(2 * P + M * 2 * SAVED + 2 * P, rel=1e-12)
+
+
 def test_1f1b_order_bounds_micro_batches_in_flight():
     for s in range(4):
         order = schedule_order("1f1b", s, 4, 8)

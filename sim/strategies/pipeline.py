@@ -26,9 +26,11 @@ real links message-driven hides its transfers; under jitter it does not wait for
 another is ready, which pays when micro-batches are few per stage and can lose when many are (a greedy order
 can delay the forward stream the last stage waits on).
 
-After its last backward each stage's gradients are all-reduced over its data-parallel group (the same stage
-in every replica), then the optimizer steps. ``optimizations.offload_optimizer_state`` keeps the fp32 master
-weights and optimizer state in pinned host memory: they stream to the GPU in chunks of
+A stage's parameter gradients exist from the end of its first backward of an iteration (later micro-batches
+accumulate into them) until the optimizer's step is done (``zero_grad(set_to_none=True)``, as the executor
+does). After its last backward each stage's gradients are all-reduced over its data-parallel group (the same
+stage in every replica), then the optimizer steps. ``optimizations.offload_optimizer_state`` keeps the fp32
+master weights and optimizer state in pinned host memory: they stream to the GPU in chunks of
 ``offload_chunk_mb`` (two chunk buffers on the GPU, H2D engine) while the all-reduce runs, each chunk is
 stepped on the GPU and streamed back (D2H engine; sim/optimizations/optimizer_offload.py). The GPU then
 holds only the 16-bit weights and gradients (mixed-precision Adam: 16 -> 4 bytes per parameter, REFERENCE
@@ -263,6 +265,7 @@ class _Pipeline:
         self.inbox = {g: Inbox(ctx.env) for g in ctx.simulated}
         env = ctx.env
         self.bwd_done = {(it, g): env.event() for it in range(ctx.total_iterations) for g in ctx.simulated}
+        self.grads_live: set[str] = set()  # stages whose gradients exist (first backward to the step)
         self.reduced = {(it, s): env.event() for it in range(ctx.total_iterations) for s in range(self.S)}
 
     @staticmethod
@@ -349,6 +352,9 @@ class _Pipeline:
             dst = self.gpu(r, s + 1) if s < self.S - 1 else None
             nbytes = stage.send_bytes
         else:
+            if gpu not in self.grads_live:  # the first backward writes the gradients, later ones accumulate
+                self.grads_live.add(gpu)
+                memory.alloc(ctx.env.now, stage.param_bytes, "grads")
             memory.free(ctx.env.now, self._kept(stage), "activations")
             if self.opts.recompute:
                 memory.free(ctx.env.now, stage.saved_bytes, "activations")
@@ -418,6 +424,8 @@ class _Pipeline:
                 yield from ctx.machine.run(
                     gpu, "compute", stage.step_s, op="optimizer", iteration=it, optimizer=ctx.optimizer
                 )
+            self.grads_live.discard(gpu)  # zero_grad(set_to_none=True)
+            ctx.machine.gpus[gpu].memory.free(ctx.env.now, self.stages[gpu].param_bytes, "grads")
             ctx.finish(it, gpu)
 
     def _offloaded_step(self, gpu: str, it: int):
@@ -443,7 +451,6 @@ class _Pipeline:
         for g in ctx.simulated:
             stage, memory = self.stages[g], ctx.machine.gpus[g].memory
             memory.alloc(ctx.env.now, stage.param_bytes, "params")
-            memory.alloc(ctx.env.now, stage.param_bytes, "grads")
             if self.offload:
                 ctx.state_streamer.hold(g, stage.state_bytes)
             else:
