@@ -104,7 +104,8 @@ def evidence_sets(root: Path = EVIDENCE):
     for name, scenario in SCENARIOS.items():
         for report in sorted((root / name).glob("report-*.json")):
             repeat = report.stem.removeprefix("report-")
-            yield name, repeat, scenario, root / name / f"calibration-{repeat}", json.loads(report.read_text())
+            bundle = root / name / f"calibration-{repeat}"
+            yield name, repeat, scenario, bundle, json.loads(report.read_text())
 
 
 def run(root: Path = EVIDENCE) -> dict:
@@ -162,7 +163,8 @@ def _pct(x):
 
 def print_report(out: dict) -> None:
     print("# H200 run 3 (benchmarks/data/h200-run3), predicted again by this checkout")
-    print("# ms per iteration: measured (IQR) | run 3's prediction | now, error | peak MiB measured | now, error")
+    print("# ms per iteration: measured (IQR) | run 3's prediction | now, error;"
+          " peak MiB: measured | now, error")
     for s in out["sets"]:
         print(f"\n## {s['set']} repeat {s['repeat']}")
         for r in s["rows"]:
