@@ -15,8 +15,9 @@ described from the same model (for bf16 with its activation bytes measured under
 autocast's op lists), both on dgx-h100 (memory does not depend on the GPU).
 
 Columns, MiB: params, grads, state, activations (with the input batch and the loop's output), temporaries (the
-simulator's activation gradients; the tracker's temporaries), the total, and its error against the H200's
-measured peak.
+simulator's activation gradients; the tracker's temporaries), workspaces (the simulator's cuBLAS workspaces,
+`sim.compute.workspaces`; on CUDA those the real step allocated, which no tensor holds), the total, and its
+error against the H200's measured peak.
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ RUNS = [
     ("gpt2-small", "benchmarks/gpu/gpt2-small.yaml", "gpt2-small", "h200-run3-gpt2-small.txt"),
     ("gpt2-small-bf16", "benchmarks/gpu/gpt2-small.yaml", "gpt2-small-bf16", "h200-run3-gpt2-small.txt"),
 ]
-COLUMNS = ("params", "grads", "state", "activations", "temporaries")
+COLUMNS = ("params", "grads", "state", "activations", "temporaries", "workspaces")
 #: the simulator's memory categories in the columns above
 SIM_COLUMNS = {"params": "params", "grads": "grads", "optimizer_state": "state", "activations": "activations",
                "output": "activations", "input": "activations", "buffers": "activations",
-               "activation_grads": "temporaries"}
+               "activation_grads": "temporaries", "workspaces": "workspaces"}
 #: MemTracker's reference types in the columns above
 TRACKER_COLUMNS = {"Parameter": "params", "Gradient": "grads", "Optstate": "state",
                    "Activation": "activations", "Buffer": "activations", "Other": "activations",
@@ -156,6 +157,8 @@ def main() -> None:
                   f"{measured * 1024 if measured else float('nan'):.0f} MiB")
             tracked, allocated, workspaces = tracked_step(sc.workload.name, cfg, sc.batch_size, sc.precision,
                                                           sc.optimizer.model_dump(), args.device)
+            if workspaces is not None:  # the real step holds them, though no tensor does
+                tracked["workspaces"] = workspaces
             print(row("real step, tracked", tracked, measured))
             if allocated is not None:
                 print(f"    {'max_memory_allocated':<20} {allocated / MIB:>{12 * len(COLUMNS) + 9}.0f} "

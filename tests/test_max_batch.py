@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.formats.scenario_loader import load_scenario
+from trainsim.sim.compute.workspaces import training_workspace_bytes
+from trainsim.sim.core.devices import get_device
 from trainsim.sim.planning.max_batch import max_batch
 
 LAYERS = [
@@ -17,8 +19,9 @@ LAYERS = [
     {"name": "c", "fwd": 0.001, "bwd": 0.003, "params": 0, "saved": 200_000},
 ]
 INPUT = 1000
-MEMORY_GIB = 0.01
-MODEL = 2 * 44_000  # sgd in fp32: weights + gradients
+MEMORY_GIB = 0.025
+# sgd in fp32: weights + gradients; and the cuBLAS workspaces of the training process's two matmul threads
+MODEL = 2 * 44_000 + training_workspace_bytes(get_device("a100"))
 
 
 def scenario_file(tmp_path):

@@ -13,11 +13,16 @@ from trainsim.api import load_bundle, simulate, simulation
 from trainsim.errors import TrainsimError
 from trainsim.formats.bundle import RunMeasurements
 from trainsim.sim.collectives.ops import run_collective
+from trainsim.sim.compute.workspaces import training_workspace_bytes
+from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
 from trainsim.sim.simulation import build_machine, bundle_call_latencies, bundle_timer_tick
 from trainsim.topologies import load_topology
+
+#: the cuBLAS workspaces every training A100 holds (two matmul threads; sim/compute/workspaces.py)
+WORKSPACES = training_workspace_bytes(get_device("a100"))
 
 MB = 1e6
 
@@ -75,8 +80,10 @@ def test_memory_peak_is_params_grads_state_and_what_the_first_layer_backward_hol
     out = [8 * layer.get("output", 1000) for layer in LAYERS]  # the tiny workload's default output
     alive = 8 * LAYERS[0]["saved"] + 8 * 1_000_000 + out[-1]
     # fp32: weights 4 B, gradients 4 B, momentum 4 B per parameter -> 3 x the parameter bytes
-    assert result.gpus[0].memory_peak_bytes == pytest.approx(3 * params + alive + out[0], rel=1e-12)
+    assert result.gpus[0].memory_peak_bytes == pytest.approx(3 * params + alive + out[0] + WORKSPACES,
+                                                             rel=1e-12)
     at_peak = result.gpus[0].memory_at_peak
+    assert at_peak["workspaces"] == WORKSPACES
     assert at_peak["activations"] + at_peak["input"] + at_peak["output"] == pytest.approx(alive)
     assert at_peak["activation_grads"] == pytest.approx(out[0])
     assert at_peak["params"] == at_peak["grads"] == at_peak["optimizer_state"] == pytest.approx(params)
@@ -96,7 +103,7 @@ def test_the_loss_backward_makes_fp32_gradients_of_a_16_bit_output(tmp_path):
     result = simulate(make_scenario(topo, wl, "single", 8, precision="bf16"))
     saved, output_bf16, loss_input_fp32 = 8 * 100_000 / 2, 8 * 1_000_000 / 2, 8 * 1_000_000
     assert result.gpus[0].memory_peak_bytes == pytest.approx(8 * 1_000_000 + saved + output_bf16
-                                                             + 2 * loss_input_fp32, rel=1e-12)
+                                                             + 2 * loss_input_fp32 + WORKSPACES, rel=1e-12)
     at_peak = result.gpus[0].memory_at_peak
     assert at_peak["activation_grads"] == pytest.approx(2 * loss_input_fp32)
     assert at_peak["output"] == pytest.approx(output_bf16)
@@ -113,7 +120,8 @@ def test_out_of_memory_is_a_result(tmp_path):
     result = simulate(make_scenario(topo, wl, "single", 64, optimizer={"name": "adam"}))
     assert result.gpus[0].oom
     [line] = result.oom
-    needs = (50e6 * 4 + 64e6 + 64e6) / 2**30  # weights, grads, Adam's m and v; activations; the input
+    # weights, grads, Adam's m and v; activations; the input; the cuBLAS workspaces
+    needs = (50e6 * 4 + 64e6 + 64e6 + WORKSPACES) / 2**30
     assert line == f"gpu0 needs {needs:.2f} GiB, has 0.10 GiB"
     assert result.to_dict()["oom"] == [line]
 

@@ -9,11 +9,14 @@ from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.formats.workload import InputSpec, Layer, Provenance, TimeModel, Workload, save_workload
 from trainsim.sim.compute.costs import STATE_BYTES
+from trainsim.sim.compute.workspaces import training_workspace_bytes
+from trainsim.sim.core.devices import get_device
 from trainsim.sim.hosts.call_latency import GlooCallLatency
 from trainsim.sim.strategies.pipeline import balance, schedule_order
 
 F, B = 1e-3, 2e-3  # seconds per sample, per layer
 SAVED = 1000  # saved-activation bytes per sample, per layer
+WORKSPACES = training_workspace_bytes(get_device("v100"))  # each stage's cuBLAS workspaces
 
 
 def _workload(layers=8, *, params=0, out=0, f=F, b=B) -> Workload:
@@ -117,8 +120,8 @@ def test_1f1b_keeps_fewer_micro_batches_in_flight_than_gpipe(workload_file):
     assert one_f_one_b.iteration_time_s == pytest.approx(gpipe.iteration_time_s, rel=1e-12)
     per_micro_batch = 2 * SAVED  # two layers per stage, one sample per micro-batch
     for s in range(S):
-        assert gpipe.gpus[s].memory_peak_bytes == M * per_micro_batch
-        assert one_f_one_b.gpus[s].memory_peak_bytes == (S - s) * per_micro_batch
+        assert gpipe.gpus[s].memory_peak_bytes == M * per_micro_batch + WORKSPACES
+        assert one_f_one_b.gpus[s].memory_peak_bytes == (S - s) * per_micro_batch + WORKSPACES
 
 
 def test_gradients_live_from_a_stages_first_backward_to_its_step(workload_file):
@@ -134,7 +137,8 @@ def test_gradients_live_from_a_stages_first_backward_to_its_step(workload_file):
         first_backward_ends = (M + S - 1) * f_stage + (S - 1 - s) * b_stage + b_stage
         assert events[0].time == pytest.approx(first_backward_ends, rel=1e-12)
         # the peak: the weights, every micro-batch's activations and the gradients the first backward wrote
-        assert result.gpus[s].memory_peak_bytes == pytest.approx(2 * P + M * 2 * SAVED + 2 * P, rel=1e-12)
+        assert result.gpus[s].memory_peak_bytes == pytest.approx(2 * P + M * 2 * SAVED + 2 * P + WORKSPACES,
+                                                                 rel=1e-12)
 
 
 def test_1f1b_order_bounds_micro_batches_in_flight():
@@ -256,8 +260,8 @@ def test_recompute_keeps_stage_inputs_and_reruns_the_forward(workload_file):
     for s in range(S):
         kept = out if s > 0 else 0  # what the previous stage sent (the first stage's input is empty here)
         # 1F1B keeps S - s micro-batches in flight; only one micro-batch's activations live at a time
-        assert checkpointed.gpus[s].memory_peak_bytes == (S - s) * kept + stage_saved
-        assert plain.gpus[s].memory_peak_bytes == (S - s) * stage_saved
+        assert checkpointed.gpus[s].memory_peak_bytes == (S - s) * kept + stage_saved + WORKSPACES
+        assert plain.gpus[s].memory_peak_bytes == (S - s) * stage_saved + WORKSPACES
     assert checkpointed.extra["pipeline"]["recompute"] is True
 
 

@@ -62,22 +62,6 @@ IN_SWITCH = ("nvls", "nvls_tree")  # algorithms whose reduction happens in the N
 CHANNEL_SPEED = {70: 20.0, 80: 20.0, 90: 40.0}
 MAX_CHANNELS = 32
 
-# Compute capability of the NVIDIA GPUs the device library knows, by spec name prefix (CUDA GPUs list,
-# developer.nvidia.com/cuda-gpus); NCCL's table index: >= 90 Hopper, >= 80 Ampere, else Volta.
-COMPUTE_CAPABILITY = (("gh200", 90), ("h200", 90), ("h100", 90), ("h800", 90), ("a100", 80), ("a800", 80),
-                      ("a10", 86), ("a40", 86), ("rtx 30", 86), ("rtx30", 86), ("l4", 89), ("l40", 89),
-                      ("rtx 40", 89), ("rtx40", 89), ("v100", 70), ("t4", 75), ("p100", 60))
-
-
-def compute_capability(spec: str | None) -> int | None:
-    """SM version of a GPU spec name (e.g. "A100" -> 80), None where it is not a known NVIDIA GPU."""
-    text = (spec or "").strip().lower()
-    for prefix, cc in COMPUTE_CAPABILITY:
-        if text.startswith(prefix):
-            return cc
-    return None
-
-
 def table_index(cc: int) -> int:
     """NCCL's compute-capability index into its tables (Volta 70, Ampere 80, Hopper 90)."""
     return 90 if cc >= 90 else 80 if cc >= 80 else 70

@@ -26,6 +26,7 @@ import numpy as np
 import simpy
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.sim.core.devices import compute_capability as device_compute_capability
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.topologies import Topology, load_topology
@@ -101,7 +102,7 @@ def compute_capability(topo: Topology, gpus: Sequence[str]) -> int | None:
     key = ("cc", names)
     if key not in cache:  # kept: asked about per plan, per protocol and per call
         nodes = topo.graph.nodes
-        ccs = [tune.compute_capability(spec) for spec in {nodes[g].get("spec") for g in names}]
+        ccs = [device_compute_capability(spec) for spec in {nodes[g].get("spec") for g in names}]
         cache[key] = None if not ccs or None in ccs else min(ccs)
     return cache[key]
 

@@ -32,6 +32,8 @@ from trainsim.errors import TrainsimError, unknown_name
 from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 
+from .workspaces import training_workspace_bytes
+
 WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 #: optimizer moments per parameter (bytes, fp32)
 STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8}
@@ -73,6 +75,8 @@ class RankCosts:
     # the loss's input: the last output cast to fp32 (``output.float()``), whatever the precision; the loss's
     # backward makes gradients of this size (0: the size of the last output)
     loss_input_bytes: float = 0.0
+    # cuBLAS workspaces the training process's matmul threads hold on the device (`workspaces`)
+    workspace_bytes: float = 0.0
 
     @property
     def grad_bytes(self) -> float:
@@ -175,6 +179,7 @@ def rank_costs(
         packed_bytes_per_layer=[float(_packed(layer, batch, act_scale, autocast))
                                 for layer in workload.layers],
         loss_input_bytes=float(batch * last.output_bytes_per_sample * WEIGHT_BYTES["fp32"] / itemsize),
+        workspace_bytes=float(training_workspace_bytes(device)),
     )
 
 

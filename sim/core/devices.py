@@ -211,6 +211,22 @@ DEVICES: dict[str, DeviceSpec] = {spec.name: spec for spec in _SPECS}
 _ALIASES = {alias.lower(): spec.name for spec in _SPECS for alias in (spec.name, *spec.aliases)}
 
 
+# Compute capability of the NVIDIA GPUs the device library knows, by spec name prefix (CUDA GPUs list,
+# developer.nvidia.com/cuda-gpus): NCCL's tuning tables and PyTorch's cuBLAS workspace size depend on it.
+COMPUTE_CAPABILITY = (("gh200", 90), ("h200", 90), ("h100", 90), ("h800", 90), ("a100", 80), ("a800", 80),
+                      ("a10", 86), ("a40", 86), ("rtx 30", 86), ("rtx30", 86), ("l4", 89), ("l40", 89),
+                      ("rtx 40", 89), ("rtx40", 89), ("v100", 70), ("t4", 75), ("p100", 60))
+
+
+def compute_capability(spec: str | None) -> int | None:
+    """SM version of a GPU spec name (e.g. "A100" -> 80), None where it is not a known NVIDIA GPU."""
+    text = (spec or "").strip().lower()
+    for prefix, cc in COMPUTE_CAPABILITY:
+        if text.startswith(prefix):
+            return cc
+    return None
+
+
 def list_devices() -> list[str]:
     """Canonical names of the built-in device specs."""
     return list(DEVICES)

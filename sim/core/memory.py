@@ -1,10 +1,10 @@
 """GPU memory: an allocation timeline with a peak, and running out as a result rather than a crash.
 
 Allocations are named by category (``params``, ``grads``, ``optimizer_state``, ``activations``,
-``activation_grads``, ``output``, ``buckets``, ``input``, ``buffers``). A request beyond the capacity is
-still granted: the timeline keeps going so the run finishes and the result can say "needs X GiB, has Y GiB".
-The tracker also integrates bytes over time (always, without the timeline), so a window's average use is
-two readings of `byte_seconds` apart (vDNN reports average use over an iteration, not the peak).
+``activation_grads``, ``output``, ``buckets``, ``input``, ``buffers``, ``workspaces``). A request beyond the
+capacity is still granted: the timeline keeps going so the run finishes and the result can say "needs X GiB,
+has Y GiB". The tracker also integrates bytes over time (always, without the timeline), so a window's average
+use is two readings of `byte_seconds` apart (vDNN reports average use over an iteration, not the peak).
 """
 
 from __future__ import annotations

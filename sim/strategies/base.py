@@ -269,11 +269,13 @@ class Context:
 
     def hold_model(self, gpu: str, *, grads: bool | str = True, state: bool = True,
                    buckets: float = 0.0) -> None:
-        """Allocate what stays on the GPU for the whole run. ``grads``: True, the parameter gradients too;
+        """Allocate what stays on the GPU for the whole run (the weights, the matmul threads' cuBLAS
+        workspaces, the optimizer state, the buckets). ``grads``: True, the parameter gradients too;
         ``"backward"``, they are written by each layer's backward and freed by the step's ``zero_grad``
         (`write_param_grads`); False, none."""
         costs, memory = self.costs[gpu], self.machine.gpus[gpu].memory
         memory.alloc(self.env.now, costs.param_bytes, "params")
+        memory.alloc(self.env.now, costs.workspace_bytes, "workspaces")
         if grads == "backward":
             self.grads_from_backward.add(gpu)
         elif grads:

@@ -451,6 +451,7 @@ class _Pipeline:
         for g in ctx.simulated:
             stage, memory = self.stages[g], ctx.machine.gpus[g].memory
             memory.alloc(ctx.env.now, stage.param_bytes, "params")
+            memory.alloc(ctx.env.now, ctx.costs[g].workspace_bytes, "workspaces")
             if self.offload:
                 ctx.state_streamer.hold(g, stage.state_bytes)
             else:
