@@ -10,9 +10,11 @@ Every iteration, driven by one process:
    reads n gradient copies, writes one) and steps the optimizer.
 
 Peer copies into a GPU run on that GPU's copy-in (H2D) engine, copies out of a GPU on its copy-out (D2H)
-engine; without P2P they are staged through host memory. The replicas hold parameters, gradients and
-activations; only GPU0 holds optimizer state and the gathered outputs. With ``cpu_batch_split`` every GPU
-loads its own shard and GPU0 gathers the other shards' labels for the loss.
+engine; without P2P they are staged through host memory. The replicas hold parameters and activations, and
+each layer's parameter gradients from its backward until they are reduced onto GPU0 (DataParallel's
+Broadcast keeps them for its reduce_add; GPU0's own, the reduced sum, live until the step's
+``zero_grad(set_to_none=True)``); only GPU0 holds optimizer state and the gathered outputs. With
+``cpu_batch_split`` every GPU loads its own shard and GPU0 gathers the other shards' labels for the loss.
 
 On a calibrated gloo box (CPU ranks) each phase is one blocking gloo call (broadcast, scatter, gather,
 reduce): its copies pay that call's measured latency (the machine's latency model), and the calls run in turn.
@@ -146,6 +148,8 @@ def _iteration(ctx: Context, it: int):
     sum_s = streaming_seconds(device, grads * (len(others) + 2))  # read n copies, write the sum
     yield from machine.run(root, "compute", sum_s, op="reduce_add", iteration=it, category=COMPUTE)
     machine.gpus[root].memory.free(ctx.env.now, grads * len(others), "buffers")
+    for g in others:  # the replicas' gradients are summed on GPU0: theirs go
+        ctx.zero_grad(g)
     yield from ctx.optimizer_step(root, it)
     for g in ctx.ranks:
         ctx.finish(it, g)
@@ -161,7 +165,7 @@ def run_dp_gpu0(ctx: Context) -> None:
     root = ctx.ranks[0]
     ctx.loop_holds_output = False  # the root's gathered output is accounted below (``gathered``)
     for g in ctx.ranks:
-        ctx.hold_model(g, state=(g == root))
+        ctx.hold_model(g, grads="backward", state=(g == root))
     # one loader, on GPU0's socket, prepares the whole batch (cpu_batch_split: each GPU's loader its shard)
     if not ctx.cpu_batch_split:
         ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)

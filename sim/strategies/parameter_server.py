@@ -7,7 +7,8 @@ That update is memory-bound: it reads the n gradient copies and reads and writes
 optimizer state, so it runs as flows over the socket's DRAM link (reads DRAM -> socket, writes back), capped
 at ``ps_cores`` x the rate one core streams memory (`PAGEABLE_COPY_RATE`, the same single-core memcpy
 figure) and holding those cores. Then every rank copies the new parameters from the server's memory (H2D)
-and starts its next iteration. The GPUs hold parameters, gradients and activations, no optimizer state.
+and starts its next iteration. The GPUs hold parameters and activations, no optimizer state; each layer's
+gradients exist from its backward until they are pushed (the loop's ``zero_grad(set_to_none=True)``).
 While a rank waits for the server's update it records ``wait_parameter_server``, counted as exposed
 communication (the gradient exchange is not over).
 """
@@ -32,6 +33,7 @@ def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
             gpu, ctx.costs[gpu].grad_bytes, iteration=it, op="push_grads", dst=dram, category=COMM,
             call=CallSite("reduce", ("push", it)),  # on CPU ranks: one gloo reduce to the server rank
         )
+        ctx.zero_grad(gpu)
         pushed(it).succeed()
         waiting = ctx.env.now
         yield pulled(it)
@@ -89,6 +91,6 @@ def run_ps(ctx: Context) -> None:
         return pull_events[it]
 
     for r, gpu in enumerate(ctx.ranks):
-        ctx.hold_model(gpu, state=False)
+        ctx.hold_model(gpu, grads="backward", state=False)
         env.process(_rank(ctx, gpu, host.dram, lambda it, r=r: pushed(it, r), pulled))
     env.process(_server(ctx, host, pushed, pulled))
