@@ -2,7 +2,9 @@
 
 For each model and batch size, prints the plain iteration (no hooks), the sum of the per-layer forward and
 backward medians, the optimizer step, the unattributed rest (loss, functional glue, autograd engine), the
-hooked iteration, and how long `describe` takes. Run on an idle machine; timings are medians of --repeats.
+hooked iteration, and how long `describe` takes; then the host's side of the plain iteration and of the
+layers (``perf_counter``: on a GPU the dispatch, which bounds the step where it exceeds the GPU's time). Run
+on an idle machine; timings are medians of --repeats.
 
     python benchmarks/layer_profile_accounting.py --model tiny-cnn --model resnet18:image_size=64 \
         --batch-sizes 8,32 --repeats 10 --threads 1
@@ -44,9 +46,11 @@ def main() -> None:
               f"describe {describe_s:.2f} s, profile {profile_s:.1f} s, "
               f"prep {wl.input.prep_s_per_sample * 1e6:.1f} us/sample")
         print(f"  {'batch':>5} {'plain ms':>9} {'layers ms':>10} {'optim ms':>9} {'unattr ms':>10} "
-              f"{'unattr %':>9} {'hooked ms':>10} {'hook cost %':>11} {'median IQR/median %':>20}")
-        rows = zip(it.plain, it.layers_sum, it.optimizer, it.unattributed, it.hooked, strict=True)
-        for point, layer_sum, opt_step, rest_of, hooked_point in rows:
+              f"{'unattr %':>9} {'hooked ms':>10} {'hook cost %':>11} {'median IQR/median %':>20} "
+              f"{'host ms':>8} {'layers host ms':>15}")
+        rows = zip(it.plain, it.layers_sum, it.optimizer, it.unattributed, it.hooked, it.plain_host,
+                   it.layers_host_sum, strict=True)
+        for point, layer_sum, opt_step, rest_of, hooked_point, host, layers_host in rows:
             b, plain, layers, opt, rest, hooked = (point.batch, point.s, layer_sum.s, opt_step.s, rest_of.s,
                                                    hooked_point.s)
             spreads = [p[2] / p[1] for layer in wl.layers for tm in (layer.forward, layer.backward)
@@ -54,7 +58,8 @@ def main() -> None:
             spreads.sort()
             print(f"  {b:>5} {plain * 1e3:>9.3f} {layers * 1e3:>10.3f} {opt * 1e3:>9.3f} {rest * 1e3:>10.3f} "
                   f"{100 * rest / plain:>9.1f} {hooked * 1e3:>10.3f} {100 * (hooked - plain) / plain:>11.1f} "
-                  f"{100 * spreads[len(spreads) // 2]:>20.1f}")
+                  f"{100 * spreads[len(spreads) // 2]:>20.1f} {host.s * 1e3:>8.3f} "
+                  f"{layers_host.s * 1e3:>15.3f}")
 
 
 if __name__ == "__main__":

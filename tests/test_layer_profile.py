@@ -48,6 +48,28 @@ def test_iteration_is_accounted_for(tiny):
         assert summed == pytest.approx(layers, rel=1e-6)
 
 
+def test_the_host_side_is_recorded_and_on_the_cpu_is_the_same_clock(tiny):
+    it, prov = tiny.provenance.iteration, tiny.provenance.model_extra
+    assert [p.batch for p in it.plain_host] == [p.batch for p in it.layers_host_sum] == [2, 4]
+    # on the CPU ops run as they are dispatched: the host's perf_counter spans the same work as the clock,
+    # less the marks' own cost
+    for host, plain in zip(it.plain_host, it.plain, strict=True):
+        assert 0 < host.s <= plain.s
+        assert host.s == pytest.approx(plain.s, rel=0.05)
+    for host, layers in zip(it.layers_host_sum, it.layers_sum, strict=True):
+        assert 0 < host.s <= layers.s
+    per_layer = prov["layer_host_s"]
+    assert sorted(per_layer) == ["backward", "forward"]
+    for layer in tiny.layers:
+        for phase, model in (("forward", layer.forward), ("backward", layer.backward)):
+            points = per_layer[phase][layer.name]
+            assert [p[0] for p in points] == [2, 4]
+            for (_, host, spread), (_, clock, _) in zip(points, model.points, strict=True):
+                assert 0 < host <= clock and spread >= 0
+    assert sum(host for phase in per_layer.values() for points in phase.values()
+               for b, host, _ in points if b == 4) == pytest.approx(it.layers_host_sum[1].s, rel=1e-9)
+
+
 def test_provenance_and_input(tiny):
     prov = tiny.provenance.model_extra
     assert tiny.provenance.device_spec == "cpu"
@@ -143,6 +165,11 @@ def test_cuda_profile_with_events():
     assert prov["torch_device"].startswith("cuda") and "CUDA events" in prov["timing"]
     assert all(peak > 0 for _, peak in prov["peak_memory_bytes"])
     assert all(t > 0 for layer in wl.layers for _, t, _ in layer.forward.points)
+    # the host's dispatch is recorded beside the GPU's time, and the workspace configuration the run had
+    it = wl.provenance.iteration
+    assert [p.batch for p in it.plain_host] == [8, 32] and all(p.s > 0 for p in it.plain_host)
+    assert all(p.s > 0 for p in it.layers_host_sum)
+    assert "cublas_workspace_config" in prov
 
 
 runner = CliRunner()
@@ -156,7 +183,7 @@ def test_cli_layers_json(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{"):])
     assert summary["measured"] is True and summary["file"] == str(out)
-    assert "2" in summary["iteration_s"]
+    assert "2" in summary["iteration_s"] and "2" in summary["host_dispatch_s"]
     assert load_workload(str(out)).measured
 
 

@@ -426,7 +426,8 @@ def calibrate_layers(
     path = save_workload(workload, out) if out else None
     iteration = workload.provenance.iteration
     extra = {"iteration_s": {p.batch: round(p.s, 6) for p in iteration.plain},
-             "unattributed_s": {p.batch: round(p.s, 6) for p in iteration.unattributed}}
+             "unattributed_s": {p.batch: round(p.s, 6) for p in iteration.unattributed},
+             "host_dispatch_s": {p.batch: round(p.s, 6) for p in iteration.plain_host}}
     _print_workload(workload, path, as_json, extra)
 
 

@@ -16,6 +16,13 @@ Each batch size runs ``warmup`` unmeasured iterations, then ``repeats`` hooked i
 ``repeats`` plain ones (no hooks at all; the whole iteration timed with the same clock). A layer's time is the
 median over the hooked repeats, its spread the interquartile range.
 
+The host's side, recorded beside the clock's (``provenance["iteration"]``'s ``plain_host`` and
+``layers_host_sum``, each layer's in ``provenance["layer_host_s"]``): ``time.perf_counter()`` at the same
+marks, the mark's own cost left out. On CUDA the host only enqueues work, so this is the time the Python
+thread (forward) and autograd's (backward) took to dispatch it; a step whose host time exceeds its GPU time
+is bound by the host, and a faster GPU does not shorten it. Once the launch queue is full the host waits
+for the GPU, so in a GPU-bound step the host time approaches the GPU's. On the CPU both clocks are one.
+
 Unattributed time. The loss, ``zero_grad``, functional ops between modules (residual adds, flatten, concat)
 and the autograd engine's own work between nodes belong to no layer. We keep them visible rather than
 smearing them over layers: per batch, ``unattributed = plain iteration - sum(layer forward + backward) -
@@ -36,11 +43,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import platform
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -130,21 +138,27 @@ def clock_for(device: torch.device):
 
 
 class _Spans:
-    """LayerHooks observer: clock marks at the start and end of every layer's forward and backward work."""
+    """LayerHooks observer: clock marks at the start and end of every layer's forward and backward work, and
+    the host's ``perf_counter`` between them (the marks' own cost left out)."""
 
     def __init__(self, clock):
         self.clock = clock
-        self._open: dict[tuple[str, str], object] = {}
+        self._open: dict[tuple[str, str], tuple[object, float]] = {}
         self.spans: list[tuple[str, str, object, object]] = []
+        self.host: dict[tuple[str, str], float] = defaultdict(float)
 
     def start(self, phase: str, layer: str) -> None:
-        self._open[(phase, layer)] = self.clock.mark()
+        mark = self.clock.mark()
+        self._open[(phase, layer)] = (mark, time.perf_counter())
 
     def end(self, phase: str, layer: str) -> None:
+        host_end = time.perf_counter()
         mark = self.clock.mark()
-        start = self._open.pop((phase, layer), None)
-        if start is not None:
+        opened = self._open.pop((phase, layer), None)
+        if opened is not None:
+            start, host_start = opened
             self.spans.append((phase, layer, start, mark))
+            self.host[(phase, layer)] += host_end - host_start
 
     def output(self, layer, inputs, outputs) -> None:
         pass
@@ -217,6 +231,9 @@ class BatchTimes:
     iteration: tuple[float, float]  # plain iterations, no hooks
     iteration_hooked: tuple[float, float]
     peak_memory_bytes: int | None
+    # the host's side (perf_counter): each layer's dispatch in the hooked iterations, the plain iteration's
+    layers_host: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    iteration_host: tuple[float, float] = (float("nan"), float("nan"))
 
     @property
     def unattributed_s(self) -> float:
@@ -239,14 +256,16 @@ def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device
             output = model(inputs)
         return zoo.loss_fn(name, output.float(), targets)
 
-    def plain() -> float:
+    def plain() -> tuple[float, float]:
         start = clock.mark()
+        host_start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss().backward()
         optimizer.step()
+        host_end = time.perf_counter()
         end = clock.mark()
         clock.sync()
-        return clock.seconds(start, end)
+        return clock.seconds(start, end), host_end - host_start
 
     def hooked():
         spans = _Spans(clock)
@@ -258,7 +277,7 @@ def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device
             optimizer.step()
             end = clock.mark()
         clock.sync()
-        return spans.totals(), clock.seconds(before_step, end), clock.seconds(start, end)
+        return spans.totals(), spans.host, clock.seconds(before_step, end), clock.seconds(start, end)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -267,22 +286,28 @@ def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device
         hooked()
         plain()
     per_layer: dict[tuple[str, str], list[float]] = defaultdict(list)
-    step_s, plain_s, hooked_s = [], [], []
+    per_layer_host: dict[tuple[str, str], list[float]] = defaultdict(list)
+    step_s, plain_s, plain_host_s, hooked_s = [], [], [], []
     for i in range(repeats):
         progress(f"batch {batch}: repeat {i + 1}/{repeats}")
-        totals, step, whole = hooked()
+        totals, host, step, whole = hooked()
         for key, seconds in totals.items():
             per_layer[key].append(seconds)
+            per_layer_host[key].append(host[key])
         step_s.append(step)
         hooked_s.append(whole)
-        plain_s.append(plain())
+        seconds, host_seconds = plain()
+        plain_s.append(seconds)
+        plain_host_s.append(host_seconds)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    layers = {}
-    for key, values in per_layer.items():
-        values = values + [0.0] * (repeats - len(values))  # a repeat where the layer did no work
-        layers[key] = median_spread(values)
-    return BatchTimes(batch, layers, median_spread(step_s), median_spread(plain_s), median_spread(hooked_s),
-                      peak)
+
+    def medians(samples: dict[tuple[str, str], list[float]]) -> dict[tuple[str, str], tuple[float, float]]:
+        # a repeat where the layer did no work counts as 0
+        return {key: median_spread(values + [0.0] * (repeats - len(values)))
+                for key, values in samples.items()}
+
+    return BatchTimes(batch, medians(per_layer), median_spread(step_s), median_spread(plain_s),
+                      median_spread(hooked_s), peak, medians(per_layer_host), median_spread(plain_host_s))
 
 
 # ---------------------------------------------------------------- the profile
@@ -420,7 +445,14 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
         layers_sum=[BatchTime(batch=bt.batch, s=sum(m for m, _ in bt.layers.values())) for bt in measured],
         optimizer=[BatchTime(batch=bt.batch, s=bt.optimizer[0]) for bt in measured],
         unattributed=[BatchTime(batch=bt.batch, s=bt.unattributed_s) for bt in measured],
+        plain_host=[BatchTime(batch=bt.batch, s=bt.iteration_host[0], iqr_s=bt.iteration_host[1])
+                    for bt in measured],
+        layers_host_sum=[BatchTime(batch=bt.batch, s=sum(m for m, _ in bt.layers_host.values()))
+                         for bt in measured],
     )
+    layer_host_s = {phase: {layer.name: [[bt.batch, *bt.layers_host.get((phase, layer.name), (0.0, 0.0))]
+                                         for bt in measured] for layer in static}
+                    for phase in ("forward", "backward")}
     extra = {
         "device": device_name, "device_spec": device_spec, "torch_device": str(dev),
         "generator": "trainsim.calibrate.measure.layer_profile", "config": cfg,
@@ -429,10 +461,11 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
         "threads": threads_used, "cores_available": data_prep.cores_available(),
         "batch_sizes_requested": batches, "batch_sizes_measured": [bt.batch for bt in measured],
         "largest_batch_that_fits": measured[-1].batch if measured else None,
-        "skipped": skipped, "iteration": iteration, "precision": precision,
+        "skipped": skipped, "iteration": iteration, "layer_host_s": layer_host_s, "precision": precision,
     }
     if dev.type == "cuda":
         extra.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                     cublas_workspace_config=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
                      tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
                      tf32_cudnn=torch.backends.cudnn.allow_tf32,
                      peak_memory_bytes=[[bt.batch, bt.peak_memory_bytes] for bt in measured])

@@ -51,13 +51,17 @@ class _ListsRecord(BaseModel):
 
 class IterationRecord(_ListsRecord):
     """``provenance.iteration``: plain = layers_sum + optimizer + unattributed (medians); hooked - plain is
-    what the per-layer hooks cost."""
+    what the per-layer hooks cost. The host's side (``time.perf_counter``; on a GPU, dispatch, not the
+    GPU's work): ``plain_host``, the plain iteration's, and ``layers_host_sum``, the layers' in the hooked
+    iterations (empty in calibrations that predate them)."""
 
     plain: list[BatchTime] = Field(default_factory=list)
     hooked: list[BatchTime] = Field(default_factory=list)
     layers_sum: list[BatchTime] = Field(default_factory=list)
     optimizer: list[BatchTime] = Field(default_factory=list)
     unattributed: list[BatchTime] = Field(default_factory=list)
+    plain_host: list[BatchTime] = Field(default_factory=list)
+    layers_host_sum: list[BatchTime] = Field(default_factory=list)
 
 
 class SkippedBatch(BaseModel):
