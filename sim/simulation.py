@@ -29,7 +29,7 @@ import numpy as np
 import simpy
 
 from trainsim.errors import TrainsimError
-from trainsim.formats.scenario import Scenario
+from trainsim.formats.scenario import Scenario, cublas_workspace_config_bytes
 from trainsim.formats.workload import Workload, load_workload, parse_workload
 from trainsim.sim.compute.costs import mixed, rank_costs
 from trainsim.sim.core.collector import fewer_collections
@@ -205,6 +205,19 @@ def resolve_gpus(scenario, topology) -> list[str]:
 # ---- the simulation ---------------------------------------------------------------------------------------
 
 
+def recorded_workspace_config(workload: Workload) -> str | None:
+    """The CUBLAS_WORKSPACE_CONFIG the calibration of ``workload`` ran with; None where it recorded none, or
+    one PyTorch could not parse (it then warns and keeps its default)."""
+    config = (workload.provenance.model_extra or {}).get("cublas_workspace_config")
+    if not isinstance(config, str):
+        return None
+    try:
+        cublas_workspace_config_bytes(config)
+    except ValueError:
+        return None
+    return config
+
+
 class Simulation:
     """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
 
@@ -273,6 +286,7 @@ class Simulation:
         if spec is not None and spec in devices:
             measured_on = devices[spec]
         sharing = self.machine.host_sharing(self.ranks)
+        workspace_config = sc.host.cublas_workspace_config or recorded_workspace_config(self.workload)
         cache: dict = {}
         costs = {}
 
@@ -283,7 +297,7 @@ class Simulation:
                 scale = self.host.step_scale(device, batch, sharing[gpu]) if self.host else 1.0
                 cache[key] = rank_costs(self.workload, device, batch, sc.precision, sc.optimizer.name,
                                         measured_on=measured_on, scale=scale,
-                                        mixed_precision=sc.mixed_precision)
+                                        mixed_precision=sc.mixed_precision, workspace_config=workspace_config)
             return cache[key]
 
         for gpu in self.ranks:

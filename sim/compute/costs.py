@@ -116,11 +116,14 @@ def rank_costs(
     measured_on: DeviceSpec | None = None,
     scale: float = 1.0,
     mixed_precision: str = "master",
+    workspace_config: str | None = None,
 ) -> RankCosts:
     """The costs of one rank running ``batch`` samples of ``workload`` on ``device`` (``measured_on``: the
     device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU).
     ``scale``: the factor on times measured on this device (a host plug-in's, e.g. ranks sharing cores).
-    ``mixed_precision``: how a 16-bit ``precision`` keeps its weights (`MIXED_MODES`, module docstring)."""
+    ``mixed_precision``: how a 16-bit ``precision`` keeps its weights (`MIXED_MODES`, module docstring).
+    ``workspace_config``: the process's ``CUBLAS_WORKSPACE_CONFIG`` (None: PyTorch's default,
+    `workspaces`)."""
     from . import roofline  # the roofline module owns "measured or estimated"
 
     if batch < 1:
@@ -179,7 +182,7 @@ def rank_costs(
         packed_bytes_per_layer=[float(_packed(layer, batch, act_scale, autocast))
                                 for layer in workload.layers],
         loss_input_bytes=float(batch * last.output_bytes_per_sample * WEIGHT_BYTES["fp32"] / itemsize),
-        workspace_bytes=float(training_workspace_bytes(device)),
+        workspace_bytes=float(training_workspace_bytes(device, workspace_config)),
     )
 
 

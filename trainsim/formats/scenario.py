@@ -11,6 +11,7 @@ Reading a file, overrides and variants: `trainsim.formats.scenario_loader`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -148,6 +149,20 @@ class OptimizerSpec(_Strict):
     lr: float = Field(default=0.01, gt=0, description="learning rate (the executor uses it; time does not)")
 
 
+_WORKSPACE_CONFIG = re.compile(r"(?::\d+:\d+)+")
+
+
+def cublas_workspace_config_bytes(config: str) -> int:
+    """The bytes ``CUBLAS_WORKSPACE_CONFIG`` = ``config`` gives one cuBLAS handle and stream: ``:SIZE:COUNT``
+    pairs, SIZE in KiB, summed (PyTorch's CublasHandlePool.cpp); ValueError if it is not of that form."""
+    text = config.strip()
+    if not _WORKSPACE_CONFIG.fullmatch(text):
+        raise ValueError(f"CUBLAS_WORKSPACE_CONFIG {config!r} is not ':SIZE:COUNT' pairs (SIZE in KiB), "
+                         "e.g. ':4096:8' or ':4096:2:16:8'")
+    numbers = [int(n) for n in text.strip(":").split(":")]
+    return sum(size * 1024 * count for size, count in zip(numbers[::2], numbers[1::2], strict=True))
+
+
 class HostSpec(_Strict):
     pinned: bool = Field(default=True, description="input batches in pinned (page-locked) host memory")
     data_workers: int = Field(
@@ -171,6 +186,19 @@ class HostSpec(_Strict):
         description="CPU seconds one core spends preparing one sample (decode, augment); default: the "
         "workload's (measured by calibrate), none for analytic workloads",
     )
+    cublas_workspace_config: str | None = Field(
+        default=None,
+        description="the training process's CUBLAS_WORKSPACE_CONFIG (':SIZE:COUNT' pairs, SIZE in KiB; "
+        "deterministic training sets ':4096:8' or ':16:8'), which sizes the cuBLAS workspaces it holds on "
+        "every GPU; default: what the calibration recorded, else PyTorch's default for the GPU",
+    )
+
+    @field_validator("cublas_workspace_config")
+    @classmethod
+    def _workspace_config(cls, value):
+        if value is not None:
+            cublas_workspace_config_bytes(value)
+        return value
 
 
 class Optimizations(_Strict):
