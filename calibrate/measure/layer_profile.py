@@ -48,7 +48,7 @@ import platform
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -232,8 +232,8 @@ class BatchTimes:
     iteration_hooked: tuple[float, float]
     peak_memory_bytes: int | None
     # the host's side (perf_counter): each layer's dispatch in the hooked iterations, the plain iteration's
-    layers_host: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
-    iteration_host: tuple[float, float] = (float("nan"), float("nan"))
+    layers_host: dict[tuple[str, str], tuple[float, float]]
+    iteration_host: tuple[float, float]
 
     @property
     def unattributed_s(self) -> float:
