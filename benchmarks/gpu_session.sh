@@ -8,13 +8,13 @@
 # OUT gets one log per step (STEP.log), summary.txt (each step's exit status and time) and the figures,
 # bundles, reports and traces. SECONDS (default 560) bounds the whole session: each step has its own limit
 # and the last ones get what is left. STEPS (default: all) is a comma list of env,cuda-tests,loader-copy,
-# peak-memory,resnet50,gpt2-small,replay,accuracy,suite. ACCURACY_REPEATS (2: validate-gpu, each with its
+# peak-memory,resnet50,gpt2-small,profiler-cost,replay,accuracy,suite. ACCURACY_REPEATS (2: validate-gpu, each with its
 # own calibration) and MODEL_ROUNDS (2: real runs per variant of the two models) size the validations.
 # Assumes trainsim is installed (README).
 set -u
 out=${1:?usage: gpu_session.sh OUT [SECONDS] [STEPS]}
 budget=${2:-560}
-steps=${3:-env,cuda-tests,loader-copy,peak-memory,resnet50,gpt2-small,replay,accuracy,suite}
+steps=${3:-env,cuda-tests,loader-copy,peak-memory,resnet50,gpt2-small,profiler-cost,replay,accuracy,suite}
 mkdir -p "$out"
 summary="$out/summary.txt"
 began=$(date +%s)
@@ -49,19 +49,41 @@ single=$single,single-adam,offload-optimizer,single-alexnet
 step env 30 bash -c "nvidia-smi; $py -c 'import torch, sys; print(sys.version); print(torch.__version__, \
 torch.version.cuda, torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)'"
 step cuda-tests 150 $py -m pytest -q -p no:cacheprovider -rs tests/test_offload.py tests/test_linkbench.py \
-    tests/test_layer_profile.py tests/test_calibrate_cli.py tests/test_exec_config.py tests/test_datapipe.py
+    tests/test_layer_profile.py tests/test_calibrate_cli.py tests/test_exec_config.py tests/test_datapipe.py \
+    tests/test_profiler_cost.py
 step loader-copy 60 $py benchmarks/loader_batch_copy.py --device cuda
 step peak-memory 60 $py benchmarks/peak_memory.py --device cuda
 for model in resnet50 gpt2-small; do
     step "$model" 150 $py benchmarks/validate_accuracy.py --scenario "benchmarks/gpu/$model.yaml" \
         --repeats 1 --rounds "$model_rounds" --out "$out/$model" --results "$out/$model.txt"
 done
+# what the profiler costs this host per recorded event, at each model's batch and precision: the figure the
+# untraced replays below take out of the traces
+profiler_cost() {
+    local precision
+    for precision in fp32 bf16; do
+        $py -m trainsim.cli calibrate profiler resnet50 --device cuda --batch-size 64 --precision "$precision" \
+            --json >"$out/profiler-resnet50-$precision.json" && cat "$out/profiler-resnet50-$precision.json"
+        $py -m trainsim.cli calibrate profiler gpt2-small --device cuda --batch-size 8 --set block_size=512 \
+            --optimizer adam --precision "$precision" --json >"$out/profiler-gpt2-small-$precision.json" \
+            && cat "$out/profiler-gpt2-small-$precision.json"
+    done
+}
+wanted profiler-cost && step profiler-cost 120 bash -c "$(declare -f profiler_cost); out='$out'; py='$py'; \
+    profiler_cost"
 replay() {
-    local trace
+    local trace model precision cost
     for trace in "$out"/resnet50/report-0/traces/*.torch.rank0.json "$out"/gpt2-small/report-0/traces/*.torch.rank0.json; do
         [[ -e $trace ]] || continue
         echo "## $trace"
         $py -m trainsim.cli replay "$trace"
+        model=$(basename "$(dirname "$(dirname "$(dirname "$trace")")")")
+        precision=fp32
+        [[ $trace == *-bf16.* ]] && precision=bf16
+        cost=$($py -c "import json, sys; print(max(json.load(open(sys.argv[1]))['per_event_s'], 0) * 1e6)" \
+            "$out/profiler-$model-$precision.json" 2>/dev/null || echo 0)
+        echo "## $trace --set untraced=true --set profiler_event_us=$cost"
+        $py -m trainsim.cli replay "$trace" --set untraced=true --set "profiler_event_us=$cost"
         for gpu in h100-sxm a100-80gb v100-32gb; do
             echo "## $trace --gpu $gpu"
             $py -m trainsim.cli replay "$trace" --gpu "$gpu"

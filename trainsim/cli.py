@@ -135,7 +135,9 @@ def replay_cmd(
         help="What-if switches: compression=fp16|bf16, pinned=true, collectives=flow|analytic, "
              "algo=ring|tree|nvls|nvls_tree|auto, network=isolated|shared (transfers alone or contending), "
              "ran_on=TOPOLOGY (the machine the trace ran on: the what-ifs' baseline and the checks; "
-             "by default the preset its GPU implies)."),
+             "by default the preset its GPU implies), untraced=true (the step without the profiler: the "
+             "stalls it recorded taken out of the CPU threads) with profiler_event_us=US (its cost per "
+             "recorded host event, from `trainsim calibrate profiler` on such a box)."),
     trace_out: str | None = typer.Option(
         None, "--trace", metavar="DIR|OUT.json.gz",
         help=TRACE_HELP.format(what="the replay (the what-if, if any)")),
@@ -429,6 +431,47 @@ def calibrate_layers(
              "unattributed_s": {p.batch: round(p.s, 6) for p in iteration.unattributed},
              "host_dispatch_s": {p.batch: round(p.s, 6) for p in iteration.plain_host}}
     _print_workload(workload, path, as_json, extra)
+
+
+@calibrate_app.command("profiler")
+def calibrate_profiler(
+    model: str = typer.Argument(..., help="Model from the zoo (see `calibrate describe --help`); one whose "
+                                          "step the host's dispatch bounds (small batch) measures best."),
+    device: str = typer.Option("auto", "--device", help="cuda, cuda:N, cpu, or auto."),
+    batch: int = typer.Option(8, "--batch-size", help="Per-device batch size."),
+    repeats: int = typer.Option(20, "--repeats", help="Measured steps without and under the profiler."),
+    warmup: int = typer.Option(5, "--warmup", help="Unmeasured steps first."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16/fp16 under autocast."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum 0.9), adam or adamw."),
+    settings: list[str] = typer.Option(None, "--set", help=_MODEL_SET_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Measure what torch.profiler costs this box's host per recorded event.
+
+    The figure `trainsim replay --set untraced=true --set profiler_event_us=X` takes out of a trace
+    recorded on such a box, so that its what-ifs are for the step as it trains untraced."""
+    from rich.console import Console
+
+    from trainsim.calibrate.measure.describe import parse_overrides
+    from trainsim.calibrate.measure.profiler_cost import measure_profiler_cost
+
+    console = Console(stderr=True)
+    with console.status("measuring") as status:
+        cost = measure_profiler_cost(model, device, batch, repeats, warmup, optimizer=optimizer,
+                                     precision=precision, progress=status.update, **parse_overrides(settings))
+    if as_json:
+        print_json(cost.to_dict())
+        return
+    typer.echo(f"torch.profiler on {cost.device}: {cost.model}, batch {cost.batch}, {cost.precision}, "
+               f"median of {cost.repeats} steps each")
+    typer.echo(f"  host per step without the profiler  {cost.untraced_host_s * 1e3:10.3f} ms "
+               f"(IQR {cost.untraced_iqr_s * 1e3:.3f})")
+    typer.echo(f"  host per step under the profiler    {cost.traced_host_s * 1e3:10.3f} ms "
+               f"(IQR {cost.traced_iqr_s * 1e3:.3f})")
+    typer.echo(f"  host events recorded per step       {cost.events_per_step:10.0f}")
+    typer.echo(f"  cost per recorded event             {cost.per_event_s * 1e6:10.2f} us")
+    typer.echo(f"replay a trace of this box as untraced: trainsim replay TRACE --set untraced=true "
+               f"--set profiler_event_us={max(cost.per_event_s, 0.0) * 1e6:.2f}")
 
 
 # ---- trainsim workload / device: per-layer workloads (trainsim/formats/workload.py), device specs, roofline

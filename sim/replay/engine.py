@@ -147,8 +147,9 @@ def _takes_ready_shift(op_time: OpTime) -> bool:
 
 class _RankEngine:
     def __init__(self, env: simpy.Environment, graph: TraceGraph, op_time: OpTime | None,
-                 launch_queue: int | None):
+                 launch_queue: int | None, untraced_event_s: float | None = None):
         self.env, self.graph, self.op_time = env, graph, op_time
+        self.untraced_event_s = untraced_event_s
         self.wants_ready_shift = op_time is not None and _takes_ready_shift(op_time)
         # The launch queue: each launch call takes one entry per stream it launches on (a CUDA-graph launch
         # takes one for all its kernels there) until its last op on that stream has finished. When a
@@ -181,7 +182,8 @@ class _RankEngine:
         env, points = self.env, self.graph.points
         for i in pts:
             p = points[i]
-            target = env.now + p.own
+            own = p.own if self.untraced_event_s is None else p.untraced_own(self.untraced_event_s)
+            target = env.now + own
             if p.gpu_waits or p.cpu_waits:
                 pending = [self.op_done[o] for o, _ in p.gpu_waits if not self.op_done[o].triggered]
                 pending += [self.point_done[q] for q, _ in p.cpu_waits if not self.point_done[q].triggered]
@@ -285,14 +287,16 @@ class _RankEngine:
 
 
 def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None,
-           launch_queue: int | None = LAUNCH_QUEUE) -> ReplayResult:
+           launch_queue: int | None = LAUNCH_QUEUE, untraced_event_s: float | None = None) -> ReplayResult:
     """Replay the ranks' graphs together; measured durations unless ``op_time`` says otherwise.
 
     ``launch_queue``: pending launch calls per stream before a launch blocks (`LAUNCH_QUEUE`, CUDA's
-    depth), None for unbounded."""
+    depth), None for unbounded. ``untraced_event_s``: when given, the CPU threads run as without the
+    profiler: less the stalls it recorded and this much per host event it recorded
+    (`CpuPoint.untraced_own`)."""
     graphs = list(graphs)
     env = simpy.Environment()
-    engines = [_RankEngine(env, g, op_time, launch_queue) for g in graphs]
+    engines = [_RankEngine(env, g, op_time, launch_queue, untraced_event_s) for g in graphs]
     env.run()
     ranks = []
     for eng in engines:
@@ -337,7 +341,7 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
     if model is not None:
         if progress:
             progress("replaying the what-if")
-        report.whatif = replay(graphs, op_time=model)
+        report.whatif = replay(graphs, op_time=model, untraced_event_s=whatif.untraced_event_s)
         for rr in report.whatif.ranks:
             rr.message_bytes = model.message_bytes(rr.graph.rank)
         report.notes = model.notes()

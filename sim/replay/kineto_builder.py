@@ -79,6 +79,12 @@ class TraceBuilder:
                                 "ts": gpu_ts, "dur": gpu_dur, "args": args})
         return corr
 
+    def profiler_overhead(self, ts: float, dur: float, name: str = "Activity Buffer Request") -> dict:
+        """The profiler's own work as Kineto records it (CUPTI's buffer requests), on no thread of ours."""
+        ev = {"ph": "X", "cat": "overhead", "name": name, "pid": -1, "tid": 0, "ts": ts, "dur": dur}
+        self.events.append(ev)
+        return ev
+
     def to_dict(self) -> dict:
         doc: dict = {"schemaVersion": 1,
                      "deviceProperties": [{"id": self.device, "name": self.device_name}]}

@@ -30,6 +30,11 @@ on one stream and overlap, so each op follows the latest op of its stream that h
 A launch call that waited for a free entry of CUDA's launch queue (`LAUNCH_QUEUE`) returns when the op
 that freed it finished, so that wait shrinks when the GPU gets faster instead of staying CPU time.
 
+The profiler's own time is marked, not removed: each point carries the part of its ``own`` time its thread
+stood stalled by a CUPTI buffer request the trace records (``_profiler_stalls`` says which thread waited)
+and the number of host events recorded in it, so that a replay can run the threads as without the profiler
+(`CpuPoint.untraced_own`).
+
 It stays one module: its passes (points, launches, waits, inferred waits dropped when the measurement
 contradicts them) build one graph and share its private indexes.
 """
@@ -105,6 +110,13 @@ class CpuPoint:
     gpu_waits: list[tuple[int, float]] | tuple = ()   # (op, slack)
     cpu_waits: list[tuple[int, float]] | tuple = ()   # (point, slack)
     name: str = ""
+    profiler_stall: float = 0.0      # of ``own``: the thread stalled by the profiler's own work
+    recorded: int = 0                # host events the profiler recorded on the thread within ``own``
+
+    def untraced_own(self, event_s: float) -> float:
+        """``own`` as it would be without the profiler: less its stalls and ``event_s`` of recording per
+        host event it recorded (never below zero)."""
+        return max(0.0, self.own - self.profiler_stall - self.recorded * event_s)
 
 
 @dataclass(slots=True)
@@ -176,6 +188,7 @@ class _Builder:
         self.threads: list[tuple] = []
         self.thread_of: dict[tuple, int] = {}
         self.events_by_thread: list[list[CpuEvent]] = []
+        self.marks: list[list[float]] = []       # per thread: every start and end of its events, in order
         # anchors per thread: (t, order, label, payload); turned into points later
         self.anchors: list[list] = []
         self.order = 0
@@ -191,6 +204,7 @@ class _Builder:
             self.thread_of[key] = len(self.threads)
             self.threads.append(key)
             self.events_by_thread.append(events)
+            self.marks.append(sorted({e.ts for e in events} | {_end(e) for e in events}))
             self.anchors.append([])
 
     def anchor(self, thread: int, t: float, label: str, payload=None, *, ends: bool = False) -> list:
@@ -568,7 +582,7 @@ class _Builder:
         # Bursts of activity per thread: ops and runtime calls are work, annotations are not (a thread
         # blocked inside `backward` shows as an annotation with nothing under it for a while).
         bursts: list[list[list]] = []
-        marks: list[list[float]] = []
+        marks = self.marks
         for events in self.events_by_thread:
             runs: list[list] = []
             for e in (e for e in events if e.kind != "annotation"):
@@ -577,7 +591,6 @@ class _Builder:
                 else:
                     runs.append([e.ts, _end(e), None, None])    # start, end, -, end anchor
             bursts.append(runs)
-            marks.append(sorted({e.ts for e in events} | {_end(e) for e in events}))
         for y, runs in enumerate(bursts):
             pid = self.threads[y][0]
             for k, run in enumerate(runs):
@@ -632,17 +645,60 @@ class _Builder:
                 self.stats["thread_handoffs_in_progress"] += 1
                 return
 
+    def _profiler_stalls(self) -> list[list[tuple[float, float]]]:
+        """Per thread, the spans it stood stalled by the profiler's own work (merged, in order).
+
+        A CUPTI activity buffer request blocks the thread whose activity record needed the buffer: that
+        thread sits inside one of its events (a runtime call, an op, the step's annotation when the
+        profiler's step bookkeeping asked) without starting or ending any for about the request's time.
+        Each recorded request is charged to the thread whose silence covers at least half of it inside an
+        event of its own, the innermost (shortest) such event where several threads qualify (a thread
+        blocked in ``backward`` sits in a longer one than the autograd thread that launched). A thread
+        between events was idle, not stalled; a request none waited on is charged to no thread.
+        """
+        stalls: list[list[tuple[float, float]]] = [[] for _ in self.threads]
+        for ts, dur in self.trace.profiler_overheads:
+            a, b = ts, ts + dur
+            best = None                                            # (enclosing event's length, thread, span)
+            for thread, marks in enumerate(self.marks):
+                k = bisect.bisect_right(marks, a) - 1              # the silence that holds ``a``, then on
+                while 0 <= k < len(marks) - 1 and marks[k] < b:
+                    lo, hi = max(a, marks[k]), min(b, marks[k + 1])
+                    if hi - lo >= 0.5 * dur:
+                        inside = [e.dur for e in self.events_by_thread[thread]
+                                  if e.ts <= marks[k] and _end(e) >= marks[k + 1]]
+                        if inside and (best is None or min(inside) < best[0]):
+                            best = (min(inside), thread, (lo, hi))
+                    k += 1
+            if best is not None:
+                stalls[best[1]].append(best[2])
+                self.stats["profiler_stalls"] += 1
+        merged = []
+        for spans in stalls:
+            out: list[tuple[float, float]] = []
+            for lo, hi in sorted(spans):
+                if out and lo <= out[-1][1]:
+                    out[-1] = (out[-1][0], max(out[-1][1], hi))
+                else:
+                    out.append((lo, hi))
+            merged.append(out)
+        return merged
+
     def _make_points(self):
         points: list[CpuPoint] = []
         thread_points: list[list[int]] = []
         deferred = []
+        stalls = self._profiler_stalls()
         for thread, anchors in enumerate(self.anchors):
             anchors.sort(key=lambda a: (a[0], a[1]))
+            starts = sorted(e.ts for e in self.events_by_thread[thread])
             idxs = []
             prev_t = 0.0
             for item in anchors:
                 t, _, label, payload, _ = item
                 p = CpuPoint(len(points), thread, t, label, own=t - prev_t)
+                p.profiler_stall = sum(max(0.0, min(hi, t) - max(lo, prev_t)) for lo, hi in stalls[thread])
+                p.recorded = bisect.bisect_right(starts, t) - bisect.bisect_right(starts, prev_t)
                 prev_t = t
                 if label == "call":
                     p.name = payload.name

@@ -64,7 +64,8 @@ _PRECISION = [("bf16", re.compile(r"bf16", re.I)),
               ("fp16", re.compile(r"fp16|f16|half|h884|h1688|h16816", re.I)),
               ("tf32", re.compile(r"tf32|s1688|s16816|tensorop_s", re.I))]
 ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree")
-SET_KEYS = ("algo", "collectives", "compression", "network", "pinned", "ran_on")
+SET_KEYS = ("algo", "collectives", "compression", "network", "pinned", "ran_on", "untraced",
+            "profiler_event_us")
 # Presets a trace's GPU most likely ran in, for the checks when no topology is named.
 HOME_TOPOLOGY = {"a100": "dgx-a100", "h100": "dgx-h100", "h200": "dgx-h100", "v100": "dgx1-v100"}
 
@@ -81,6 +82,8 @@ class WhatIf:
     algo: str = "auto"                # collective algorithm: auto | ring | tree | nvls | nvls_tree
     network: str = "isolated"         # isolated: each transfer alone | shared: one flow network for all
     ran_on: str | None = None         # topology the trace ran on (for the checks); default from its GPU
+    untraced: bool = False            # CPU threads without the profiler's own time (CpuPoint.untraced_own)
+    profiler_event_us: float = 0.0    # with untraced: the profiler's cost per host event it records
 
     def __post_init__(self):
         if self.compression not in COMPRESSION:
@@ -94,11 +97,22 @@ class WhatIf:
             raise unknown_name("network", self.network, ("isolated", "shared"), field="network")
         if self.gpu is not None:
             get_device(self.gpu)
+        if not (math.isfinite(self.profiler_event_us) and self.profiler_event_us >= 0):
+            raise TrainsimError(f"profiler_event_us must be a number of microseconds >= 0, got "
+                                f"{self.profiler_event_us!r}", field="--set profiler_event_us")
+        if self.profiler_event_us and not self.untraced:
+            raise TrainsimError("profiler_event_us takes the profiler's recording cost out of the CPU "
+                                "threads: it needs untraced=true", field="--set profiler_event_us")
 
     @property
     def active(self) -> bool:
         """Whether anything differs from replaying the measured durations."""
-        return bool(self.topology or self.gpu or self.compression != "none" or self.pinned)
+        return bool(self.topology or self.gpu or self.compression != "none" or self.pinned or self.untraced)
+
+    @property
+    def untraced_event_s(self) -> float | None:
+        """`engine.replay`'s ``untraced_event_s``: None keeps the CPU threads' measured time."""
+        return self.profiler_event_us * 1e-6 if self.untraced else None
 
     @classmethod
     def from_options(cls, *, topology: str | None = None, gpu: str | None = None,
@@ -113,10 +127,16 @@ class WhatIf:
             if key not in SET_KEYS:
                 raise unknown_name("--set key", key, SET_KEYS, field="--set")
             value = value.strip()
-            if key == "pinned":
+            if key in ("pinned", "untraced"):
                 if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise TrainsimError(f"pinned must be true or false, got {value!r}", field="--set pinned")
+                    raise TrainsimError(f"{key} must be true or false, got {value!r}", field=f"--set {key}")
                 fields[key] = value.lower() in ("true", "1", "yes")
+            elif key == "profiler_event_us":
+                try:
+                    fields[key] = float(value)
+                except ValueError:
+                    raise TrainsimError(f"profiler_event_us must be a number of microseconds, got {value!r}",
+                                        field="--set profiler_event_us") from None
             else:
                 fields[key] = value
         return cls(**fields)
@@ -238,8 +258,16 @@ class WhatIfModel:
                                 "trace ran on with --set ran_on=TOPOLOGY", field="--gpu")
 
     def notes(self) -> list[str]:
-        """What the reader of the what-if must know: which sizes were inferred, which kernels kept."""
+        """What the reader of the what-if must know: which sizes were inferred, which kernels kept, what
+        was taken out as the profiler's own time."""
         out = []
+        if self.whatif.untraced:
+            points = [p for g in self.graphs for p in g.points]
+            stalls = sum(p.profiler_stall for p in points)
+            recorded = sum(p.recorded for p in points)
+            out.append(f"untraced: CPU threads less {stalls * 1e3:.2f} ms of profiler stalls (CUPTI buffer "
+                       f"requests they waited on) and {self.whatif.profiler_event_us:g} us per recorded host "
+                       f"event ({recorded} events) over the whole trace")
         inferred: dict[str, int] = defaultdict(int)
         for s in self.nccl.splits.values():
             if s.inferred:

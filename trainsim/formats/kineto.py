@@ -39,6 +39,7 @@ _KERNEL = {"kernel"}
 _MEMCPY = {"gpu_memcpy", "memcpy"}
 _MEMSET = {"gpu_memset", "memset"}
 _SYNC = {"cuda_sync"}
+_OVERHEAD = {"overhead"}     # the profiler's own work, e.g. CUPTI's "Activity Buffer Request"
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -157,6 +158,9 @@ class KinetoTrace:
     thread_names: dict[tuple, str] = field(default_factory=dict)
     flows: dict[int, tuple] = field(default_factory=dict)   # ac2g flow id -> (pid, tid, ts) of its start
     span_s: float = 0.0
+    # (ts, dur) of the profiler's own work the trace records ("overhead" events: CUPTI activity buffer
+    # requests), which stalls the thread whose activity needed the buffer
+    profiler_overheads: list[tuple[float, float]] = field(default_factory=list)
 
     def wall_origin_us(self) -> float | None:
         """The trace's time 0 in Unix microseconds: from ``baseTimeNanoseconds``, or the Kineto times
@@ -180,6 +184,7 @@ class KinetoTrace:
             g.ts += seconds
         for s in self.steps:
             s.ts += seconds
+        self.profiler_overheads = [(ts + seconds, dur) for ts, dur in self.profiler_overheads]
         self.flows = {k: (pid, tid, ts + seconds) for k, (pid, tid, ts) in self.flows.items()}
         self.span_s += seconds
         self.origin_us -= seconds * 1e6
@@ -367,6 +372,7 @@ class _Collector:
         self.gpu: list[GpuEvent] = []
         self.syncs: list[SyncEvent] = []
         self.steps: list[Step] = []
+        self.overheads: list[tuple[float, float]] = []
         self.thread_names: dict[tuple, str] = {}
         self.flows: dict[int, tuple] = {}
         self.flow_ends: dict[tuple, int] = {}             # (pid, tid, ts) of an ac2g flow's end -> its id
@@ -420,6 +426,9 @@ class _Collector:
                 stream=_as_int(args.get("stream")) or 0, correlation=_as_int(args.get("correlation")),
                 wait_on_stream=_as_int(args.get("wait_on_stream")),
                 wait_on_record_correlation=_as_int(args.get("wait_on_cuda_event_record_corr_id"))))
+            return
+        elif cat in _OVERHEAD:
+            self.overheads.append((ts, dur))
             return
         elif cat in _RUNTIME or cat in _CPU_OP or cat == "user_annotation" or cat == "python_function":
             kind = "runtime" if cat in _RUNTIME else "cpu_op" if cat in _CPU_OP else "annotation"
@@ -511,7 +520,8 @@ def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
         process_groups=list(info.get("pg_config") or []),
         cpu_events=collect.cpu, gpu_events=collect.gpu, syncs=collect.syncs,
         steps=sorted(collect.steps, key=lambda s: s.ts), thread_names=collect.thread_names, flows=flows,
-        span_s=rel(collect.max_end))
+        span_s=rel(collect.max_end),
+        profiler_overheads=sorted((rel(ts), dur * 1e-6) for ts, dur in collect.overheads))
 
 
 def load_traces(paths: Iterable[str | Path]) -> list[KinetoTrace]:
