@@ -1,12 +1,15 @@
 """cuBLAS workspaces: PyTorch's default size per (handle, stream) pair, two pairs on every training GPU."""
 
 import json
+from pathlib import Path
 
 import pytest
 from simtools import scenario as make_scenario
 from simtools import tiny_topology, tiny_workload
+from typer.testing import CliRunner
 
 from trainsim.api import simulate
+from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.workspaces import cublas_workspace_bytes, training_workspace_bytes
 from trainsim.sim.core.devices import cpu_device, get_device
@@ -89,3 +92,13 @@ def test_a_malformed_workspace_config_is_named(tmp_path, config):
     with pytest.raises(TrainsimError) as exc:
         simulate(sc)
     assert "host.cublas_workspace_config" in str(exc.value) and "':SIZE:COUNT'" in str(exc.value)
+
+
+def test_a_config_yaml_read_as_a_number_says_so():
+    # `--set host.cublas_workspace_config=4096:8`: YAML 1.1 reads 4096:8 as 4096 * 60 + 8
+    scenario = Path(__file__).parents[1] / "scenarios" / "single-gpu-resnet50.yaml"
+    result = CliRunner().invoke(app, ["simulate", str(scenario), "--set",
+                                      "host.cublas_workspace_config=4096:8"])
+    assert result.exit_code == 2
+    assert "host.cublas_workspace_config" in result.output and "YAML read a number (245768)" in result.output
+    assert "start it with a colon or quote it" in result.output

@@ -193,10 +193,14 @@ class HostSpec(_Strict):
         "every GPU; default: what the calibration recorded, else PyTorch's default for the GPU",
     )
 
-    @field_validator("cublas_workspace_config")
+    @field_validator("cublas_workspace_config", mode="before")
     @classmethod
     def _workspace_config(cls, value):
-        if value is not None:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            # YAML 1.1 reads 4096:8 (no leading colon) as a base-60 number
+            raise ValueError(f"expected ':SIZE:COUNT' pairs (SIZE in KiB), e.g. ':4096:8', and YAML read a "
+                             f"number ({value}): start it with a colon or quote it")
+        if isinstance(value, str):
             cublas_workspace_config_bytes(value)
         return value
 
