@@ -160,3 +160,19 @@ def test_cli_untraced_replay_says_what_it_took_out():
     assert result.exit_code == 0, result.output
     assert "untraced=True" in result.output and "profiler_event_us=3.0" in result.output
     assert "5.36 ms of profiler stalls" in result.output and "3 us per recorded host event" in result.output
+
+
+def test_two_stalls_of_one_thread_are_each_charged_to_their_own_point(tmp_path):
+    b = TraceBuilder()
+    b.step(1, MAIN, 0, 3000)
+    b.cpu_op(MAIN, "aten::fill_", 10, 1010)                     # waits 1 ms, then launches
+    b.launch(MAIN, 1015, 5, stream=7, gpu_ts=1025, gpu_dur=10)
+    b.cpu_op(MAIN, "aten::fill_", 1100, 610)                    # waits 0.5 ms, then launches
+    b.launch(MAIN, 1705, 5, stream=7, gpu_ts=1715, gpu_dur=10)
+    b.runtime(MAIN, "cudaDeviceSynchronize", 1720, 10)
+    b.profiler_overhead(12, 1000)
+    b.profiler_overhead(1102, 500)
+    g = graph(b, tmp_path)
+    launches = [p for p in g.points if p.name == "cudaLaunchKernel"]
+    assert [p.profiler_stall for p in launches] == [pytest.approx(1000 * US), pytest.approx(500 * US)]
+    assert step_s(g) - step_s(g, 0.0) == pytest.approx(1500 * US, abs=1 * US)

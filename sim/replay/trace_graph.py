@@ -42,6 +42,7 @@ contradicts them) build one graph and share its private indexes.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -657,6 +658,11 @@ class _Builder:
         between events was idle, not stalled; a request none waited on is charged to no thread.
         """
         stalls: list[list[tuple[float, float]]] = [[] for _ in self.threads]
+        if not self.trace.profiler_overheads:
+            return stalls
+        starts = [[e.ts for e in events] for events in self.events_by_thread]
+        reach = [list(itertools.accumulate((_end(e) for e in events), max))
+                 for events in self.events_by_thread]
         for ts, dur in self.trace.profiler_overheads:
             a, b = ts, ts + dur
             best = None                                            # (enclosing event's length, thread, span)
@@ -665,10 +671,9 @@ class _Builder:
                 while 0 <= k < len(marks) - 1 and marks[k] < b:
                     lo, hi = max(a, marks[k]), min(b, marks[k + 1])
                     if hi - lo >= 0.5 * dur:
-                        inside = [e.dur for e in self.events_by_thread[thread]
-                                  if e.ts <= marks[k] and _end(e) >= marks[k + 1]]
-                        if inside and (best is None or min(inside) < best[0]):
-                            best = (min(inside), thread, (lo, hi))
+                        inner = self._innermost(thread, marks[k], marks[k + 1], starts[thread], reach[thread])
+                        if inner is not None and (best is None or inner < best[0]):
+                            best = (inner, thread, (lo, hi))
                     k += 1
             if best is not None:
                 stalls[best[1]].append(best[2])
@@ -684,11 +689,25 @@ class _Builder:
             merged.append(out)
         return merged
 
+    def _innermost(self, thread: int, lo: float, hi: float, starts: list[float], reach: list[float]):
+        """The length of the innermost event of ``thread`` spanning [lo, hi], None if none does: the latest
+        to start of those that span it (events nest), looked for backwards only while an earlier event
+        still reaches ``hi`` (``reach``: the latest end among the events up to each)."""
+        events = self.events_by_thread[thread]
+        for i in range(bisect.bisect_right(starts, lo) - 1, -1, -1):
+            if reach[i] < hi:
+                return None
+            if _end(events[i]) >= hi:
+                return events[i].dur
+        return None
+
     def _make_points(self):
         points: list[CpuPoint] = []
         thread_points: list[list[int]] = []
         deferred = []
         stalls = self._profiler_stalls()
+        # stalled time before each stall's end, per thread: a point's share is a difference of two lookups
+        stalled = [list(itertools.accumulate(hi - lo for lo, hi in spans)) for spans in stalls]
         for thread, anchors in enumerate(self.anchors):
             anchors.sort(key=lambda a: (a[0], a[1]))
             starts = sorted(e.ts for e in self.events_by_thread[thread])
@@ -697,7 +716,9 @@ class _Builder:
             for item in anchors:
                 t, _, label, payload, _ = item
                 p = CpuPoint(len(points), thread, t, label, own=t - prev_t)
-                p.profiler_stall = sum(max(0.0, min(hi, t) - max(lo, prev_t)) for lo, hi in stalls[thread])
+                if stalls[thread]:
+                    p.profiler_stall = (_stalled_by(t, stalls[thread], stalled[thread])
+                                        - _stalled_by(prev_t, stalls[thread], stalled[thread]))
                 p.recorded = bisect.bisect_right(starts, t) - bisect.bisect_right(starts, prev_t)
                 prev_t = t
                 if label == "call":
@@ -724,6 +745,15 @@ class _Builder:
         for p, (source_item, slack) in deferred:
             p.cpu_waits = [(source_item[4], slack)]
         return points, thread_points
+
+
+def _stalled_by(t: float, spans: list[tuple[float, float]], cumulative: list[float]) -> float:
+    """Stalled time before ``t``, of the disjoint ``spans`` in order (``cumulative``: their running total)."""
+    k = bisect.bisect_right(spans, (t, math.inf))        # spans starting at or before t
+    if k == 0:
+        return 0.0
+    lo, hi = spans[k - 1]
+    return (cumulative[k - 2] if k >= 2 else 0.0) + min(hi, t) - lo
 
 
 def _op_end(o: GpuOp) -> float:
