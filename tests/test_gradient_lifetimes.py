@@ -1,5 +1,5 @@
 """Parameter gradients live as the training loops keep them: from each layer's backward until the loop lets
-them go with ``zero_grad(set_to_none=True)``, in dp-gpu0 (DataParallel) and the parameter server too."""
+them go with ``zero_grad(set_to_none=True)``, in dp-gpu0 (DataParallel), the parameter server and EASGD too."""
 
 import json
 
@@ -30,7 +30,7 @@ def _held(events, t: float) -> float:
     return sum(e.delta for e in events if e.time <= t)
 
 
-@pytest.mark.parametrize("strategy", ["dp-gpu0", "parameter-server"])
+@pytest.mark.parametrize("strategy", ["dp-gpu0", "parameter-server", "easgd"])
 def test_no_gradient_outlives_its_iteration(tmp_path, strategy):
     result = _run(tmp_path, strategy)
     for gpu in ("gpu0", "gpu1"):
@@ -62,3 +62,14 @@ def test_parameter_server_ranks_drop_their_gradients_once_pushed(tmp_path):
         pull = [r for r in result.machine.ops if r.op == "pull_params" and r.resource == gpu]
         assert len(push) == len(pull) == 1
         assert freed == pytest.approx(push[0].end) and freed < pull[0].start
+
+
+def test_easgd_backward_runs_layer_by_layer_with_its_activation_gradients(tmp_path):
+    result = _run(tmp_path, "easgd", iterations=1)
+    backward = [r for r in result.machine.ops if r.op == "backward" and r.resource == "gpu0"]
+    assert [r.layer for r in backward] == ["b", "a"]
+    memory = result.machine.gpus["gpu0"].memory.timeline
+    assert any(e.category == "activation_grads" and e.delta > 0 for e in memory)
+    # each layer's saved activations go when its own backward ends, not all at once after the pass
+    freed = sorted(e.time for e in memory if e.category == "activations" and e.delta < 0)
+    assert freed == pytest.approx(sorted(r.end for r in backward))

@@ -160,7 +160,8 @@ class Context:
 
     # ---- the model's passes ---------------------------------------------------------------------------
     def input_copy(self, gpu: str, iteration: int, nbytes: float | None = None):
-        """The rank's input batch from its host memory to the GPU (pinned or pageable); none on a CPU rank."""
+        """The rank's input batch from its host memory to the GPU (pinned or pageable); none on a CPU rank,
+        nor for an empty batch (copying an empty tensor launches no copy)."""
         nbytes = self.costs[gpu].input_bytes if nbytes is None else nbytes
         # ScaleDNN pre-loading: the copy ran ahead on the H2D engine (sim/optimizations/preload.py)
         if self.preload_depth:
@@ -171,7 +172,7 @@ class Context:
             yield from self.preloaders[gpu].take(iteration)
             return
         self.machine.gpus[gpu].memory.alloc(self.env.now, nbytes, "input")
-        if self.machine.gpus[gpu].device.kind == "cpu":
+        if self.machine.gpus[gpu].device.kind == "cpu" or nbytes <= 0:
             return  # a CPU rank's batch is prepared in its own memory: there is no host-to-device copy
         yield from self.machine.h2d(gpu, nbytes, iteration=iteration, pinned=self.pinned)
 

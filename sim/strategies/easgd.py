@@ -37,7 +37,6 @@ from collections import Counter
 from trainsim.errors import TrainsimError
 from trainsim.formats.scenario_options import VARIANTS, EasgdOptions  # noqa: F401 (re-exported)
 from trainsim.sim.compute.roofline import streaming_seconds
-from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE
 
@@ -62,7 +61,6 @@ class _Easgd:
                 field="strategy.easgd.centre_socket",
             )
         self.tree = opts.tree_reduce if opts.tree_reduce is not None else True
-        self.jitter = Jitter(ctx.jitter_spec)
         first = ctx.costs[ctx.ranks[0]]
         self.weight_bytes = first.param_bytes
         layer_bytes = [b for b in first.grad_bytes_per_layer if b > 0]
@@ -158,24 +156,14 @@ class _Easgd:
     def worker(self, gpu: str):
         ctx, machine, opts = self.ctx, self.ctx.machine, self.opts
         costs = ctx.costs[gpu]
-        memory = machine.gpus[gpu].memory
-        index = machine.gpus[gpu].index
         pending = None
         for it in range(ctx.total_iterations):
             yield from ctx.get_batch(gpu, it)
-            if costs.input_bytes > 0:
-                memory.alloc(ctx.env.now, costs.input_bytes, "input")
-                yield from machine.h2d(gpu, costs.input_bytes, iteration=it, pinned=ctx.pinned)
+            yield from ctx.input_copy(gpu, it)
             if not opts.weights_on_gpu:
                 yield from machine.h2d(gpu, costs.param_bytes, iteration=it, op="h2d_weights", category=COMM)
-            memory.alloc(ctx.env.now, costs.saved_bytes, "activations")
-            for kind, seconds in (("forward", sum(costs.forward_s)), ("backward", sum(costs.backward_s))):
-                factor = self.jitter.factor(index, it, 0 if kind == "forward" else 1)
-                yield from machine.run(
-                    gpu, "compute", seconds * factor, op=kind, iteration=it, category=COMPUTE
-                )
-            memory.free(ctx.env.now, costs.saved_bytes, "activations")
-            memory.free(ctx.env.now, costs.input_bytes, "input")
+            yield from ctx.forward(gpu, it)
+            yield from ctx.backward(gpu, it)
             yield from ctx.optimizer_step(gpu, it)
             if not opts.weights_on_gpu:
                 yield from machine.d2h(gpu, costs.param_bytes, iteration=it, op="d2h_weights", category=COMM)
@@ -334,7 +322,7 @@ class _Easgd:
         ctx, opts = self.ctx, self.opts
         for g in ctx.ranks:
             memory = ctx.machine.gpus[g].memory
-            ctx.hold_model(g)
+            ctx.hold_model(g, grads="backward")
             memory.alloc(ctx.env.now, self.weight_bytes, "buffers")  # W~ as received
         if self.centre in ctx.machine.gpus:
             extra = 2 if opts.variant == "async-momentum" else 1
