@@ -340,6 +340,12 @@ class Simulation:
             jitter_spec=st.jitter if st.jitter is not None else self._measured_jitter(per_gpu),
             host=self.host,
         )
+        first = costs[self.ranks[0]]
+        if first.forward_host_s:  # the host's dispatch is modelled (`sim/compute/dispatch.py`)
+            self.ctx.extra["host_dispatch"] = {
+                "rank": self.ranks[0],
+                "forward_s": sum(first.forward_host_s), "backward_s": sum(first.backward_host_s),
+                "gpu_forward_s": sum(first.forward_s), "gpu_backward_s": sum(first.backward_s)}
         self.mirror = None
         if mirror:
             self.mirror = mirror_ranks(sc, topology, self.ranks, costs, detail=record, host=self.host,

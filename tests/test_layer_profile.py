@@ -49,7 +49,7 @@ def test_iteration_is_accounted_for(tiny):
 
 
 def test_the_host_side_is_recorded_and_on_the_cpu_is_the_same_clock(tiny):
-    it, prov = tiny.provenance.iteration, tiny.provenance.model_extra
+    it = tiny.provenance.iteration
     assert [p.batch for p in it.plain_host] == [p.batch for p in it.layers_host_sum] == [2, 4]
     # on the CPU ops run as they are dispatched: the host's perf_counter spans the same work as the clock,
     # less the marks' own cost
@@ -58,7 +58,7 @@ def test_the_host_side_is_recorded_and_on_the_cpu_is_the_same_clock(tiny):
         assert host.s == pytest.approx(plain.s, rel=0.05)
     for host, layers in zip(it.layers_host_sum, it.layers_sum, strict=True):
         assert 0 < host.s <= layers.s
-    per_layer = prov["layer_host_s"]
+    per_layer = tiny.provenance.layer_host_s
     assert sorted(per_layer) == ["backward", "forward"]
     for layer in tiny.layers:
         for phase, model in (("forward", layer.forward), ("backward", layer.backward)):

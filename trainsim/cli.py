@@ -649,6 +649,8 @@ def simulate_cmd(
     console.print(report.headline(result))
     for table in report.tables(result):
         console.print(table)
+    if line := report.host_dispatch(result):
+        console.print(line)
     for line in result.oom:
         console.print(f"[bold red]OUT OF MEMORY (a result, not an error): {line}[/]")
     for path, what in ((trace_out, "trace"), (records_out, "records")):

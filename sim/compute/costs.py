@@ -1,7 +1,8 @@
 """What one rank's share of an iteration costs: layer times, optimizer step time and the bytes involved.
 
 Times come from `roofline.layer_times` (measured where the workload was measured on this device spec, a
-roofline estimate elsewhere). Bytes follow the precision:
+roofline estimate elsewhere); the host's time to dispatch each layer from `dispatch` where a GPU
+calibration recorded it. Bytes follow the precision:
 
 - fp32/tf32: weights 4 B/param, gradients 4 B/param, optimizer state: momentum 4, Adam 8 (m and v);
 - fp16/bf16 (mixed precision, REFERENCE "Memory accounting"), ``mixed_precision="master"`` (Megatron,
@@ -32,6 +33,7 @@ from trainsim.errors import TrainsimError, unknown_name
 from trainsim.formats.workload import Workload
 from trainsim.sim.core.devices import DeviceSpec
 
+from .dispatch import dispatch_seconds
 from .workspaces import training_workspace_bytes
 
 WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
@@ -77,6 +79,9 @@ class RankCosts:
     loss_input_bytes: float = 0.0
     # cuBLAS workspaces the training process's matmul threads hold on the device (`workspaces`)
     workspace_bytes: float = 0.0
+    # seconds the host takes to dispatch each layer's forward and backward (`dispatch`); empty: not modelled
+    forward_host_s: list[float] = field(default_factory=list)
+    backward_host_s: list[float] = field(default_factory=list)
 
     @property
     def grad_bytes(self) -> float:
@@ -156,6 +161,7 @@ def rank_costs(
                                                                     mixed_precision))
     last = workload.layers[-1]
     autocast = mixed(precision) and mixed_precision == "autocast"
+    host = dispatch_seconds(workload, device, roofline.measured_device(workload, measured_on)) or ([], [])
     forward = [float(f) for f, _ in times]
     backward = [float(b) for _, b in times]
     if here:
@@ -183,6 +189,8 @@ def rank_costs(
                                 for layer in workload.layers],
         loss_input_bytes=float(batch * last.output_bytes_per_sample * WEIGHT_BYTES["fp32"] / itemsize),
         workspace_bytes=float(training_workspace_bytes(device, workspace_config)),
+        forward_host_s=host[0],
+        backward_host_s=host[1],
     )
 
 

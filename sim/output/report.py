@@ -29,6 +29,18 @@ def headline(result: Result) -> str:
     )
 
 
+def host_dispatch(result: Result) -> str | None:
+    """One line on the host's dispatch of a rank's layers against the GPU's time for them, where modelled."""
+    host = result.extra.get("host_dispatch")
+    if not host:
+        return None
+    dispatch, gpu = host["forward_s"] + host["backward_s"], host["gpu_forward_s"] + host["gpu_backward_s"]
+    bound = "the host bounds the passes" if dispatch > gpu else "the GPU bounds the passes"
+    return (f"host dispatch of {host['rank']}'s layers: forward {_ms(host['forward_s'])}, backward "
+            f"{_ms(host['backward_s'])}, against the GPU's {_ms(host['gpu_forward_s'])} and "
+            f"{_ms(host['gpu_backward_s'])}: {bound}")
+
+
 def tables(result: Result, *, max_gpus: int = 16, max_links: int = 5) -> list[Table]:
     total = result.iteration_time_s
     parts = Table(title=f"Where an iteration goes (critical GPU {result.critical_gpu})")

@@ -20,12 +20,14 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from typing import Any
 
 import simpy
 
 from trainsim.errors import unknown_name
 from trainsim.sim.compute.costs import RankCosts, weight_bytes
+from trainsim.sim.compute.dispatch import gpu_spans
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE, DATA, Machine
@@ -98,6 +100,8 @@ class Context:
     # (`hold_model`'s ``grads="backward"``), and the layers whose gradients are held now
     grads_from_backward: set[str] = field(default_factory=set)
     live_grads: dict[str, set[int]] = field(default_factory=dict)
+    # rank -> when its host is done dispatching the layers it has been given (`_spans`, `dispatch`)
+    host_free: dict[str, float] = field(default_factory=dict)
 
     @property
     def env(self) -> simpy.Environment:
@@ -183,24 +187,30 @@ class Context:
         gap, so one event stands for many); each layer is still recorded, and its activations allocated
         (forward, ``saved_delta`` = +1) or freed (backward, -1) at its own start or end.
 
+        Where the rank's costs hold the host's dispatch time per layer (`dispatch`), each layer also waits
+        for its dispatch (`dispatch.gpu_spans`): the host starts a forward once it has the stream and its own
+        earlier dispatch is done, and goes on to the backward and its later segments without waiting for
+        the GPU. A layer the GPU waited for starts late; the gap is idle.
+
         Backward also holds the activation gradients (`gradients_in`, `gradients_out`)."""
         costs, machine, env = self.costs[gpu], self.machine, self.env
         memory = machine.gpus[gpu].memory
         if self.jitter_spec is not None:  # one draw per rank, iteration and pass: the whole pass drifts
             factor = self.jitter.factor(machine.gpus[gpu].index, iteration, 0 if op == "forward" else 1)
             times = [t * factor for t in times]
+
         def record(begin: float, end: float, layer: str) -> None:
             machine.record(iteration=iteration, resource=gpu, stream="compute", op=op, start=begin, end=end,
                            category=COMPUTE, layer=layer)
 
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
-            t = start = env.now
-            total = sum(times[i] for i in layers)
+            start = env.now
+            spans = self._spans(gpu, start, layers, [times[i] for i in layers], saved_delta > 0)
             grads = costs.output_bytes_per_layer if saved_delta < 0 else []
             last = len(costs.layer_names) - 1
-            for i in layers:
-                end = t + times[i]
+            run_start = 0  # the first layer of the current run of layers with no gap between them
+            for k, (i, (t, end)) in enumerate(zip(layers, spans, strict=True)):
                 if saved_delta > 0:
                     memory.alloc(t, costs.saved_bytes_per_layer[i], "activations")
                     if i == last and self.loop_holds_output:  # ``output = model(x)`` lives through backward
@@ -217,12 +227,27 @@ class Context:
                     if i == 0:  # the training loop holds the batch and the output until its backward is done
                         memory.free(end, costs.input_bytes, "input")
                         memory.free(end, costs.output_bytes, "output")
-                t = end
-            if not self.detail:
-                first, last = costs.layer_names[layers[0]], costs.layer_names[layers[-1]]
-                record(start, start + total, f"{first}..{last}")
-            if total > 0:
-                yield env.timeout(total)
+                if not self.detail and (k == len(layers) - 1 or spans[k + 1][0] > end):
+                    first_name, last_name = costs.layer_names[layers[run_start]], costs.layer_names[i]
+                    record(spans[run_start][0], end, f"{first_name}..{last_name}")
+                    run_start = k + 1
+            if spans and spans[-1][1] > start:
+                yield env.timeout(spans[-1][1] - start)
+
+    def _spans(self, gpu: str, start: float, layers: list[int], times: list[float],
+               forward: bool) -> list[tuple[float, float]]:
+        """Each of ``layers``' (start, end) on the GPU, whose stream is the rank's from ``start``: back to
+        back, or as their dispatch allows (the host's progress kept in `host_free`)."""
+        costs = self.costs[gpu]
+        host_s = costs.forward_host_s if forward else costs.backward_host_s
+        if not host_s:
+            ends = list(accumulate(times, initial=start))
+            return list(zip(ends, ends[1:], strict=False))
+        host_free = self.host_free.get(gpu, start)
+        if forward:  # the loop calls the model once it has the batch on the stream
+            host_free = max(host_free, start)
+        spans, self.host_free[gpu] = gpu_spans(start, host_free, times, [host_s[i] for i in layers])
+        return spans
 
     def forward(self, gpu: str, iteration: int):
         """Every layer's forward on the compute stream; saved activations allocated as they are made."""

@@ -6,6 +6,10 @@ accounts for (``unattributed``). ``skipped``: the batch sizes the profile could 
 ``trainsim.workload/1`` files stored each of those points as an unnamed list ``[batch, seconds(, iqr)]``;
 reading converts them to the named form that ``trainsim.workload/2`` writes.
 
+``layer_host_s`` (written by the same profile): each layer's host time per phase and batch size, as
+``{"forward"|"backward": {layer: [[batch, median_s, iqr_s], ...]}}``; on a GPU, the time its thread took to
+dispatch the layer's work (`trainsim.sim.compute.dispatch` reads it).
+
 ``rank_step`` (written by `trainsim.calibrate.execute.rank_step`): the whole training step of a pinned CPU
 rank, as the runs run it, per batch size. ``trainsim.workload/1`` files stored each point as an unnamed list
 ``[batch, alone_s, together_s, sigma_log, data_alone_s, data_together_s, data_warm_s, sigma_rank_log]``
@@ -14,7 +18,13 @@ rank, as the runs run it, per batch size. ``trainsim.workload/1`` files stored e
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+
+#: ``provenance.layer_host_s``: phase -> layer name -> [batch, median seconds, iqr seconds] per batch size
+LayerHostTimes = dict[Literal["forward", "backward"],
+                      dict[str, list[tuple[PositiveInt, NonNegativeFloat, NonNegativeFloat]]]]
 
 
 class BatchTime(BaseModel):

@@ -43,7 +43,7 @@ from pydantic import (
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 from trainsim.files import read_text
 
-from .provenance import IterationRecord, RankStepRecord, SkippedBatch
+from .provenance import IterationRecord, LayerHostTimes, RankStepRecord, SkippedBatch
 
 SCHEMA = "trainsim.workload/2"
 #: the versions read (a /1 file's unnamed provenance lists are converted, see `provenance`)
@@ -291,6 +291,7 @@ class Provenance(BaseModel):
     device_spec: str | None = None
     rank_step: RankStepRecord | None = None  # a calibrated CPU rank's whole step (`provenance`)
     iteration: IterationRecord | None = None  # the calibrated whole iteration per batch (`provenance`)
+    layer_host_s: LayerHostTimes | None = None  # each layer's host (dispatch) time per batch (`provenance`)
     skipped: list[SkippedBatch] | None = None  # batch sizes the calibration could not measure
     config: dict[str, Any] | None = None  # the model's configuration (zoo or analytic generator options)
     # the precision the times were measured in (autocast to bf16/fp16 keeps fp32 byte counts); None: dtype's
