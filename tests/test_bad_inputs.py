@@ -112,6 +112,59 @@ def test_bad_output_paths_fail_before_the_run(tmp_path, case):
         assert not any(tmp_path.glob("good*")), f"half-written outputs of {args}"
 
 
+def test_a_place_no_file_can_be_created_fails_before_the_run(tmp_path):
+    # /proc takes no new files even from root, to whom os.access says yes: the check tries, not asks
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    trace_file, trace_folder = "/proc/trainsim-out.json.gz", "/proc/trainsim-out"
+    for args, option in ((["simulate", "single-gpu-resnet50", *SMALL, "--trace", trace_file], "--trace"),
+                         (["simulate", "single-gpu-resnet50", *SMALL, "--trace", trace_folder], "--trace"),
+                         (["replay", tmp_path / "no-trace.json", "--trace", trace_folder], "--trace"),
+                         (["execute", "validate-cpu", "--profile", trace_folder], "--profile"),
+                         (["workload", "generate", "tiny-cnn", "-o", "/proc/wl.json"], "-o")):
+        fails(args, "/proc", option, "not writable")
+
+
+def test_a_pipe_or_device_is_not_an_output_file(tmp_path):
+    pipe = tmp_path / "out.json"
+    os.mkfifo(pipe)
+    fails(["workload", "generate", "tiny-cnn", "-o", pipe], str(pipe), "not a regular file")
+    fails(["simulate", "single-gpu-resnet50", *SMALL, "--trace", pipe], str(pipe), "not a regular file")
+    assert pipe.is_fifo()
+    from trainsim.errors import TrainsimError
+    from trainsim.files import write_atomic
+
+    with pytest.raises(TrainsimError, match="not a regular file"):
+        write_atomic(pipe, "data")
+    assert pipe.is_fifo()
+
+
+def test_an_output_through_a_symbolic_link_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "wl.json"
+    link = tmp_path / "wl.json"
+    link.symlink_to(target)
+    result = runner.invoke(app, ["workload", "generate", "tiny-cnn", "-o", str(link)])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and json.loads(target.read_text())["name"] == "tiny-cnn"
+
+
+def test_a_file_system_failure_mid_run_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "replace", full)
+    out = tmp_path / "wl.json"
+    fails(["workload", "generate", "tiny-cnn", "-o", out], str(out), "No space left on device")
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone too
+
+    def unreadable(*args, **kwargs):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), "scenarios/workloads/tiny-cnn.json")
+    monkeypatch.setattr("trainsim.formats.workload.save_workload", unreadable)
+    fails(["workload", "generate", "tiny-cnn", "-o", out], "tiny-cnn.json", "Input/output error")
+
+
 def test_a_trace_folder_that_cannot_be_replaced_fails_before_the_run(tmp_path):
     # --trace DIR writes rank-N.json.gz files and replaces the folder whole: other files there are refused
     mine = tmp_path / "mine"

@@ -1,5 +1,6 @@
-"""Parameter gradients live as the training loops keep them: from each layer's backward until the loop lets
-them go with ``zero_grad(set_to_none=True)``, in dp-gpu0 (DataParallel), the parameter server and EASGD too."""
+"""Parameter gradients live as the training loops keep them: from each layer's backward until the loop
+lets them go with ``zero_grad(set_to_none=True)``, in dp-gpu0 (DataParallel), the parameter server and
+EASGD too."""
 
 import json
 

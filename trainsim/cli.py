@@ -20,8 +20,9 @@ from trainsim.errors import TrainsimError, error_record
 
 
 class _OneLineErrors(TyperGroup):
-    """Print a TrainsimError as one line on stderr and exit 2, instead of a traceback; with ``--json`` also
-    print it as a JSON object on stdout (`trainsim.errors.error_record`)."""
+    """Print a TrainsimError, or an OSError from the file system, as one line on stderr and exit 2,
+    instead of a traceback; with ``--json`` also print it as a JSON object on stdout
+    (`trainsim.errors.error_record`)."""
 
     def resolve_command(self, ctx, args):
         ctx.meta.setdefault("trainsim.args", []).extend(args)  # to see --json if a command fails
@@ -35,6 +36,12 @@ class _OneLineErrors(TyperGroup):
             if _wants_json(ctx):
                 print_json(error_record(exc, 2))
             typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:  # the file system refused something no check foresaw (a full disk, a race)
+            error = TrainsimError(exc.strerror or str(exc), file=exc.filename and str(exc.filename))
+            if _wants_json(ctx):
+                print_json(error_record(error, 2))
+            typer.echo(f"error: {error}", err=True)
             raise typer.Exit(2) from None
         except typer.BadParameter as exc:  # typer's own checks (--iterations 0, a missing argument)
             if _wants_json(ctx):

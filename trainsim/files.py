@@ -33,27 +33,35 @@ def read_text(path: str | os.PathLike, label: str | None = None, what: str = "fi
 
 
 def check_output(path: str | os.PathLike, option: str | None = None) -> Path:
-    """Refuse an output path that cannot be written: a folder, or in a missing or read-only folder.
+    """Refuse an output path that cannot be written: a folder, a device, pipe or socket, or a file in a
+    missing folder or one where a file cannot be created (read-only, or a file system such as /proc).
 
-    ``option`` (e.g. ``--trace``) names the field in the error. Nothing is created.
+    A symbolic link is followed: its target is what `write_atomic` replaces. ``option`` (e.g. ``--trace``)
+    names the field in the error. Nothing is left behind.
     """
     path = Path(path)
     label = str(path)
-    if path.is_dir():
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
         raise TrainsimError("is a folder; give a file name", file=label, field=option)
-    folder = path.parent if str(path.parent) else Path(".")
+    if target.exists() and not target.is_file():
+        raise TrainsimError("is not a regular file (a device, pipe or socket); give a file name",
+                            file=label, field=option)
+    folder = target.parent
     if not folder.is_dir():
-        raise TrainsimError(f"folder {str(folder)!r} does not exist", file=label, field=option)
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise TrainsimError(f"folder {str(folder)!r} is not writable", file=label, field=option)
-    if path.exists() and not os.access(path, os.W_OK):
+        shown = path.parent if str(path.parent) else Path(".")
+        raise TrainsimError(f"folder {str(shown)!r} does not exist", file=label, field=option)
+    why = _cannot_create_in(folder)
+    if why:
+        raise TrainsimError(f"folder {str(folder)!r} is not writable ({why})", file=label, field=option)
+    if target.exists() and not os.access(target, os.W_OK):
         raise TrainsimError("file is not writable", file=label, field=option)
     return path
 
 
 def check_output_folder(path: str | os.PathLike, option: str | None = None) -> Path:
     """Refuse an output folder that cannot be written: a file there, or a missing folder whose nearest
-    existing parent is not a writable folder. Nothing is created."""
+    existing parent is not a folder where one can be created. Nothing is left behind."""
     path = Path(path)
     label = str(path)
     if path.exists() and not path.is_dir():
@@ -63,21 +71,40 @@ def check_output_folder(path: str | os.PathLike, option: str | None = None) -> P
         existing = existing.parent
     if not existing.is_dir():
         raise TrainsimError(f"{str(existing)!r} is not a folder", file=label, field=option)
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise TrainsimError(f"folder {str(existing)!r} is not writable", file=label, field=option)
+    why = _cannot_create_in(existing)
+    if why:
+        raise TrainsimError(f"folder {str(existing)!r} is not writable ({why})", file=label, field=option)
     return path
+
+
+def _cannot_create_in(folder: Path) -> str | None:
+    """Why a file cannot be created in ``folder``, or None. It tries, rather than asking `os.access`,
+    which says yes to root in a read-only folder and knows nothing of read-only file systems."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".trainsim-probe.")
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
     """Write a file so that it is either complete or absent: a temporary file beside it, then a rename.
-    ``data`` as text is written as UTF-8. Returns the path."""
+    A symbolic link is followed, so the link stays and its target gets the data; a device, pipe or socket
+    is refused. ``data`` as text is written as UTF-8. Returns the path."""
     import tempfile
 
-    path = Path(path)
+    label = str(path)
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        raise TrainsimError("is not a regular file (a device, pipe or socket); give a file name", file=label)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise TrainsimError(f"cannot write here ({exc.strerror})", file=str(path)) from None
+        raise TrainsimError(f"cannot write here ({exc.strerror})", file=label) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
@@ -85,8 +112,15 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise TrainsimError(f"cannot write the file ({exc.strerror or exc})", file=label) from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
-    return path
+    return Path(label)
+
+
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)

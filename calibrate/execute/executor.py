@@ -458,24 +458,10 @@ def execution_report(outcomes: list[VariantOutcome], *, provenance: dict | None 
 def write_measurements(doc: dict, path: str) -> None:
     """Write ``doc`` as JSON atomically (a temporary file in the same folder, then rename)."""
     import json
-    import tempfile
 
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".measure-", suffix=".json", dir=folder)
-    except OSError as exc:
-        raise TrainsimError(f"cannot write there: {exc.strerror}", file=path) from None
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=2, default=str)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a result file is as readable as any other
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from trainsim.files import write_atomic
+
+    write_atomic(path, json.dumps(doc, indent=2, default=str))
 
 
 def outcomes_table(outcomes: list[VariantOutcome]):

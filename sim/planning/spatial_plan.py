@@ -559,18 +559,10 @@ def plan_lines(p: Plan) -> list[str]:
 def write_plan(doc: dict, path) -> None:
     """Write a plan document (``trainsim.plan/1`` with provenance) as JSON, atomically."""
     import json
-    import os
-    import tempfile
     from pathlib import Path
+
+    from trainsim.files import write_atomic
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(doc, indent=1, default=str) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(doc, indent=1, default=str) + "\n")

@@ -228,8 +228,12 @@ def write_rank_folder(folder: str | os.PathLike, files: dict[int, bytes]) -> Non
     there; the folder is complete or unchanged, never half-written."""
     folder = Path(folder)
     check_trace_folder(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise TrainsimError(f"cannot write the trace folder ({exc.strerror or exc})",
+                            file=str(folder)) from None
     old = None
     try:
         for rank, data in sorted(files.items()):
@@ -243,11 +247,14 @@ def write_rank_folder(folder: str | os.PathLike, files: dict[int, bytes]) -> Non
             old = folder.with_name(tmp.name[:-len(".tmp")] + ".old")
             os.rename(folder, old)
         os.rename(tmp, folder)
-    except BaseException:
+    except BaseException as exc:
         if old is not None and not folder.exists():
             os.rename(old, folder)
             old = None
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise TrainsimError(f"cannot write the trace folder ({exc.strerror or exc})",
+                                file=str(folder)) from None
         raise
     finally:
         if old is not None:

@@ -25,7 +25,6 @@ import bisect
 import json
 import math
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -478,16 +477,9 @@ def dumps_workload(workload: Workload) -> str:
 
 
 def save_workload(workload: Workload, path: str | os.PathLike) -> Path:
-    """Write ``workload`` as JSON atomically (temp file + rename)."""
+    """Write ``workload`` as JSON atomically (`trainsim.files.write_atomic`), creating its folder."""
+    from trainsim.files import write_atomic
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(dumps_workload(workload))
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a workload is an ordinary shareable file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, dumps_workload(workload))
