@@ -95,7 +95,7 @@ def test_a_sweep_writes_one_row_per_point_and_records_failures(tmp_path):
     spec = _spec(tmp_path, points=[{"gpus": 1}, {"batch_size": 0}, {"gpus": 8}, {"gpus": 4}])
     out = tmp_path / "r.csv"
     result = invoke("sweep", spec, "-o", out, "--workers", "1", "--json")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # points failed: the run says so, after writing every row
     doc = json.loads(result.stdout)
     assert (doc["points"], doc["ran"], doc["failed"]) == (4, 4, 2)
     rows = sorted(_rows(out), key=lambda r: int(r["index"]))
@@ -109,7 +109,7 @@ def test_a_sweep_writes_one_row_per_point_and_records_failures(tmp_path):
 def test_rerun_resumes_repairs_a_torn_row_and_retries_failures(tmp_path):
     spec = _spec(tmp_path, grid={"gpus": [1, 2, 4, 8]})
     out = tmp_path / "r.csv"
-    assert invoke("sweep", spec, "-o", out, "-j", "1").exit_code == 0
+    assert invoke("sweep", spec, "-o", out, "-j", "1").exit_code == 1  # gpus 8 fails on a 4-GPU machine
     first = _rows(out)
     doc = json.loads(invoke("sweep", spec, "-o", out, "--json").stdout)
     assert (doc["ran"], doc["resumed"]) == (0, 4)
@@ -200,6 +200,7 @@ def test_ray_gives_the_rows_of_local_processes(tmp_path):
     ({"grid": {"gpus": [1]}, "points": [{"gpus": 2}]}, ("grid.gpus", "both")),
     ({"grid": {"gpus": [1]}, "extra": 1}, ("extra", "unknown field")),
     ({"grid": {"gpus": [1]}, "variant": "nope"}, ("base.yaml", "unknown variant 'nope'")),
+    ({"grid": {"gpus": [1]}, "name": "../../elsewhere"}, ("sweep.yaml", "name", "not a plain name")),
 ])
 def test_bad_specs(tmp_path, body, expected):
     out = tmp_path / "r.csv"
@@ -224,6 +225,35 @@ def test_a_results_file_of_another_sweep_is_refused(tmp_path):
     ResultsFile(out, columns(["batch_size"])).append({"key": "k", "index": 0, "status": "ok"})
     before = out.read_text()
     fails("sweep", _spec(tmp_path, grid={"gpus": [1]}), "-o", out, expected=(str(out), "another sweep"))
+    assert out.read_text() == before
+
+
+@pytest.mark.parametrize("left", ["", "key,ind"])  # made and left empty; torn within the header
+def test_a_results_file_without_a_header_gets_one(tmp_path, left):
+    out = tmp_path / "r.csv"
+    out.write_text(left)
+    assert invoke("sweep", _spec(tmp_path, grid={"gpus": [1, 2]}), "-o", out, "-j", "1").exit_code == 0
+    rows = _rows(out)
+    assert [r["point.gpus"] for r in rows] == ["1", "2"] and all(r["status"] == "ok" for r in rows)
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    ("a,b,c", ("line 2", "3 cells")),
+    ("{key},x" + ",{rest}", ("line 2", "column 'index'", "'x' is not a whole number")),
+    ("{key},0" + ",{rest}", ()),  # the row as the sweep wrote it: read back, so the run resumes
+])
+def test_a_results_row_that_is_not_the_sweeps_is_an_error(tmp_path, row, expected):
+    spec = _spec(tmp_path, grid={"gpus": [1]})
+    out = tmp_path / "r.csv"
+    assert invoke("sweep", spec, "-o", out).exit_code == 0
+    header, written = out.read_text().splitlines()
+    key, _index, rest = written.split(",", 2)
+    out.write_text(f"{header}\n{row.format(key=key, rest=rest)}\n")
+    before = out.read_text()
+    if not expected:
+        assert json.loads(invoke("sweep", spec, "-o", out, "--json").stdout)["resumed"] == 1
+        return
+    fails("sweep", spec, "-o", out, expected=(str(out), *expected))
     assert out.read_text() == before
 
 

@@ -730,7 +730,10 @@ def sweep_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Run every point of a sweep (a base scenario, a grid and/or list of field values) in parallel: one row
-    per point in a CSV, failures recorded per point, and a rerun resumes where the last one stopped."""
+    per point in a CSV, failures recorded per point, and a rerun resumes where the last one stopped.
+
+    Exit code 1 when any point of the sweep is recorded as an error (after every point ran and the files
+    were written)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -767,12 +770,14 @@ def sweep_cmd(
     if as_json:
         print_json(report.to_dict() | {"plot": plot, "x": axis,
                                        "pareto_front": [row["index"] for row in front or []]})
-        return
+        raise typer.Exit(1 if report.failed else 0)
     console = Console(width=None if sys.stdout.isatty() else 160)  # piped: keep the columns readable
     console.print(rich_table(report, front))
     console.print(summary(report), soft_wrap=True, markup=False)
     if plot:
         console.print(f"plot written to {plot} (* marks the Pareto front)", soft_wrap=True, markup=False)
+    if report.failed:
+        raise typer.Exit(1)
 
 
 scenarios_app = _app(help="The scenarios shipped with trainsim.")

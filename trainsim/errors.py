@@ -39,7 +39,7 @@ def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> 
     first = exc.errors()[0]
     loc = ".".join(str(p) for p in first.get("loc", ()))
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or None)
-    msg = first.get("msg", str(exc))
+    msg = first.get("msg", str(exc)).removeprefix("Value error, ")  # a validator's own words
     if first.get("type") == "extra_forbidden":
         msg = "unknown field"
     msg += given_bool(first)

@@ -110,16 +110,20 @@ class ResultsFile:
             os.close(fd)  # closing releases the lock
 
     def prepare(self, *, drop_errors: bool = False) -> dict[str, dict]:
-        """The rows already there, by key (typed). Checks the header, cuts a torn last line off the file, and
-        with ``drop_errors`` rewrites it without its error rows (so those points run again)."""
+        """The rows already there, by key (typed). Checks the header and each row, cuts a torn last line off
+        the file, writes the header into a file that has none (empty, or torn within it), and with
+        ``drop_errors`` rewrites it without its error rows (so those points run again)."""
         if not self.path.exists():
             return {}
-        text = self.path.read_text(encoding="utf-8")
+        from trainsim.files import read_text
+
+        text = read_text(self.path, what="results file")
         if text and not text.endswith("\n"):  # a run stopped in the middle of a row
             text = text[: text.rfind("\n") + 1]
             write_atomic(self.path, text.encode())
         rows = list(csv.reader(io.StringIO(text)))
         if not rows:
+            write_atomic(self.path, self._lines([], header=True).encode())
             return {}
         if rows[0] != self.header:
             raise TrainsimError(
@@ -127,13 +131,32 @@ class ResultsFile:
                 "remove it",
                 file=str(self.path), field="columns")
         found = {}
-        for values in rows[1:]:
-            row = {col: typed(col, v) for col, v in zip(self.header, values, strict=True)}
+        for line, values in enumerate(rows[1:], start=2):
+            row = self._parse(values, line)
             found[row["key"]] = row
         if drop_errors and any(row["status"] != "ok" for row in found.values()):
             found = {key: row for key, row in found.items() if row["status"] == "ok"}
             write_atomic(self.path, self._lines(found.values(), header=True).encode())
         return found
+
+    def _parse(self, values: list[str], line: int) -> dict:
+        """One row read back (`typed`); a row that is not one of this sweep's is an error naming its line."""
+        where = f"line {line}"
+        if len(values) != len(self.header):
+            raise TrainsimError(f"has {len(values)} cells, the header {len(self.header)}; fix or remove the "
+                                "file", file=str(self.path), field=where)
+        row = {}
+        for col, text in zip(self.header, values, strict=True):
+            try:
+                row[col] = typed(col, text)
+            except ValueError:
+                kind = "whole number" if col == "index" else METRICS[col].__name__
+                raise TrainsimError(f"column {col!r}: {text!r} is not a {kind}; fix or remove the file",
+                                    file=str(self.path), field=where) from None
+        if row["status"] not in ("ok", "error") or not row["key"]:
+            raise TrainsimError(f"not a results row (status {row['status']!r}, key {row['key']!r}); fix or "
+                                "remove the file", file=str(self.path), field=where)
+        return row
 
     def append(self, row: dict) -> None:
         """Add one row (creating the file with its header first): one write, so never half a row."""

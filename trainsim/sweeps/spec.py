@@ -27,12 +27,13 @@ import hashlib
 import itertools
 import json
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 from trainsim.files import read_text
@@ -49,13 +50,23 @@ class SweepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     schema_: Literal["trainsim.sweep/1"] = Field(default=SCHEMA, alias="schema")
-    name: str = Field(default="sweep", min_length=1)
+    name: str = Field(default="sweep", min_length=1,
+                      description="names the default results file NAME.csv: letters, digits, '.', '_', '-'")
     description: str = ""
     scenario: str = Field(min_length=1, description="the base scenario: a shipped name or a YAML path")
     variant: str | None = Field(default=None, description="one of the base scenario's variants")
     set: dict[str, Any] = Field(default_factory=dict, description="field values every point gets")
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="field -> values, all combinations")
     points: list[dict[str, Any]] = Field(default_factory=list, description="a mapping of values per point")
+
+    @field_validator("name")
+    @classmethod
+    def _a_file_name(cls, name: str) -> str:
+        # the default results file is NAME.csv in the current folder: a name must not lead out of it
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError(f"{name!r} is not a plain name (letters, digits, '.', '_', '-', not starting "
+                             "with '.', '_' or '-'); it names the results file NAME.csv")
+        return name
 
 
 @dataclass(frozen=True)
