@@ -114,6 +114,49 @@ def test_bad_input_is_one_clear_error(tmp_path, content, message):
         load_trace(path)
 
 
+def _damaged(tmp_path, name: str, **change) -> Path:
+    """The small trace with the first event called ``name`` changed (a value None: the key removed)."""
+    doc = small_trace().to_dict()
+    index, event = next((i, e) for i, e in enumerate(doc["traceEvents"]) if e.get("name") == name)
+    for key, value in change.items():
+        target = event["args"] if key == "bytes" else event
+        if value is None:
+            target.pop(key)
+        else:
+            target[key] = value
+    path = tmp_path / f"damaged-{index}.json"
+    path.write_text(json.dumps(doc))  # json writes nan and inf as NaN and Infinity, as a damaged file might
+    return path
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("gemm", {"dur": -5}, "dur -5 is negative"),
+    ("gemm", {"dur": None}, "dur is missing"),
+    ("gemm", {"dur": float("nan")}, "dur nan is not a finite number"),
+    ("gemm", {"ts": "20"}, "ts '20' is not a finite number"),
+    ("gemm", {"ts": True}, "ts True is not a finite number"),
+    ("Memcpy HtoD (Pageable -> Device)", {"bytes": -4096}, "args.bytes -4096 is not a whole number"),
+    ("Memcpy HtoD (Pageable -> Device)", {"bytes": "4k"}, "args.bytes '4k' is not a whole number"),
+    ("ProfilerStep#1", {"dur": float("inf")}, "dur inf is not a finite number"),
+])
+def test_a_damaged_event_is_an_error_naming_it(tmp_path, name, change, message):
+    path = _damaged(tmp_path, name, **change)
+    with pytest.raises(TrainsimError, match=message) as caught:
+        load_trace(path)
+    index = path.stem.split("-")[1]
+    assert caught.value.file == str(path) and caught.value.field == f"traceEvents[{index}]"
+    assert name[:20] in str(caught.value)
+
+
+def test_events_of_kinds_the_replay_does_not_use_are_not_checked(tmp_path):
+    doc = small_trace().to_dict()
+    doc["traceEvents"].append({"ph": "X", "cat": "some_new_category", "name": "x", "pid": 1, "tid": 1,
+                               "ts": "later", "dur": -1})
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    assert len(load_trace(path).gpu_events) == 4
+
+
 def test_truncated_gzip(tmp_path):
     data = gzip.compress(json.dumps(small_trace().to_dict()).encode())
     path = tmp_path / "cut.json.gz"

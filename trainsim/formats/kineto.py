@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import re
 import sys
 import zlib
@@ -40,6 +41,8 @@ _MEMCPY = {"gpu_memcpy", "memcpy"}
 _MEMSET = {"gpu_memset", "memset"}
 _SYNC = {"cuda_sync"}
 _OVERHEAD = {"overhead"}     # the profiler's own work, e.g. CUPTI's "Activity Buffer Request"
+_ANNOTATION = {"user_annotation", "python_function"}
+_USED = _CPU_OP | _RUNTIME | _KERNEL | _MEMCPY | _MEMSET | _SYNC | _OVERHEAD | _ANNOTATION
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -258,8 +261,9 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
-def _read_document(path: Path, on_event: Callable[[dict], None]) -> dict:
-    """Stream the top-level object: call on_event for each trace event, return the other keys."""
+def _read_document(path: Path, on_event: Callable[[int, dict], None]) -> dict:
+    """Stream the top-level object: call on_event(index, event) for each trace event that is an object
+    (``index`` its position in traceEvents), return the other keys."""
     name = str(path)
     meta: dict = {}
     saw_events = False
@@ -281,10 +285,12 @@ def _read_document(path: Path, on_event: Callable[[dict], None]) -> dict:
                         if stream.peek() == "]":
                             stream.pos += 1
                         else:
+                            index = 0
                             while True:
                                 event = stream.value()
                                 if isinstance(event, dict):
-                                    on_event(event)
+                                    on_event(index, event)
+                                index += 1
                                 if stream.expect(",]", "',' or ']' in traceEvents") == "]":
                                     break
                     else:
@@ -315,6 +321,10 @@ def _as_int(value) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _parse_ranks(value) -> tuple[int, ...] | None:
@@ -365,9 +375,13 @@ def _first_dim(value) -> int | None:
 
 
 class _Collector:
-    """Turns raw event dicts into records as they stream past."""
+    """Turns raw event dicts into records as they stream past. A complete event of a kind the replay uses
+    with a time that is not one (``ts`` not a finite number, ``dur`` missing, negative or not finite), or
+    a copy whose ``bytes`` is not a whole number >= 0, is an error naming the file and the event."""
 
-    def __init__(self):
+    def __init__(self, file: str):
+        self.file = file
+        self.index = 0                                    # the event's position in traceEvents
         self.cpu: list[CpuEvent] = []
         self.gpu: list[GpuEvent] = []
         self.syncs: list[SyncEvent] = []
@@ -380,7 +394,8 @@ class _Collector:
         self.min_ts = float("inf")
         self.max_end = float("-inf")
 
-    def __call__(self, ev: dict) -> None:
+    def __call__(self, index: int, ev: dict) -> None:
+        self.index = index
         ph = ev.get("ph")
         if ph == "X":
             self._complete(ev)
@@ -399,9 +414,9 @@ class _Collector:
 
     def _complete(self, ev: dict) -> None:
         cat = str(ev.get("cat", "")).lower()
-        ts, dur = ev.get("ts"), ev.get("dur", 0)
-        if not isinstance(ts, int | float) or not isinstance(dur, int | float):
+        if cat not in _USED:
             return
+        ts, dur = self._time(ev, "ts"), self._time(ev, "dur")
         args = ev.get("args") or {}
         name = sys.intern(str(ev.get("name", "")))     # the same op and kernel names recur thousands of times
         kind = None
@@ -430,7 +445,7 @@ class _Collector:
         elif cat in _OVERHEAD:
             self.overheads.append((ts, dur))
             return
-        elif cat in _RUNTIME or cat in _CPU_OP or cat == "user_annotation" or cat == "python_function":
+        elif cat in _RUNTIME or cat in _CPU_OP or cat in _ANNOTATION:
             kind = "runtime" if cat in _RUNTIME else "cpu_op" if cat in _CPU_OP else "annotation"
             collective = collective_from_args(args) if "Collective name" in args else None
             self.cpu.append(CpuEvent(kind, name, ev.get("pid"), ev.get("tid"), ts, dur,
@@ -441,6 +456,21 @@ class _Collector:
         if kind is not None:
             self.min_ts = min(self.min_ts, ts)
             self.max_end = max(self.max_end, ts + dur)
+
+    def _time(self, ev: dict, key: str) -> float:
+        if key not in ev:
+            raise self._error(ev, f"{key} is missing")
+        value = ev[key]
+        if not _is_number(value) or not math.isfinite(value):
+            raise self._error(ev, f"{key} {value!r} is not a finite number")
+        if key == "dur" and value < 0:
+            raise self._error(ev, f"{key} {value!r} is negative")
+        return value
+
+    def _error(self, ev: dict, what: str) -> TrainsimError:
+        label = f"a {ev.get('cat')} event {str(ev.get('name', ''))[:60]!r}"
+        return TrainsimError(f"{label}: {what}; the trace is damaged", file=self.file,
+                             field=f"traceEvents[{self.index}]")
 
     def link_flows(self) -> None:
         """Old traces without correlation args: take the id of the ac2g flow that ends on the op."""
@@ -456,7 +486,11 @@ class _Collector:
         stream = _as_int(args.get("stream"))
         if stream is None:
             stream = _as_int(ev.get("tid")) or 0
-        nbytes = _as_int(args.get("bytes"))
+        nbytes = args.get("bytes")
+        if nbytes is not None:
+            if not _is_number(nbytes) or nbytes < 0 or not float(nbytes).is_integer():
+                raise self._error(ev, f"args.bytes {nbytes!r} is not a whole number >= 0")
+            nbytes = int(nbytes)
         g = GpuEvent(kind, name, device, stream, ts, dur, correlation=_as_int(args.get("correlation")),
                      nbytes=nbytes, **extra)
         if g.correlation is None:
@@ -484,7 +518,7 @@ def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
     either is taken as rank 0, several such files are an error.
     """
     path = Path(path)
-    collect = _Collector()
+    collect = _Collector(str(path))
     meta = _read_document(path, collect)
     collect.link_flows()
     name = str(path)
