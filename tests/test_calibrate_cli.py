@@ -135,3 +135,34 @@ def test_unwritable_output_folder(tmp_path):
     blocker.write_text("not a folder")
     result = calibrate("--out", str(blocker / "bundle"))
     assert "--out: cannot write to the output folder" in one_line_error(result)
+
+
+def test_a_folder_of_other_files_is_refused(tmp_path):
+    out = tmp_path / "documents"
+    out.mkdir()
+    (out / "thesis.tex").write_text("mine")
+    line = one_line_error(calibrate("--out", str(out)))
+    assert str(out) in line and "--out" in line and "thesis.tex" in line and "not a calibration bundle" in line
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+
+
+def test_a_fresh_run_replaces_the_previous_bundle(tmp_path, monkeypatch):
+    # a complete bundle (of another model) and a note of the user's in its folder
+    import shutil
+    from pathlib import Path
+
+    out = tmp_path / "bundle"
+    shutil.copytree(Path(__file__).parent / "data" / "bundle-cpu-2rank", out)
+    (out / "workload-resnet18.json").write_text((out / "workload-tiny-cnn.json").read_text())
+    (out / "notes.txt").write_text("calibrated after the BIOS update")
+
+    def interrupt(run):  # Ctrl-C in the first step of the new run
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(runner._STEP_FUNCTIONS, "probe", interrupt)
+    one_line_error(calibrate("--out", str(out)), code=130)
+    # what is left is the new run's partial bundle: none of the old measurements beside it
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "notes.txt"]
+    partial = load_bundle(out)
+    assert partial.meta.status == "partial" and not partial.meta.steps_done
+    assert partial.links is None and partial.topology is None and not partial.workloads

@@ -23,6 +23,7 @@ from trainsim.formats.bundle import (  # noqa: F401 (the writers' names for the 
     LinksFile,
     MachineFile,
     MetaFile,
+    is_bundle_file,
     read_file,
     workload_file,
 )

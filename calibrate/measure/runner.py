@@ -138,7 +138,15 @@ def check_model(name: str) -> str:
 
 
 def check_writable(out: Path) -> None:
-    """Create the output folder and prove a file can be written there (one line if not)."""
+    """Create the output folder and prove a file can be written there (one line if not). A folder that
+    holds files but no bundle (no meta.json) is refused: a calibration would scatter its files among them."""
+    if out.is_dir() and not (out / bf.META).exists():
+        others = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+        if others:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise TrainsimError(f"the folder holds files that are not a calibration bundle ({shown}); give a "
+                                "new or empty folder",
+                                file=str(out), field="--out")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".trainsim-write-test-{os.getpid()}"
@@ -204,6 +212,8 @@ def run_calibration(config: CalibrationConfig, progress: Progress | None = None)
         "batch_sizes": list(config.batch_sizes),
         "steps": list(config.steps),
     }
+    if not config.resume:
+        _clear_bundle(config.out)
     meta = _start_meta(config, settings)
     run = _Run(config=config, device=device, ranks=ranks, meta=meta, progress=progress)
     try:
@@ -241,6 +251,15 @@ def run_calibration(config: CalibrationConfig, progress: Progress | None = None)
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _clear_bundle(out: Path) -> None:
+    """A fresh run replaces the bundle in ``out``: the previous run's files go first, so a run stopped
+    part way leaves a partial bundle of its own, never old measurements beside new ones. Other files
+    stay."""
+    names = sorted((p.name for p in out.iterdir() if bf.is_bundle_file(p.name)), key=lambda n: n == bf.META)
+    for name in names:  # meta.json last: until then the folder still reads as a bundle
+        (out / name).unlink()
 
 
 def _start_meta(config: CalibrationConfig, settings: dict) -> dict:

@@ -44,6 +44,12 @@ def workload_file(model: str, precision: str = "fp32") -> str:
     return f"workload-{model}.json" if precision == "fp32" else f"workload-{model}.{precision}.json"
 
 
+def is_bundle_file(name: str) -> bool:
+    """Whether a file of this name is one a calibration writes into a bundle."""
+    return name in (META, MACHINE, TOPOLOGY, LINKS, COLLECTIVES) or (
+        name.startswith("workload-") and name.endswith(".json"))
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
