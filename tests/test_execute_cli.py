@@ -77,3 +77,21 @@ def test_execute_bad_scenario_field(tmp_path):
     assert result.exit_code == 2 and "teleport" in result.output and "Traceback" not in result.output
     missing = runner.invoke(app, ["execute", "no-such-scenario"])
     assert missing.exit_code == 2 and "validate-cpu" in missing.output
+
+
+def test_a_scenario_on_a_gpu_machine_runs_on_cuda_or_is_skipped():
+    # the shipped single-GPU ResNet-50 (dgx-a100) is a CUDA run: a box without CUDA skips it at once rather
+    # than training ResNet-50 on its cores for minutes
+    import torch
+
+    from trainsim.calibrate.execute.config import exec_config_from_scenario, load_scenario_dict
+
+    assert exec_config_from_scenario(load_scenario_dict("single-gpu-resnet50")).device == "cuda"
+    assert exec_config_from_scenario({"topology": "calibrated"}).device == "cpu"
+    assert exec_config_from_scenario({"topology": "dgx-a100", "executor": {"device": "cpu"}}).device == "cpu"
+    if torch.cuda.is_available():
+        pytest.skip("this box has CUDA: the scenario would run")
+    result = runner.invoke(app, ["execute", "single-gpu-resnet50", "--json"])
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.stdout)["variants"]
+    assert "needs CUDA" in entry["skipped"]

@@ -18,7 +18,9 @@ base scenario and reads the fields the executor needs:
   simulator), ``cpu_batch_split`` (bool), ``param_compression``
   (none|fp16|bf16|powersgd or ``{name: powersgd, rank: 2}``), ``offload_activations``
   (none|save_on_cpu|prefetch or ``{mode: prefetch, distance: 2}``)
-- ``executor:`` (executor-only): ``device`` (cpu|cuda), ``seed``, ``timeout_s``, ``easgd:`` (the elastic
+- ``executor:`` (executor-only): ``device`` (cpu|cuda; by default cuda for a scenario on a machine's
+  topology, whose ranks are GPUs, so a box without CUDA skips it rather than running it on its cores, and
+  cpu without a topology or on ``calibrated``), ``seed``, ``timeout_s``, ``easgd:`` (the elastic
   moving rate: ``moving_rate``, or ``rho`` [and ``lr``]) and ``data:`` (the synthetic pipeline's per-sample
   cost: ``augment_repeats``, ``source_size``, ``pool_size``, ``compress``).
 
@@ -421,6 +423,12 @@ def _ranks(gpus: Any) -> int:
     return gpus
 
 
+def _default_device(topology: Any) -> str:
+    """A machine's topology (a built-in name or a file) has GPU ranks; ``calibrated`` is this box's own,
+    whose device the scenario's ``executor.device`` says (cpu unless it says cuda)."""
+    return "cpu" if topology in (None, "calibrated") else "cuda"
+
+
 def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, file: str | None = None,
                               **overrides) -> ExecConfig:
     """The ExecConfig for ``variant`` of ``scenario`` (a parsed scenario mapping); ``overrides`` are
@@ -480,7 +488,7 @@ def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, fil
                                       else workers)
         values: dict[str, Any] = dict(
             model=model, model_cfg=model_cfg,
-            device=executor.get("device", "cpu"),
+            device=executor.get("device", _default_device(s.get("topology"))),
             ranks=_ranks(s.get("gpus")),
             strategy=strategy.get("name", "single"),
             bucket_cap_mb=strategy.get("bucket_cap_mb", 25.0),
