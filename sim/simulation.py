@@ -74,8 +74,9 @@ def _load_topology(scenario):
 
     source = scenario.topology
     if source == "calibrated":  # validate-cpu/-gpu: the topology is the box's calibration bundle
-        raise TrainsimError("'calibrated' is the topology of a calibration bundle; give --calibration DIR "
-                            "(written by `trainsim calibrate`)", file=scenario.source, field="topology")
+        raise TrainsimError("'calibrated' is the topology of a calibration bundle (`trainsim calibrate`): give "
+                            "the bundle with --calibration DIR (simulate, validate) or its topology with --set "
+                            "topology=DIR/topology.yaml", file=scenario.source, field="topology")
     if isinstance(source, str):
         source = _resolve_path(source, scenario.base_dir)
     try:

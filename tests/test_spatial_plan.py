@@ -118,6 +118,8 @@ def test_plan_cli_writes_the_plan(tmp_path):
         (["--workload", "tiny-cnn", "--batch", "4"], "--topology"),
         (["ddp-resnet50-dgx1-v100", "--batch", "4"], "not both"),
         (["--workload", "tiny-cnn", "--topology", "dgx1-v100", "--batch", "4", "--gpus", "9"], "has 8"),
+        (["ddp-resnet50-dgx1-v100", "--precision", "fp8"], "--precision: unknown precision 'fp8'"),
+        (["validate-cpu"], "--set topology=DIR/topology.yaml"),  # plan has no --calibration to suggest
     ],
 )
 def test_plan_cli_bad_input_is_one_line(args, message):
@@ -125,3 +127,24 @@ def test_plan_cli_bad_input_is_one_line(args, message):
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+def test_plan_cli_says_when_a_plan_does_not_fit_the_gpus():
+    args = ["plan", "--workload", "vgg16", "--topology", "pcie-4gpu-gen3", "--batch", "4096"]
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert doc["memory_peak_bytes"] > doc["memory_capacity_bytes"] == 16 * 2**30
+    assert doc["fits"] is False and doc["data_parallel_fits"] is False
+    text = runner.invoke(app, args).output
+    assert "OUT OF MEMORY (a result, not an error): the plan needs" in text and "16.00 GiB" in text
+    doc = json.loads(runner.invoke(app, [*args[:-1], "64", "--json"]).output)
+    assert doc["fits"] is True and doc["data_parallel_fits"] is True
+
+
+def test_plan_cli_takes_the_precision_over_the_scenarios():
+    def model_s(*extra):
+        result = runner.invoke(app, ["plan", "single-gpu-resnet50", "--no-simulate", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["model_s"]
+
+    tf32, bf16 = model_s(), model_s("--precision", "bf16")  # the scenario's is tf32
+    assert bf16 < tf32 and model_s("--precision", "tf32") == tf32

@@ -1000,14 +1000,15 @@ def quickstart_cmd(
 @app.command("plan")
 def plan_cmd(
     scenario: str | None = typer.Argument(
-        None, metavar="[SCENARIO]",
+        None, metavar="SCENARIO",
         help="A scenario (shipped name or YAML): its topology, workload, batch, GPUs and precision. "
         "Or give --workload, --topology and --batch."),
     workload: str | None = typer.Option(None, "--workload", help="A workload (built-in name or JSON file)."),
     topology: str | None = typer.Option(None, "--topology", help="A topology (preset name or YAML file)."),
     batch: int | None = typer.Option(None, "--batch", min=1, help="Global batch size."),
     gpus: int | None = typer.Option(None, "--gpus", min=1, help="Use the first N GPUs (default: all)."),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, fp16 or bf16 (without SCENARIO)."),
+    precision: str | None = typer.Option(
+        None, "--precision", help="fp32, tf32, fp16 or bf16 (default: the scenario's, else fp32)."),
     overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
                                         help="Override a scenario field (repeatable)."),
     no_simulate: bool = typer.Option(
@@ -1024,12 +1025,17 @@ def plan_cmd(
     from trainsim.sim.planning import spatial_plan
 
     _check_outputs(("--out", out))
+    if precision is not None and precision not in ("fp32", "tf32", "fp16", "bf16"):
+        raise TrainsimError(f"unknown precision {precision!r}; valid choices: bf16, fp16, fp32, tf32",
+                            field="--precision")
     err = Console(stderr=True)
     if scenario is not None:
         if workload or topology or batch:
             raise TrainsimError("give SCENARIO or --workload/--topology/--batch, not both", field="SCENARIO")
         if gpus is not None:
             overrides = [*overrides, f"gpus={gpus}"]
+        if precision is not None:
+            overrides = [*overrides, f"precision={precision}"]
         with err.status(f"planning {scenario}"):
             sc = load_scenario(scenario, list(overrides))
             result = spatial_plan.plan_scenario(sc, simulate=not no_simulate)
@@ -1042,11 +1048,8 @@ def plan_cmd(
         from trainsim.topologies import load_topology
 
         wl, topo = load_workload(workload), load_topology(topology)
-        if precision not in ("fp32", "tf32", "fp16", "bf16"):
-            raise TrainsimError(f"unknown precision {precision!r}; valid choices: bf16, fp16, fp32, tf32",
-                                field="--precision")
         with err.status(f"planning {wl.name} on {topo.name}"):
-            result = spatial_plan.plan(wl, topo, batch, gpus, precision, simulate=not no_simulate,
+            result = spatial_plan.plan(wl, topo, batch, gpus, precision or "fp32", simulate=not no_simulate,
                                        base={"topology": topology, "workload": workload})
     doc = {**result.to_dict(), "provenance": provenance(timestamp=False, scenario=scenario, workload=workload,
                                                         topology=topology, batch=batch, gpus=gpus)}

@@ -318,7 +318,22 @@ class Plan:
     memory_peak_bytes: float | None = None
     dp_gpus: int | None = None
     memory_dp_peak_bytes: float | None = None
+    memory_capacity_bytes: float | None = None  # the smallest memory of the GPUs the plan runs on
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the plan's simulated peak fits every GPU's memory (None when not simulated)."""
+        if self.memory_peak_bytes is None or self.memory_capacity_bytes is None:
+            return None
+        return self.memory_peak_bytes <= self.memory_capacity_bytes
+
+    @property
+    def dp_fits(self) -> bool | None:
+        """Whether data parallelism's simulated peak fits (None when not simulated)."""
+        if self.memory_dp_peak_bytes is None or self.memory_capacity_bytes is None:
+            return None
+        return self.memory_dp_peak_bytes <= self.memory_capacity_bytes
 
     def runs(self) -> list[dict]:
         """The plan as runs of consecutive layers sharing a grid."""
@@ -358,6 +373,9 @@ class Plan:
             "memory_peak_bytes": self.memory_peak_bytes,
             "data_parallel_gpus": self.dp_gpus,
             "data_parallel_memory_peak_bytes": self.memory_dp_peak_bytes,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "fits": self.fits,
+            "data_parallel_fits": self.dp_fits,
             "notes": self.notes,
         }
 
@@ -462,6 +480,7 @@ def plan(
     res = Simulation(_scenario(base, hybrid, result.gpus, batch)).run()
     result.simulated_s = res.iteration_time_s
     result.memory_peak_bytes = max(g.memory_peak_bytes for g in res.gpus)
+    result.memory_capacity_bytes = min(g.memory_capacity_bytes for g in res.gpus)
     dp_gpus = data_parallel_gpus(batch, result.gpus)
     result.dp_gpus = dp_gpus
     result.dp_label = f"ddp on {dp_gpus} GPUs" + (
@@ -552,7 +571,15 @@ def plan_lines(p: Plan) -> list[str]:
         if p.speedup is not None and p.speedup < 1:
             lines.append(f"{p.dp_label} is faster: splitting further does not pay on this model and machine")
     if p.memory_peak_bytes is not None:
-        lines.append(f"memory peak of the plan: {p.memory_peak_bytes / 2**30:.2f} GiB per GPU")
+        line = f"memory peak of the plan: {p.memory_peak_bytes / 2**30:.2f} GiB per GPU"
+        if p.memory_dp_peak_bytes is not None:
+            line += f", {p.dp_label} {p.memory_dp_peak_bytes / 2**30:.2f} GiB"
+        lines.append(line)
+        for what, peak, fits in (("the plan", p.memory_peak_bytes, p.fits),
+                                 (p.dp_label, p.memory_dp_peak_bytes, p.dp_fits)):
+            if fits is False:
+                lines.append(f"OUT OF MEMORY (a result, not an error): {what} needs {peak / 2**30:.2f} GiB "
+                             f"per GPU, the GPUs have {p.memory_capacity_bytes / 2**30:.2f} GiB")
     return lines
 
 
