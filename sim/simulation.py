@@ -33,7 +33,7 @@ from trainsim.formats.scenario import Scenario, cublas_workspace_config_bytes
 from trainsim.formats.workload import Workload, load_workload, parse_workload
 from trainsim.sim.compute.costs import mixed, rank_costs
 from trainsim.sim.core.collector import fewer_collections
-from trainsim.sim.core.devices import DeviceSpec, device_from_file
+from trainsim.sim.core.devices import DeviceSpec, check_topology_devices, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
 from trainsim.sim.hosts import call_latency, host_model_for
@@ -74,13 +74,15 @@ def _load_topology(scenario):
 
     source = scenario.topology
     if source == "calibrated":  # validate-cpu/-gpu: the topology is the box's calibration bundle
-        raise TrainsimError("'calibrated' is the topology of a calibration bundle (`trainsim calibrate`): give "
-                            "the bundle with --calibration DIR (simulate, validate) or its topology with --set "
-                            "topology=DIR/topology.yaml", file=scenario.source, field="topology")
+        raise TrainsimError("'calibrated' is the topology of a calibration bundle (`trainsim calibrate`): "
+                            "give the bundle with --calibration DIR (simulate, validate) or its topology "
+                            "with --set topology=DIR/topology.yaml", file=scenario.source, field="topology")
     if isinstance(source, str):
         source = _resolve_path(source, scenario.base_dir)
     try:
-        return load_topology(source)
+        topology = load_topology(source)
+        check_topology_devices(topology)
+        return topology
     except TrainsimError as exc:
         raise TrainsimError(str(exc), file=scenario.source, field="topology") from None
 
@@ -99,6 +101,18 @@ def load_workload_ref(ref, base_dir: str | None = None) -> Workload:
 
         raise unknown_name("analytic model", ref.name, MODELS, field="workload.name")
     return build_analytic(ref.name, **overrides)
+
+
+def _load_workload(scenario) -> Workload:
+    """The scenario's workload; an error that names no file is the scenario's, at its ``workload`` field."""
+    try:
+        return load_workload_ref(scenario.workload, scenario.base_dir)
+    except TrainsimError as exc:
+        if exc.file is not None:
+            raise
+        field = exc.field if exc.field and exc.field.startswith("workload") else ".".join(
+            part for part in ("workload", exc.field) if part)
+        raise TrainsimError(exc.reason, file=scenario.source, field=field) from None
 
 
 #: collectives.json names -> the simulator's op names
@@ -172,7 +186,7 @@ def bundle_workload(bundle: Bundle, scenario) -> Workload:
 def load_inputs(scenario, bundle: Bundle | None = None):
     """(topology, workload, extra devices) for a scenario, from the bundle when one is given."""
     if bundle is None:
-        return _load_topology(scenario), load_workload_ref(scenario.workload, scenario.base_dir), {}
+        return _load_topology(scenario), _load_workload(scenario), {}
     if bundle.topology is None:
         raise TrainsimError("calibration bundle has no topology.yaml", file=str(bundle.path))
     return bundle.topology, bundle_workload(bundle, scenario), bundle_devices(bundle)

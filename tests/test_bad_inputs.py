@@ -372,3 +372,35 @@ def test_json_errors_of_typer_checks():
     assert result.exit_code == 2
     doc = json.loads(result.stdout)
     assert doc["field"] == "--iterations" and "greater than or equal to 1" in doc["error"]
+
+
+# ---- messages name the user's fields, not the schema's inner names -------------------------------------
+
+@pytest.mark.parametrize("setting, expected", [
+    ("topology=5", ("topology: should be a string or a mapping, got 5",)),
+    ("gpus=abc", ("gpus: should be a list or an integer, got 'abc'",)),
+    ("gpus=[a]", ("gpus.0:", "integer")),
+    ("workload=nope", ("single-gpu-resnet50.yaml", "workload: unknown workload 'nope'", "tiny-cnn")),
+    ("workload.image_size=abc", ("single-gpu-resnet50.yaml", "workload.image_size", "'abc'")),
+    ("strategy.collective_algo=zzz", ("strategy.collective_algo", "'ring'", "'nvls_tree'")),
+])
+def test_scenario_errors_name_the_users_field(setting, expected):
+    line = fails(["simulate", "single-gpu-resnet50", "--set", setting], *expected)
+    assert "list[int]" not in line and ".str" not in line
+
+
+def test_an_unknown_gpu_spec_is_named_wherever_the_topology_is_used(tmp_path):
+    path = _write(tmp_path / "t.yaml", _topology(spec="V999", memory_gib=16))
+    expected = (str(path), "nodes[1].spec", "unknown GPU spec 'V999'", "v100-16gb")
+    fails(["simulate", "single-gpu-resnet50", "--set", f"topology={path}"], *expected)
+    trace = tmp_path / "no-trace.json"  # the options are checked before the traces are read
+    fails(["replay", trace, "--topology", path], *expected)
+    fails(["replay", trace, "--set", f"ran_on={path}"], *expected)
+    fails(["replay", trace, "--topology", "nope"], "--topology: unknown topology 'nope'", "dgx-a100")
+
+
+@pytest.mark.parametrize("setting", ["compression=zzz", "algo=zzz", "network=zzz", "collectives=zzz",
+                                     "ran_on=zzz"])
+def test_replay_set_errors_name_the_option(tmp_path, setting):
+    key = setting.split("=")[0]
+    fails(["replay", tmp_path / "no-trace.json", "--set", setting], f"--set {key}: unknown", "valid choices")

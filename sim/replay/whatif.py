@@ -87,14 +87,14 @@ class WhatIf:
 
     def __post_init__(self):
         if self.compression not in COMPRESSION:
-            raise unknown_name("compression", self.compression, COMPRESSION, field="compression")
+            raise unknown_name("compression", self.compression, COMPRESSION, field="--set compression")
         if self.collectives not in ("flow", "analytic"):
             raise unknown_name("collective model", self.collectives, ("flow", "analytic"),
-                               field="collectives")
+                               field="--set collectives")
         if self.algo not in ALGORITHMS:
-            raise unknown_name("algorithm", self.algo, ALGORITHMS, field="algo")
+            raise unknown_name("algorithm", self.algo, ALGORITHMS, field="--set algo")
         if self.network not in ("isolated", "shared"):
-            raise unknown_name("network", self.network, ("isolated", "shared"), field="network")
+            raise unknown_name("network", self.network, ("isolated", "shared"), field="--set network")
         if self.gpu is not None:
             get_device(self.gpu)
         if not (math.isfinite(self.profiler_event_us) and self.profiler_event_us >= 0):
@@ -119,6 +119,8 @@ class WhatIf:
                      sets: Iterable[str] = ()) -> WhatIf:
         """From CLI options; ``sets`` are ``key=value`` strings for the other fields."""
         fields: dict = {"topology": topology, "gpu": gpu}
+        if topology:
+            load_checked_topology(topology, "--topology")  # before the traces are read
         for item in sets:
             key, sep, value = item.partition("=")
             key = key.strip().replace("-", "_")
@@ -139,6 +141,8 @@ class WhatIf:
                                         field="--set profiler_event_us") from None
             else:
                 fields[key] = value
+        if fields.get("ran_on"):
+            load_checked_topology(fields["ran_on"], "--set ran_on")
         return cls(**fields)
 
     def to_dict(self) -> dict:
@@ -183,10 +187,18 @@ def compute_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec) -> float:
     return source.memory_bandwidth / target.memory_bandwidth
 
 
-def _load_topology(source: str):
+def load_checked_topology(source: str, option: str):
+    """The topology ``source`` names, its GPUs' specs known (`check_topology_devices`); an error that names
+    no field is the CLI ``option``'s (``--topology``, ``--set ran_on``)."""
+    from trainsim.sim.core.devices import check_topology_devices
     from trainsim.topologies import load_topology
 
-    return load_topology(source)
+    try:
+        topology = load_topology(source)
+        check_topology_devices(topology)
+    except TrainsimError as exc:
+        raise TrainsimError(exc.reason, file=exc.file, field=exc.field or option) from None
+    return topology
 
 
 class WhatIfModel:
@@ -195,8 +207,8 @@ class WhatIfModel:
     def __init__(self, graphs: list[TraceGraph], whatif: WhatIf):
         self.graphs, self.whatif = graphs, whatif
         home = whatif.ran_on or home_topology(graphs)
-        self.home = _load_topology(home) if home else None
-        self.topology = _load_topology(whatif.topology) if whatif.topology else None
+        self.home = load_checked_topology(home, "--set ran_on") if home else None
+        self.topology = load_checked_topology(whatif.topology, "--topology") if whatif.topology else None
         if (self.topology is not None or whatif.pinned) and self.home is None:
             gpu = next((n for g in graphs for n in g.trace.devices.values()), None)
             said = f"its GPU {gpu!r} does not say which" if gpu else "it names no GPU (no deviceProperties)"
@@ -465,7 +477,7 @@ def _as_it_ran(topo, m: Member, gpus: list[str], nbytes: float, algo: str) -> fl
 def collective_check(graphs: list[TraceGraph], topology: str, *, algo: str = "auto") -> CheckResult:
     """Each NCCL kernel whose size the trace carries: simulated alone on ``topology`` (flows) vs its
     latency + transfer, the measured kernel less its wait for peers (`nccl_split`)."""
-    topo = _load_topology(topology)
+    topo = load_checked_topology(topology, "--topology")
     split = NcclSplit(graphs, topo)
     cache: dict[tuple, float] = {}
     rows = []
@@ -522,7 +534,7 @@ def _envelope_rates(rows: list[dict]) -> list[dict]:
 def memcpy_check(graphs: list[TraceGraph], topology: str | None) -> CheckResult:
     """Each memcpy with bytes: host copies against their link alone, on-device copies against the GPU's
     memory bandwidth (each byte read and written once)."""
-    topo = _load_topology(topology) if topology else None
+    topo = load_checked_topology(topology, "--topology") if topology else None
     rows = []
     for g in graphs:
         spec = trace_device(g)

@@ -90,7 +90,8 @@ class StrategySpec(_Strict):
     collectives: Literal["flow", "analytic"] = Field(
         default="flow", description="flow: collectives decomposed into flows; analytic: alpha-beta time"
     )
-    collective_algo: str = Field(default="auto", description="ring, tree, nvls, nvls_tree or auto")
+    collective_algo: Literal["auto", "ring", "tree", "nvls", "nvls_tree"] = Field(
+        default="auto", description="the algorithm NCCL is forced to (NCCL_ALGO); auto: its tuning tables")
     ps_cores: int | None = Field(
         default=None, ge=1, description="parameter server: cores updating (default: all of its socket)"
     )
