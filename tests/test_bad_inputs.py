@@ -404,3 +404,28 @@ def test_an_unknown_gpu_spec_is_named_wherever_the_topology_is_used(tmp_path):
 def test_replay_set_errors_name_the_option(tmp_path, setting):
     key = setting.split("=")[0]
     fails(["replay", tmp_path / "no-trace.json", "--set", setting], f"--set {key}: unknown", "valid choices")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["topo", "bench"], ("Missing argument 'topology'", "topo bench --help`")),
+    (["validate", "validate-cpu"], ("Missing option '--calibration'",)),
+    (["simulate", "single-gpu-resnet50", "--no-such-option"], ("No such option: --no-such-option",)),
+    (["no-such-command"], ("No such command 'no-such-command'", "--help`")),
+])
+def test_usage_errors_are_one_line(args, expected):
+    fails(args, *expected)
+
+
+@pytest.mark.parametrize("args", [["reproduce", "nope"], ["sweep", "no-such-sweep"]])
+def test_an_error_is_all_that_stderr_holds(args):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+
+
+def test_an_empty_output_name_is_an_error(tmp_path):
+    fails(["simulate", "single-gpu-resnet50", *SMALL, "--trace", ""], "--trace: empty file name")
+    fails(["simulate", "single-gpu-resnet50", *SMALL, "--records", " "], "--records: empty file name")
+
+
+def test_a_route_from_a_node_to_itself_is_an_error():
+    fails(["topo", "route", "dgx-a100", "gpu0", "0"], "DST", "same node (gpu0)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from trainsim.errors import unknown_name
+from trainsim.errors import TrainsimError, unknown_name
 
 from .topology import Topology, natural_key
 
@@ -209,6 +209,9 @@ def resolve_node(topo: Topology, text: str, field: str | None = None) -> str:
 def route_report(topo: Topology, src: str, dst: str) -> dict:
     """The transfers from ``src`` to ``dst`` (a GPU copy may be staged through host memory), per edge."""
     src, dst = resolve_node(topo, src, "SRC"), resolve_node(topo, dst, "DST")
+    if src == dst:
+        raise TrainsimError(f"SRC and DST are the same node ({src}): there is no transfer to route",
+                            field="DST")
     both_gpus = all(topo.graph.nodes[n]["kind"] == "gpu" for n in (src, dst))
     legs = topo.gpu_copy_legs(src, dst) if both_gpus else [topo.route(src, dst)]
     out = []

@@ -18,6 +18,10 @@ from typer.core import TyperGroup
 import trainsim
 from trainsim.errors import TrainsimError, error_record
 
+#: click's UsageError, the base of typer.BadParameter: typer vendors click in new versions and not in old
+#: ones, so it is found from the class typer does export
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
 
 class _OneLineErrors(TyperGroup):
     """Print a TrainsimError, or an OSError from the file system, as one line on stderr and exit 2,
@@ -43,13 +47,19 @@ class _OneLineErrors(TyperGroup):
                 print_json(error_record(error, 2))
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(2) from None
-        except typer.BadParameter as exc:  # typer's own checks (--iterations 0, a missing argument)
+        except _USAGE_ERROR as exc:  # typer's own checks (--iterations 0, a missing argument, no such option)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as typer prints it
+                raise
+            param = getattr(exc, "param", None)
+            field = getattr(exc, "param_hint", None) or (param.opts[0] if param and param.opts else None)
+            field = field if isinstance(field, str) else None
             if _wants_json(ctx):
-                param = getattr(exc, "param", None)
-                field = getattr(exc, "param_hint", None) or (param.opts[0] if param and param.opts else None)
-                print_json({"error": exc.format_message(), "file": None,
-                            "field": field if isinstance(field, str) else None, "exit_code": exc.exit_code})
-            raise
+                print_json({"error": exc.format_message(), "file": None, "field": field,
+                            "exit_code": exc.exit_code})
+            command = exc.ctx.command_path if exc.ctx else ctx.command_path
+            message = " ".join(exc.format_message().split())  # one line, as every other error
+            typer.echo(f"error: {message} (see `{command} --help`)", err=True)
+            raise typer.Exit(exc.exit_code) from None
 
 
 #: options whose value may be left out (``--ray`` alone means ``--ray local``): command -> option -> value.
@@ -81,8 +91,15 @@ def _check_outputs(*options: tuple[str, str | None]) -> None:
     from trainsim.files import check_output
 
     for option, path in options:
+        _not_empty(path, option)
         if path:
             check_output(path, option)
+
+
+def _not_empty(path: str | None, option: str) -> None:
+    """An output option given an empty name (``--trace ""``) is an error, not the option left out."""
+    if path is not None and not str(path).strip():
+        raise TrainsimError("empty file name", field=option)
 
 
 TRACE_HELP = ("Write {what} as a trace. A name ending in .json, .json.gz or .gz is one Chrome/Perfetto "
@@ -92,14 +109,26 @@ TRACE_HELP = ("Write {what} as a trace. A name ending in .json, .json.gz or .gz 
 
 def _check_trace_output(path: str | None) -> None:
     """``--trace``: a file or a folder, checked before any work (`trainsim.formats.kineto_writer`)."""
+    _not_empty(path, "--trace")
     if path:
         from trainsim.formats.kineto_writer import check_trace_output
 
         check_trace_output(path, "--trace")
 
 
+def _progress_bar(*columns):
+    """A progress bar on stderr that leaves nothing behind: shown on a terminal only (elsewhere rich would
+    leave a blank line, e.g. before an error)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    return Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+
+
 def _app(**kwargs) -> typer.Typer:
     return typer.Typer(cls=_OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False,
+                       rich_markup_mode="markdown",
                        add_completion=False, **kwargs)
 
 
@@ -267,8 +296,6 @@ def topo_bench(
 ):
     """Collective timings on a topology, nccl-tests style: size, time, algbw, busbw, from the flow-level
     simulation and the analytic alpha-beta model."""
-    from rich.console import Console
-    from rich.progress import Progress
 
     from trainsim.sim.collectives import ops as coll
 
@@ -278,7 +305,7 @@ def topo_bench(
     topo = _load_checked_topology(topology)
     size_list = coll.parse_sizes(sizes)
     group = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with _progress_bar() as bar:
         task = bar.add_task(f"{collective} on {topo.name}", total=len(size_list) * len(methods))
         rows = coll.bench(topo, collective, size_list, algo=algo, proto=proto, gpus=group, methods=methods,
                           progress=lambda: bar.advance(task))
@@ -735,7 +762,7 @@ def sweep_cmd(
     Exit code 1 when any point of the sweep is recorded as an error (after every point ran and the files
     were written)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from trainsim.sweeps import load_spec, run_sweep
     from trainsim.sweeps.plot import check_axis, plot_sweep
@@ -745,8 +772,8 @@ def sweep_cmd(
     check_axis(axis)
     out = out or f"{sweep.spec.name}.csv"
     _check_outputs(("--out", out), ("--plot", plot))
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
+    bar = _progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn())
     task = bar.add_task(sweep.spec.name, total=None)
     failed = written = 0
 
@@ -882,14 +909,13 @@ def _print_validation(result, files: dict | None, as_json: bool, extra: dict | N
 def _run_validation(call, total: int):
     """Run ``call(progress)`` under one rich progress bar on stderr (``progress(text)`` names the variant
     before a colon; each new name advances the bar). Ctrl-C: say where the partial rows are, exit 130."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
     from trainsim.calibrate.measure.runner import CalibrationInterrupted
     from trainsim.calibrate.validate.results import ValidationInterrupted
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    bar = _progress_bar(TextColumn("{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
     task = bar.add_task("validate", total=total)
     seen: list[str] = []
 
@@ -1085,10 +1111,10 @@ def reproduce_cmd(
             for key, title in papers.items():
                 typer.echo(f"{key:12s} {title}")
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
+    bar = _progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn())
     task = bar.add_task(paper, total=None)
 
     def progress(done: int, total: int, label: str) -> None:
