@@ -425,6 +425,7 @@ def test_an_error_is_all_that_stderr_holds(args):
 def test_an_empty_output_name_is_an_error(tmp_path):
     fails(["simulate", "single-gpu-resnet50", *SMALL, "--trace", ""], "--trace: empty file name")
     fails(["simulate", "single-gpu-resnet50", *SMALL, "--records", " "], "--records: empty file name")
+    fails(["sweep", "ddp-resnet50-scaling", "-o", ""], "--out: empty file name")
 
 
 def test_a_route_from_a_node_to_itself_is_an_error():

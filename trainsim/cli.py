@@ -770,7 +770,7 @@ def sweep_cmd(
 
     sweep = load_spec(spec)
     check_axis(axis)
-    out = out or f"{sweep.spec.name}.csv"
+    out = f"{sweep.spec.name}.csv" if out is None else out
     _check_outputs(("--out", out), ("--plot", plot))
     bar = _progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn())
