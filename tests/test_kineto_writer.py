@@ -89,9 +89,18 @@ def test_kineto_categories_and_links(sim_folder):
     assert {"kernel", "gpu_memcpy", "cuda_runtime", "user_annotation"} <= cats
     steps = [e["name"] for e in events if e["cat"] == "user_annotation"]
     assert steps == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]   # warm-up step 0 not recorded
-    launches = {e["args"]["correlation"]: e for e in events if e["cat"] == "cuda_runtime"}
+    launches = {e["args"]["correlation"]: e for e in events
+                if e["cat"] == "cuda_runtime" and e["name"] in ("cudaLaunchKernel", "cudaMemcpyAsync")}
     gpu = [e for e in events if e["cat"] in ("kernel", "gpu_memcpy")]
     assert len(launches) == len(gpu)
+    # the loop synchronises once per step: after its last launch, until the step's end
+    step_spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["cat"] == "user_annotation"]
+    syncs = [e for e in events if e["name"] == "cudaDeviceSynchronize"]
+    assert len(syncs) == len(step_spans)
+    for sync, (start, end) in zip(syncs, step_spans, strict=True):
+        inside = [c["ts"] for c in launches.values() if start <= c["ts"] < end - 0.0005]  # 1 ns resolution
+        assert inside and max(inside) < sync["ts"]
+        assert sync["ts"] + sync["dur"] == pytest.approx(end, abs=0.01)
     for e in gpu:
         assert e["pid"] == e["args"]["device"] == 3 and e["tid"] == e["args"]["stream"]
         call = launches[e["args"]["correlation"]]
@@ -100,6 +109,15 @@ def test_kineto_categories_and_links(sim_folder):
     nccl = [e for e in gpu if e["name"].startswith("nccl")]
     assert nccl and all(e["tid"] == GPU_STREAM["comm"] and e["args"]["Collective name"] == "allreduce"
                         and e["args"]["In msg nelems"] * 4 == e["args"]["message_bytes"] for e in nccl)
+    # the streams' dependencies as DDP makes them: each wait names the stream and the record it waits for
+    records = {e["args"]["correlation"] for e in events if e["name"] == "cudaEventRecord"}
+    waits = {e["args"]["correlation"] for e in events if e["name"] == "cudaStreamWaitEvent"}
+    stream_waits = [e["args"] for e in events if e["cat"] == "cuda_sync"]
+    assert waits and {a["correlation"] for a in stream_waits} == waits
+    assert all(a["wait_on_cuda_event_record_corr_id"] in records and a["wait_on_stream"] != a["stream"]
+               for a in stream_waits)
+    assert any(a["stream"] == GPU_STREAM["comm"] and a["wait_on_stream"] == GPU_STREAM["compute"]
+               for a in stream_waits)  # an all-reduce waits for its bucket's backward
     starts = {e["id"] for e in doc["traceEvents"] if e["ph"] == "s" and e["cat"] == "ac2g"}
     ends = {e["id"] for e in doc["traceEvents"] if e["ph"] == "f" and e["cat"] == "ac2g"}
     assert starts == ends == set(launches)
@@ -119,6 +137,28 @@ def test_our_reader_reads_it_back_and_replays_the_simulated_iterations(simulated
     # to the nearest ns (Kineto's us with three decimals)
     for s in steps:
         assert s.replayed_s == pytest.approx(simulated.iteration_times_s[s.step - 1], rel=1e-6, abs=1e-9)
+
+
+def test_a_what_if_gpu_retimes_our_own_trace(tmp_path):
+    # The loop launches ahead and synchronises once per step, and the streams' dependencies are event waits:
+    # a replay sees the GPU's critical path, so a faster GPU shortens the GPU-bound steps and a slower one
+    # lengthens them (before, each launch sat at its kernel's start and pinned every step as measured).
+    from trainsim.sim.replay.whatif import WhatIf
+
+    result = api.simulate("ddp-resnet50-pcie-4gpu-gen3", overrides=["batch_size=128", "iterations=2"],
+                          record=True)
+    write_rank_traces(result, tmp_path / "trace")
+    rank0 = [tmp_path / "trace" / "rank-0.json.gz"]
+
+    def steps(gpu):
+        report = replay_traces(rank0, whatif=WhatIf(gpu=gpu), checks=False)
+        assert all(s.replayed_s == pytest.approx(s.measured_s, rel=1e-6) for s in report.replay.steps)
+        return [(s.measured_s, w.replayed_s) for s, w in zip(report.replay.steps, report.whatif.steps,
+                                                               strict=True)]
+
+    faster, slower = steps("h100-sxm"), steps("k80")
+    assert all(whatif < 0.7 * measured for measured, whatif in faster)  # a V100 step on an H100
+    assert all(whatif > 2 * measured for measured, whatif in slower)    # ... and on a K80
 
 
 def test_writing_twice_is_byte_identical(simulated, sim_folder, tmp_path):

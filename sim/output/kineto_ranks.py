@@ -7,8 +7,15 @@ iterations are not recorded, as a profiler schedule's warm-up steps are not); th
 on 22, peer copies on 23), each with a ``cuda_runtime`` launch and an ``ac2g`` flow; the time the training
 loop waits for its data loader or for a parameter server as ``cpu_op`` events on the main thread.
 
-The simulator times the GPU's streams, not the CPU thread that launches their work, so a launch is drawn as
-a call of zero length at the moment its work starts (no queueing shows between launch and start).
+The main thread's calls (`host_calls`) follow a loop that synchronises once per step: it launches a step's
+work in the order the GPU runs it, each call as early as the loop could have made it (zero length, 1 ns
+apart), and waits in ``cudaDeviceSynchronize`` until the step's GPU work is done. A launch comes no earlier
+than the step's start, the loop's waits before its work and, where the simulator modelled the host's
+dispatch of a layer, that dispatch; and no later than its work starts. Work that waited for another stream
+(a collective for its bucket's backward, a layer for its batch's copy) follows a ``cudaEventRecord`` and a
+``cudaStreamWaitEvent`` with its ``cuda_sync`` event, as DDP and the copy streams make them. So a replay of
+the trace (`trainsim replay`) sees the GPU's own critical path: a what-if GPU shortens a GPU-bound step,
+not one the host bounds.
 
 :func:`write_trace` writes a folder of these, or the single Chrome trace of `chrome_trace` when the path
 names a file (``.json``, ``.json.gz``, ``.gz``).
@@ -16,9 +23,12 @@ names a file (``.json``, ``.json.gz``, ``.gz``).
 
 from __future__ import annotations
 
+import bisect
 import os
+from dataclasses import dataclass
 
 from trainsim.formats.kineto_writer import (
+    CBID,
     KINETO_DTYPE,
     LAUNCH_CALL,
     Launch,
@@ -30,6 +40,8 @@ from trainsim.formats.kineto_writer import (
 
 GPU_STREAM = {"compute": 7, "h2d": 20, "d2h": 21, "comm": 22, "p2p": 23}
 CPU_PID_BASE = 100_000   # a rank's CPU process id: base + rank (never a device id)
+#: between two calls of the loop: the trace's resolution (1 ns), so the calls keep their order in any reader
+LAUNCH_GAP_S = 1e-9
 
 
 def _gpu_event(op) -> tuple[str, str, dict]:
@@ -76,10 +88,18 @@ def rank_traces(result) -> dict[int, RankTrace]:
             rt.step(it, us(start), round(us(ends[it]) - us(start), 3))
         traces[g.index], by_name[g.name] = rt, rt
     dtype = KINETO_DTYPE.get(result.precision, "Float")
-    for op in machine.ops:
-        rt = by_name.get(op.resource)
-        if rt is None or op.iteration < first:
-            continue
+    steps = [(ends[it - 1] if it else 0.0, ends[it]) for it in range(first, len(ends))]
+    ops = [op for op in machine.ops if op.resource in by_name and op.iteration >= first]
+    launched: dict[int, float] = {}
+    for resource, rt in by_name.items():
+        calls = host_calls([op for op in ops if op.resource == resource], steps)
+        launched.update({id(c.op): c.t for c in calls if c.kind == "launch"})
+        _write_waits(rt, calls)
+        for step_end, last in _step_syncs(calls, steps):  # the loop's wait for each step's GPU work
+            rt.cpu("cuda_runtime", "cudaDeviceSynchronize", rt.cpu_pid, us(last),
+                   round(us(step_end) - us(last), 3), {"cbid": CBID["cudaDeviceSynchronize"]})
+    for op in ops:
+        rt = by_name[op.resource]
         ts, dur = us(op.start), round(us(op.end) - us(op.start), 3)
         if op.stream not in GPU_STREAM:          # the training loop waiting (data loader, parameter server)
             rt.cpu("cpu_op", op.op, rt.cpu_pid, ts, dur, {"iteration": op.iteration})
@@ -94,8 +114,88 @@ def rank_traces(result) -> dict[int, RankTrace]:
             args["peer"] = op.peer
         device = rt.devices[0]["id"]
         rt.gpu(cat, name, device, GPU_STREAM[op.stream], ts, dur, correlation=rt.new_correlation(),
-               args=args, launch=Launch(rt.cpu_pid, ts, 0.0, LAUNCH_CALL[cat]))
+               args=args, launch=Launch(rt.cpu_pid, us(launched[id(op)]), 0.0, LAUNCH_CALL[cat]))
     return traces
+
+
+@dataclass
+class HostCall:
+    """A call of a rank's training loop: a ``launch`` of ``op``; a ``record`` of an event after ``op`` on
+    its stream; a ``wait`` of ``op``'s stream for the event recorded after ``dep``."""
+
+    kind: str
+    t: float
+    op: object
+    dep: object = None
+
+
+def host_calls(ops: list, steps: list[tuple[float, float]]) -> list[HostCall]:
+    """The calls of one rank's loop that launch its GPU ``ops`` (seconds; see the module docstring), in
+    order. A GPU op that started when an op on another stream of its GPU ended, later than its own
+    stream's previous op and than its step's start (the step's synchronisation covers what came before),
+    waited for it: the loop recorded an event after that op and made the stream wait for it, as DDP's
+    hooks and the copy streams do, so a replay keeps the dependency when the times change."""
+    gpu = sorted((op for op in ops if op.stream in GPU_STREAM), key=lambda op: op.start)
+    waits = sorted(op.end for op in ops if op.stream not in GPU_STREAM)
+    ended: dict[float, list] = {}
+    for op in gpu:
+        ended.setdefault(round(op.end, 12), []).append(op)
+    stream_end: dict[str, float] = {}
+    deps: dict[int, list] = {}
+    for op in gpu:
+        begins = round(op.start, 12)
+        floor = max(stream_end.get(op.stream, 0.0), _step_start(op.start, steps)) + 1e-12
+        deps[id(op)] = [y for y in ended.get(begins, ()) if y.stream != op.stream and y.end > floor
+                        and y.start < op.start]
+        stream_end[op.stream] = max(stream_end.get(op.stream, 0.0), op.end)
+    recorded = {id(y) for ys in deps.values() for y in ys}
+    calls: list[HostCall] = []
+    host = 0.0
+    for op in gpu:
+        done = bisect.bisect_right(waits, op.start)  # the loop's waits that ended before the op began
+        host = max(host, _step_start(op.start, steps), waits[done - 1] if done else 0.0,
+                   op.args.get("dispatched", 0.0))
+        for y in deps[id(op)]:
+            host += LAUNCH_GAP_S
+            calls.append(HostCall("wait", host, op, y))
+        host += LAUNCH_GAP_S
+        if host > op.start:  # launched by the time it started, yet not before the loop's previous call
+            host = max(op.start, calls[-1].t if calls else 0.0)
+        calls.append(HostCall("launch", host, op))
+        if id(op) in recorded:
+            host += LAUNCH_GAP_S
+            calls.append(HostCall("record", host, op))
+    return calls
+
+
+def _step_start(t: float, steps: list[tuple[float, float]]) -> float:
+    return max((start for start, _ in steps if start <= t), default=0.0)
+
+
+def _write_waits(rt: RankTrace, calls: list[HostCall]) -> None:
+    """The loop's ``cudaEventRecord`` and ``cudaStreamWaitEvent`` calls, each wait with the ``cuda_sync``
+    event CUPTI writes for it (the stream that waits, the stream and record it waits for)."""
+    device = rt.devices[0]["id"]
+    record_of: dict[int, int] = {}
+    for call in calls:
+        if call.kind == "record":
+            record_of[id(call.op)] = correlation = rt.new_correlation()
+            rt.cpu("cuda_runtime", "cudaEventRecord", rt.cpu_pid, us(call.t), 0.0,
+                   {"correlation": correlation, "cbid": CBID["cudaEventRecord"]})
+        elif call.kind == "wait":
+            correlation = rt.new_correlation()
+            rt.cpu("cuda_runtime", "cudaStreamWaitEvent", rt.cpu_pid, us(call.t), 0.0,
+                   {"correlation": correlation, "cbid": CBID["cudaStreamWaitEvent"]})
+            rt.sync(device, GPU_STREAM[call.op.stream], us(call.t), correlation=correlation,
+                    wait_on_stream=GPU_STREAM[call.dep.stream], record_correlation=record_of[id(call.dep)])
+
+
+def _step_syncs(calls: list[HostCall], steps: list[tuple[float, float]]):
+    """(end, start) of each step's ``cudaDeviceSynchronize``: from just after the step's last call to the
+    step's end."""
+    times = [c.t for c in calls]
+    for start, end in steps:
+        yield end, max((t for t in times if start <= t < end), default=start) + LAUNCH_GAP_S
 
 
 def write_rank_traces(result, folder: str | os.PathLike, *, provenance: dict | None = None) -> None:

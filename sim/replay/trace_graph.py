@@ -209,9 +209,11 @@ class _Builder:
             self.anchors.append([])
 
     def anchor(self, thread: int, t: float, label: str, payload=None, *, ends: bool = False) -> list:
-        """Remember an instant to time; at equal times, ends (returns, idles) come before starts."""
+        """Remember an instant to time; at equal times, ends (returns, idles) come before starts, and a
+        step's end after the other ends (the step encloses the calls that end with it)."""
         self.order += 1
-        prio = 0 if ends else {"resume": 1, "step": 2}.get(label, 3)
+        prio = (1 if label == "step" else 0) if ends else {"resume": 2, "step": 3}.get(label, 4)
+        t = round(t, 12)  # instants a trace writes as equal (ns) stay equal through the float arithmetic
         item = [t, (prio, self.order), label, payload, None]       # last slot: point index once made
         self.anchors[thread].append(item)
         return item

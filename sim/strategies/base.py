@@ -199,14 +199,16 @@ class Context:
             factor = self.jitter.factor(machine.gpus[gpu].index, iteration, 0 if op == "forward" else 1)
             times = [t * factor for t in times]
 
-        def record(begin: float, end: float, layer: str) -> None:
+        def record(begin: float, end: float, layer: str, k: int) -> None:
+            # where the host's dispatch is modelled, when it began enqueueing the layer (a trace's launch)
+            args = {} if dispatched is None else {"dispatched": dispatched[k]}
             machine.record(iteration=iteration, resource=gpu, stream="compute", op=op, start=begin, end=end,
-                           category=COMPUTE, layer=layer)
+                           category=COMPUTE, layer=layer, args=args)
 
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
             start = env.now
-            spans = self._spans(gpu, start, layers, [times[i] for i in layers], saved_delta > 0)
+            spans, dispatched = self._spans(gpu, start, layers, [times[i] for i in layers], saved_delta > 0)
             grads = costs.output_bytes_per_layer if saved_delta < 0 else []
             last = len(costs.layer_names) - 1
             run_start = 0  # the first layer of the current run of layers with no gap between them
@@ -219,7 +221,7 @@ class Context:
                     gradients_in(memory, t, grads, i, costs.loss_input_bytes)
                     self.write_param_grads(gpu, t, i)
                 if self.detail:
-                    record(t, end, costs.layer_names[i])
+                    record(t, end, costs.layer_names[i], k)
                 if saved_delta < 0:
                     memory.free(end, costs.saved_bytes_per_layer[i], "activations")
                     if grads:
@@ -229,25 +231,27 @@ class Context:
                         memory.free(end, costs.output_bytes, "output")
                 if not self.detail and (k == len(layers) - 1 or spans[k + 1][0] > end):
                     first_name, last_name = costs.layer_names[layers[run_start]], costs.layer_names[i]
-                    record(spans[run_start][0], end, f"{first_name}..{last_name}")
+                    record(spans[run_start][0], end, f"{first_name}..{last_name}", run_start)
                     run_start = k + 1
             if spans and spans[-1][1] > start:
                 yield env.timeout(spans[-1][1] - start)
 
     def _spans(self, gpu: str, start: float, layers: list[int], times: list[float],
-               forward: bool) -> list[tuple[float, float]]:
+               forward: bool) -> tuple[list[tuple[float, float]], list[float] | None]:
         """Each of ``layers``' (start, end) on the GPU, whose stream is the rank's from ``start``: back to
-        back, or as their dispatch allows (the host's progress kept in `host_free`)."""
+        back, or as their dispatch allows (the host's progress kept in `host_free`); and when the host began
+        dispatching each (None where its dispatch is not modelled)."""
         costs = self.costs[gpu]
         host_s = costs.forward_host_s if forward else costs.backward_host_s
         if not host_s:
             ends = list(accumulate(times, initial=start))
-            return list(zip(ends, ends[1:], strict=False))
+            return list(zip(ends, ends[1:], strict=False)), None
         host_free = self.host_free.get(gpu, start)
         if forward:  # the loop calls the model once it has the batch on the stream
             host_free = max(host_free, start)
-        spans, self.host_free[gpu] = gpu_spans(start, host_free, times, [host_s[i] for i in layers])
-        return spans
+        dispatch = [host_s[i] for i in layers]
+        spans, self.host_free[gpu] = gpu_spans(start, host_free, times, dispatch)
+        return spans, list(accumulate(dispatch, initial=host_free))[:-1]
 
     def forward(self, gpu: str, iteration: int):
         """Every layer's forward on the compute stream; saved activations allocated as they are made."""

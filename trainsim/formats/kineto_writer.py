@@ -122,6 +122,20 @@ class RankTrace:
         """A ``ProfilerStep#N`` span (on the main thread unless ``tid`` says otherwise)."""
         self.cpu("user_annotation", f"ProfilerStep#{number}", self.cpu_pid if tid is None else tid, ts, dur)
 
+    def sync(self, device: int, stream: int, ts: float, *, correlation: int, wait_on_stream: int,
+             record_correlation: int) -> None:
+        """The ``cuda_sync`` event CUPTI writes for a ``cudaStreamWaitEvent`` (correlation ``correlation``):
+        ``stream`` of ``device`` waits for the event recorded by call ``record_correlation`` on
+        ``wait_on_stream``."""
+        self.thread(device, stream, f"stream {stream} ")
+        self._gpu_pids.add(device)
+        self.events.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": device,
+                            "tid": stream, "ts": ts, "dur": 0.0,
+                            "args": {"cuda_sync_kind": "Stream Wait Event", "device": device,
+                                     "stream": stream, "correlation": correlation,
+                                     "wait_on_stream": wait_on_stream,
+                                     "wait_on_cuda_event_record_corr_id": record_correlation}})
+
     def gpu(self, cat: str, name: str, device: int, stream: int, ts: float, dur: float, *,
             correlation: int, external_id: int | None = None, args: dict | None = None,
             launch: Launch | None = None) -> None:
