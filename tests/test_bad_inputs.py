@@ -430,3 +430,18 @@ def test_an_empty_output_name_is_an_error(tmp_path):
 
 def test_a_route_from_a_node_to_itself_is_an_error():
     fails(["topo", "route", "dgx-a100", "gpu0", "0"], "DST", "same node (gpu0)")
+
+
+@pytest.mark.parametrize("key", ["1", "true", "null", "''"])
+def test_a_variant_name_that_is_not_a_string(tmp_path, key):
+    base = _scenario(tmp_path).read_text()
+    scenario = _scenario(tmp_path, f"{base}variants:\n  a: {{}}\n  {key}: {{}}\n")
+    for args in (["simulate", scenario, "--variant", "a"], ["simulate", scenario, "--variant", "zz"],
+                 ["max-batch", scenario, "--variant", "zz"]):
+        fails(args, str(scenario), "variants", "name must be a non-empty string")
+    if key != "''":  # without --variant the schema checks the keys' kind
+        fails(["simulate", scenario], str(scenario), "variants", "should be a string")
+
+
+def test_a_variant_of_a_scenario_without_variants(tmp_path):
+    fails(["simulate", _scenario(tmp_path), "--variant", "x"], "variants", "has no variants", "'x'")

@@ -23,7 +23,7 @@ class TrainsimError(Exception):
 def unknown_name(kind: str, name: str, valid: Iterable[str], *, file: str | None = None,
                  field: str | None = None) -> TrainsimError:
     """The error for a name that is not one of the valid choices, listing them."""
-    choices = ", ".join(sorted(valid))
+    choices = ", ".join(sorted(str(v) for v in valid))
     return TrainsimError(f"unknown {kind} {name!r}; valid choices: {choices}", file=file, field=field)
 
 
@@ -45,6 +45,10 @@ def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> 
     errors = exc.errors()
     first = errors[0]
     loc = tuple(first.get("loc", ()))
+    if len(loc) >= 2 and loc[-1] == "[key]":  # a mapping's key, not its value, is of the wrong kind
+        where = ".".join(str(p) for p in (prefix, *loc[:-2]) if p != "")
+        return TrainsimError(f"the key {loc[-2]!r} should be a string (quote it in YAML)", file=file,
+                             field=where or None)
     kind_at = next((i for i, part in enumerate(loc) if _is_kind(part)), None)
     msg = None
     if kind_at is not None:

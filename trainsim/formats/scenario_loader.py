@@ -168,10 +168,11 @@ def apply_variant(data: dict, variant: str | None, *, label: str | None = None) 
     base = {k: v for k, v in data.items() if k != "variants"}
     if variant is None:
         return copy.deepcopy(base)
-    variants = data.get("variants") or {}
-    if not isinstance(variants, dict):
-        raise TrainsimError("variants must be a mapping of name -> overrides", file=label, field="variants")
+    variants = _variants(data, label)
     if variant not in variants:
+        if not variants:
+            raise TrainsimError(f"the scenario has no variants, so none is called {variant!r}", file=label,
+                                field="variants")
         raise unknown_name("variant", variant, variants, file=label, field="variants")
     over = variants[variant] if variants[variant] is not None else {}
     if not isinstance(over, dict):
@@ -188,12 +189,22 @@ def check_variants(source: str | os.PathLike | dict) -> list[str]:
     data, label, _ = (
         (copy.deepcopy(source), None, None) if isinstance(source, dict) else read_scenario_data(source)
     )
+    variants = _variants(data, label)
+    for name in variants:
+        load_scenario(data, variant=name)
+    return list(variants)
+
+
+def _variants(data: dict, label: str | None) -> dict:
+    """The scenario's ``variants:``: a mapping from names (strings) to overrides."""
     variants = data.get("variants") or {}
     if not isinstance(variants, dict):
         raise TrainsimError("variants must be a mapping of name -> overrides", file=label, field="variants")
     for name in variants:
-        load_scenario(data, variant=name)
-    return list(variants)
+        if not isinstance(name, str) or not name:
+            raise TrainsimError(f"a variant's name must be a non-empty string, got {name!r} (quote it in "
+                                "YAML)", file=label, field="variants")
+    return variants
 
 
 def load_scenario(
