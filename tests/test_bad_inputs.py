@@ -445,3 +445,14 @@ def test_a_variant_name_that_is_not_a_string(tmp_path, key):
 
 def test_a_variant_of_a_scenario_without_variants(tmp_path):
     fails(["simulate", _scenario(tmp_path), "--variant", "x"], "variants", "has no variants", "'x'")
+
+
+def test_two_outputs_in_one_place_fail_before_the_run(tmp_path):
+    same = tmp_path / "same"
+    run = ["simulate", "single-gpu-resnet50", *SMALL]
+    fails([*run, "--trace", same, "--records", same], "--records and --trace name the same place")
+    fails([*run, "--trace", f"{same}.json.gz", "--records", f"{same}.json.gz"], "same place")
+    fails([*run, "--trace", same, "--records", same / "r.csv"], "same place")  # inside the trace folder
+    fails(["sweep", "ddp-resnet50-scaling", "-o", same, "--plot", same], "--plot and --out")
+    fails(["execute", "validate-cpu", "--out", same, "--profile", same], "--profile and --out")
+    assert list(tmp_path.iterdir()) == []

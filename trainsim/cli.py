@@ -96,6 +96,20 @@ def _check_outputs(*options: tuple[str, str | None]) -> None:
             check_output(path, option)
 
 
+def _distinct_outputs(*options: tuple[str, str | None]) -> None:
+    """Two outputs of one command must not be one file, or one inside the other (a trace folder is replaced
+    whole): else the second write would destroy the first."""
+    import os
+
+    given = [(option, os.path.realpath(path)) for option, path in options if path]
+    for i, (option, path) in enumerate(given):
+        for other, other_path in given[:i]:
+            inside = path.startswith(other_path + os.sep) or other_path.startswith(path + os.sep)
+            if path == other_path or inside:
+                raise TrainsimError(f"{option} and {other} name the same place; give each its own",
+                                    file=dict(options)[option], field=option)
+
+
 def _not_empty(path: str | None, option: str) -> None:
     """An output option given an empty name (``--trace ""``) is an error, not the option left out."""
     if path is not None and not str(path).strip():
@@ -656,6 +670,7 @@ def simulate_cmd(
     from trainsim.provenance import provenance
     from trainsim.sim.output import report
 
+    _distinct_outputs(("--trace", trace_out), ("--records", records_out))
     _check_outputs(("--records", records_out))
     _check_trace_output(trace_out)
     sc = api.load_scenario(scenario, overrides, variant=variant)
@@ -771,6 +786,7 @@ def sweep_cmd(
     sweep = load_spec(spec)
     check_axis(axis)
     out = f"{sweep.spec.name}.csv" if out is None else out
+    _distinct_outputs(("--out", out), ("--plot", plot))
     _check_outputs(("--out", out), ("--plot", plot))
     bar = _progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn())
@@ -858,6 +874,7 @@ def execute_cmd(
     )
     from trainsim.provenance import provenance
 
+    _distinct_outputs(("--out", out), ("--profile", profile))
     _check_outputs(("--out", out))
     if profile:
         from trainsim.files import check_output_folder
