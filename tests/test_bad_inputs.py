@@ -456,3 +456,11 @@ def test_two_outputs_in_one_place_fail_before_the_run(tmp_path):
     fails(["sweep", "ddp-resnet50-scaling", "-o", same, "--plot", same], "--plot and --out")
     fails(["execute", "validate-cpu", "--out", same, "--profile", same], "--profile and --out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_messages_say_what_the_path_is(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("a file")
+    fails(["workload", "generate", "tiny-cnn", "-o", blocker / "x.json"], "file.txt' is a file, not a folder")
+    fails(["simulate", "/dev/null"], "/dev/null", "not a regular file")
+    fails(["topo", "bench", "dgx-a100", "--sizes", "0,5"], "sizes must be positive", "has 0")

@@ -50,7 +50,8 @@ def check_output(path: str | os.PathLike, option: str | None = None) -> Path:
     folder = target.parent
     if not folder.is_dir():
         shown = path.parent if str(path.parent) else Path(".")
-        raise TrainsimError(f"folder {str(shown)!r} does not exist", file=label, field=option)
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise TrainsimError(f"folder {str(shown)!r} {what}", file=label, field=option)
     why = _cannot_create_in(folder)
     if why:
         raise TrainsimError(f"folder {str(folder)!r} is not writable ({why})", file=label, field=option)

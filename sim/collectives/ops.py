@@ -560,8 +560,11 @@ def parse_sizes(text: str) -> list[int]:
         while size <= high * (1 + 1e-12):
             sizes.append(int(size))
             size *= factor
-    if not sizes or any(s <= 0 for s in sizes):
-        raise TrainsimError(f"no positive sizes in {text!r}", field="sizes")
+    if not sizes:
+        raise TrainsimError(f"no sizes in {text!r}", field="sizes")
+    if any(s <= 0 for s in sizes):
+        bad = next(s for s in sizes if s <= 0)
+        raise TrainsimError(f"sizes must be positive; {text!r} has {bad}", field="sizes")
     return sizes
 
 

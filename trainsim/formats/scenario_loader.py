@@ -77,6 +77,7 @@ def read_scenario_data(source: str | os.PathLike) -> tuple[dict, str, Path | Non
         return _read_yaml(entry.read_text(), label), label, base
     if path.exists():
         read_text(path, text, "scenario file")  # a folder: says so
+        raise TrainsimError("is not a regular file (a device, pipe or socket)", file=text)
     names = list_scenarios()
     if text.endswith((".yaml", ".yml")) or os.sep in text:
         raise TrainsimError("file not found", file=text)
