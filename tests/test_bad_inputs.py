@@ -464,3 +464,8 @@ def test_messages_say_what_the_path_is(tmp_path):
     fails(["workload", "generate", "tiny-cnn", "-o", blocker / "x.json"], "file.txt' is a file, not a folder")
     fails(["simulate", "/dev/null"], "/dev/null", "not a regular file")
     fails(["topo", "bench", "dgx-a100", "--sizes", "0,5"], "sizes must be positive", "has 0")
+
+
+def test_an_empty_list_of_names_is_an_error(tmp_path):
+    fails(["validate", "validate-cpu", "--calibration", tmp_path, "--variants", ","], "--variants: no names")
+    fails(["max-batch", "single-gpu-resnet50", "--offload", ""], "--offload: no names")

@@ -116,6 +116,7 @@ def test_subcommands_still_work_beside_the_options():
         (["--model", "tiny-cnn", "--batch-sizes", "8,x"], "--batch-sizes: expected comma-separated integers"),
         (["--model", "tiny-cnn", "--batch-sizes", "0"], "--batch-sizes: batch sizes must be positive"),
         (["--model", "tiny-cnn", "--ranks", "0"], "--ranks: must be >= 1"),
+        (["--model", "tiny-cnn", "--device", "cpu", "--ranks", "1000"], "--ranks: 1000 CPU ranks on"),
         (["--device", "cpu"], "--model: give --model NAME"),
     ],
 )

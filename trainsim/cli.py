@@ -729,7 +729,7 @@ def max_batch_cmd(
     from trainsim.sim.planning.max_batch import max_batch
 
     sc = load_scenario(scenario, overrides, variant=variant)
-    chosen: str | list[str] = policy if policy in ("all", "conv") else [p for p in policy.split(",") if p]
+    chosen: str | list[str] = policy if policy in ("all", "conv") else _names(policy, "--offload")
     with Console(stderr=True).status(f"searching the largest batch of {sc.name}"):
         doc = max_batch(sc, policy=chosen)
     doc["provenance"] = provenance(timestamp=False, scenario=scenario, overrides=list(overrides),
@@ -953,7 +953,16 @@ def _run_validation(call, total: int):
 
 
 def _split_variants(text: str | None) -> list[str] | None:
-    return [v.strip() for v in text.split(",") if v.strip()] if text else None
+    """``--variants A,B``: the names; None when not given. Given but naming none is an error."""
+    return _names(text, "--variants") if text is not None else None
+
+
+def _names(text: str, option: str) -> list[str]:
+    """A comma-separated list of names; an empty one (``""``, ``,``) is an error, not "all"."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise TrainsimError(f"no names in {text!r}", field=option)
+    return names
 
 
 @app.command("validate")

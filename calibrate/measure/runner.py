@@ -179,8 +179,9 @@ class _Run:
 def validate(config: CalibrationConfig) -> tuple[str, int]:
     """Check what can be checked before measuring anything; return the resolved (device, ranks).
 
-    Unknown model, unknown device, cuda without a GPU, more ranks than GPUs, an unwritable output folder:
-    each a TrainsimError naming the option. Normalises ``config.model`` to the zoo's name.
+    Unknown model, unknown device, cuda without a GPU, more ranks than GPUs (or, on the CPU, than cores), an
+    unwritable output folder: each a TrainsimError naming the option. Normalises ``config.model`` to the
+    zoo's name.
     """
     config.model = check_model(config.model)
     device = resolve_device(config.device)
@@ -193,6 +194,9 @@ def validate(config: CalibrationConfig) -> tuple[str, int]:
                 f"{ranks} ranks requested but only {torch.cuda.device_count()} GPUs are visible",
                 field="--ranks",
             )
+    elif config.ranks and config.ranks > len(os.sched_getaffinity(0)):
+        raise TrainsimError(f"{config.ranks} CPU ranks on {len(os.sched_getaffinity(0))} cores: each rank is "
+                            "pinned to its own core", field="--ranks")
     check_writable(config.out)
     return device, ranks
 
