@@ -91,7 +91,7 @@ def _bad_workload(tmp_path):
         (["--set", "gpus=9"], "asks for 9 GPUs but topology 'pcie-4gpu-gen3' has 4"),
         (["--set", "strategy.bucket=1"],
          "unknown key at strategy 'bucket'; valid choices: backward_halo, bucket_cap_mb"),
-        (["--variant", "nope"], "unknown variant 'nope'"),
+        (["--variant", "nope"], "has no variants, so none is called 'nope'"),
     ],
 )
 def test_bad_input_is_one_line(args, message):

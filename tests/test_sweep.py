@@ -199,7 +199,7 @@ def test_ray_gives_the_rows_of_local_processes(tmp_path):
     ({"grid": {"gpus": 2}}, ("grid.gpus", "list")),
     ({"grid": {"gpus": [1]}, "points": [{"gpus": 2}]}, ("grid.gpus", "both")),
     ({"grid": {"gpus": [1]}, "extra": 1}, ("extra", "unknown field")),
-    ({"grid": {"gpus": [1]}, "variant": "nope"}, ("base.yaml", "unknown variant 'nope'")),
+    ({"grid": {"gpus": [1]}, "variant": "nope"}, ("base.yaml", "has no variants", "'nope'")),
     ({"grid": {"gpus": [1]}, "name": "../../elsewhere"}, ("sweep.yaml", "name", "not a plain name")),
 ])
 def test_bad_specs(tmp_path, body, expected):

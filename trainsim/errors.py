@@ -45,10 +45,12 @@ def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> 
     errors = exc.errors()
     first = errors[0]
     loc = tuple(first.get("loc", ()))
-    if len(loc) >= 2 and loc[-1] == "[key]":  # a mapping's key, not its value, is of the wrong kind
-        where = ".".join(str(p) for p in (prefix, *loc[:-2]) if p != "")
-        return TrainsimError(f"the key {loc[-2]!r} should be a string (quote it in YAML)", file=file,
-                             field=where or None)
+    if len(loc) >= 2 and loc[-1] == "[key]":  # a mapping's key is wrong, not its value
+        if first.get("type") == "string_type":
+            where = ".".join(str(p) for p in (prefix, *loc[:-2]) if p != "")
+            return TrainsimError(f"the key {loc[-2]!r} should be a string (quote it in YAML)", file=file,
+                                 field=where or None)
+        loc = loc[:-1]  # a key that is not one of the valid ones: named as the field it makes
     kind_at = next((i for i, part in enumerate(loc) if _is_kind(part)), None)
     msg = None
     if kind_at is not None:
