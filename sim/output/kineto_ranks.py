@@ -24,6 +24,7 @@ names a file (``.json``, ``.json.gz``, ``.gz``).
 from __future__ import annotations
 
 import bisect
+import math
 import os
 from dataclasses import dataclass
 
@@ -169,7 +170,9 @@ def host_calls(ops: list, steps: list[tuple[float, float]]) -> list[HostCall]:
 
 
 def _step_start(t: float, steps: list[tuple[float, float]]) -> float:
-    return max((start for start, _ in steps if start <= t), default=0.0)
+    """The start of the step holding ``t`` (``steps`` in time order), 0 before the first."""
+    i = bisect.bisect_right(steps, (t, math.inf)) - 1
+    return steps[i][0] if i >= 0 else 0.0
 
 
 def _write_waits(rt: RankTrace, calls: list[HostCall]) -> None:
@@ -193,9 +196,10 @@ def _write_waits(rt: RankTrace, calls: list[HostCall]) -> None:
 def _step_syncs(calls: list[HostCall], steps: list[tuple[float, float]]):
     """(end, start) of each step's ``cudaDeviceSynchronize``: from just after the step's last call to the
     step's end."""
-    times = [c.t for c in calls]
+    times = sorted(c.t for c in calls)
     for start, end in steps:
-        yield end, max((t for t in times if start <= t < end), default=start) + LAUNCH_GAP_S
+        i = bisect.bisect_left(times, end) - 1  # the step's last call, if it made one
+        yield end, (times[i] if i >= 0 and times[i] >= start else start) + LAUNCH_GAP_S
 
 
 def write_rank_traces(result, folder: str | os.PathLike, *, provenance: dict | None = None) -> None:
