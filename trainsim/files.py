@@ -52,7 +52,7 @@ def check_output(path: str | os.PathLike, option: str | None = None) -> Path:
         shown = path.parent if str(path.parent) else Path(".")
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise TrainsimError(f"folder {str(shown)!r} {what}", file=label, field=option)
-    why = _cannot_create_in(folder)
+    why = cannot_create_in(folder)
     if why:
         raise TrainsimError(f"folder {str(folder)!r} is not writable ({why})", file=label, field=option)
     if target.exists() and not os.access(target, os.W_OK):
@@ -72,13 +72,13 @@ def check_output_folder(path: str | os.PathLike, option: str | None = None) -> P
         existing = existing.parent
     if not existing.is_dir():
         raise TrainsimError(f"{str(existing)!r} is not a folder", file=label, field=option)
-    why = _cannot_create_in(existing)
+    why = cannot_create_in(existing)
     if why:
         raise TrainsimError(f"folder {str(existing)!r} is not writable ({why})", file=label, field=option)
     return path
 
 
-def _cannot_create_in(folder: Path) -> str | None:
+def cannot_create_in(folder: Path) -> str | None:
     """Why a file cannot be created in ``folder``, or None. It tries, rather than asking `os.access`,
     which says yes to root in a read-only folder and knows nothing of read-only file systems."""
     import tempfile

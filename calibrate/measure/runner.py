@@ -147,15 +147,17 @@ def check_writable(out: Path) -> None:
             raise TrainsimError(f"the folder holds files that are not a calibration bundle ({shown}); give a "
                                 "new or empty folder",
                                 file=str(out), field="--out")
+    from trainsim.files import cannot_create_in
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".trainsim-write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
     except OSError as exc:
         raise TrainsimError(
             f"cannot write to the output folder: {exc.strerror or exc}", file=str(out), field="--out"
         ) from None
+    why = cannot_create_in(out)
+    if why:
+        raise TrainsimError(f"cannot write to the output folder: {why}", file=str(out), field="--out")
 
 
 @dataclass

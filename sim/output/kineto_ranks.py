@@ -194,8 +194,8 @@ def _write_waits(rt: RankTrace, calls: list[HostCall]) -> None:
 
 
 def _step_syncs(calls: list[HostCall], steps: list[tuple[float, float]]):
-    """(end, start) of each step's ``cudaDeviceSynchronize``: from just after the step's last call to the
-    step's end."""
+    """(step end, call start) of each step's ``cudaDeviceSynchronize``: it runs from just after the step's
+    last call to the step's end."""
     times = sorted(c.t for c in calls)
     for start, end in steps:
         i = bisect.bisect_left(times, end) - 1  # the step's last call, if it made one
