@@ -379,6 +379,8 @@ class Simulation:
             self.host.share_process_with_loader(self.ctx, overlap)
         self._link_snapshot = None
         self._memory_area: dict[int, dict[str, float]] = {}
+        self._stop_requested = False
+        self._last_iteration = self.ctx.total_iterations - 1  # the last one the result covers
 
     def _prep_s_per_sample(self, given: float | None, per_gpu: int, sharing: int) -> float:
         """The input pipeline's cost per sample: ``given`` (another pipeline than the default, measured back
@@ -401,9 +403,23 @@ class Simulation:
             return None
         return self.host.jitter([self.machine.gpus[g].device for g in self.ranks], batch)
 
+    def request_stop(self) -> None:
+        """Ask a running ``run()`` to stop when the next iteration has finished on every rank (the first
+        measured one at the earliest) and to return the Result of the iterations done so far, with
+        ``stopped_early`` set. Safe to call from a signal handler: it only sets a flag."""
+        self._stop_requested = True
+
+    def _stop_here(self, iteration: int) -> None:
+        if self._stop_requested and self.scenario.warmup_iterations <= iteration < self._last_iteration:
+            self._last_iteration = iteration
+            stop = self.env.event()  # processed by env.step, outside any process: ends env.run()
+            stop.callbacks.append(simpy.core.StopSimulation.callback)
+            stop.succeed()
+
     def _on_finish(self, iteration: int) -> None:
+        self._stop_here(iteration)
         # each GPU's byte-seconds at the measured window's ends (its average memory use)
-        if iteration in (self.scenario.warmup_iterations - 1, self.ctx.total_iterations - 1):
+        if iteration in (self.scenario.warmup_iterations - 1, self._last_iteration):
             now = self.env.now
             self._memory_area[iteration] = {g: self.machine.gpus[g].memory.byte_seconds(now)
                                             for g in self.ctx.simulated}
@@ -429,7 +445,7 @@ class Simulation:
         self.strategy(ctx)
         env.run()
         wall = time.perf_counter() - wall
-        total = ctx.total_iterations
+        total = self._last_iteration + 1
         missing = [i for i in range(total) if len(ctx.iteration_end.get(i, {})) < ctx.n]
         if missing:
             raise RuntimeError(f"the simulation stopped before iteration {missing[0]} finished (a deadlock)")
@@ -450,7 +466,7 @@ class Simulation:
             gpus=self._gpu_results(span),
             batch_size=sc.batch_size,
             precision=sc.precision,
-            iterations=sc.iterations,
+            iterations=total - w,
             warmup_iterations=w,
             iteration_times_s=[b - a for a, b in windows],
             breakdown_s={k: v / n_it for k, v in parts.items()},
@@ -467,6 +483,7 @@ class Simulation:
             },
             machine=self.machine,
             extra=dict(ctx.extra),
+            stopped_early=total < ctx.total_iterations,
         )
 
     def _gpu_results(self, span) -> list[GpuResult]:
@@ -476,7 +493,7 @@ class Simulation:
                 by_gpu[op.resource].append((op.start, op.end))
         out = {}
         length = span[1] - span[0]
-        w, last = self.scenario.warmup_iterations, self.ctx.total_iterations - 1
+        w, last = self.scenario.warmup_iterations, self._last_iteration
         for g in self.ctx.simulated:
             gpu = self.machine.gpus[g]
             util = busy_time(by_gpu[g], *span) / length if length > 0 else 0.0

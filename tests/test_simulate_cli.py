@@ -158,3 +158,45 @@ def test_calibration_bundle_replaces_topology_and_workload(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["topology"] == "tiny" and data["workload"] == "tiny-cnn" and data["num_gpus"] == 2
+
+
+def test_asked_to_stop_covers_the_iterations_finished_by_then():
+    from trainsim import api
+
+    overrides = ["workload=tiny-cnn", "batch_size=64", "iterations=3"]
+    full = api.simulate("ddp-resnet50-pcie-4gpu-gen3", overrides=overrides)
+    run_ = api.simulation("ddp-resnet50-pcie-4gpu-gen3", overrides=overrides)
+    run_.request_stop()  # before it starts: it stops after the first measured iteration
+    stopped = run_.run()
+    assert stopped.stopped_early and not full.stopped_early
+    assert stopped.iterations == 1 and full.iterations == 3
+    assert stopped.iteration_times_s == full.iteration_times_s[:1]
+    assert stopped.iteration_ends_s == full.iteration_ends_s[:stopped.warmup_iterations + 1]
+    assert stopped.to_dict()["stopped_early"] is True and "stopped_early" not in full.to_dict()
+
+
+def test_first_ctrl_c_asks_to_stop_a_second_interrupts(capsys):
+    import os
+    import signal
+
+    from trainsim.cli import _stop_on_interrupt
+
+    asked = []
+    with pytest.raises(KeyboardInterrupt), _stop_on_interrupt(lambda: asked.append(1), "soon"):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert asked == [1]
+        os.kill(os.getpid(), signal.SIGINT)
+    assert "stopping soon; Ctrl-C again" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_interrupt_is_one_line_and_exit_130(monkeypatch):
+    from trainsim import api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "simulation", interrupted)
+    result = run(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL])
+    assert result.exit_code == 130
+    assert result.output.strip() == "error: interrupted (Ctrl-C)"

@@ -9,8 +9,11 @@ table reads as the product's surface in one place.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+import threading
 
 import typer
 from typer.core import TyperGroup
@@ -60,6 +63,12 @@ class _OneLineErrors(TyperGroup):
             message = " ".join(exc.format_message().split())  # one line, as every other error
             typer.echo(f"error: {message} (see `{command} --help`)", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:  # Ctrl-C where the command has no partial result of its own to report
+            error = TrainsimError("interrupted (Ctrl-C)")
+            if _wants_json(ctx):
+                print_json(error_record(error, 130))
+            typer.echo(f"\nerror: {error}", err=True)
+            raise typer.Exit(130) from None
 
 
 #: options whose value may be left out (``--ray`` alone means ``--ray local``): command -> option -> value.
@@ -128,6 +137,26 @@ def _check_trace_output(path: str | None) -> None:
         from trainsim.formats.kineto_writer import check_trace_output
 
         check_trace_output(path, "--trace")
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt(stop, what: str):
+    """While inside: the first Ctrl-C calls ``stop()`` (a run that ends early and keeps what it did) and
+    says so on stderr; a second one interrupts at once (KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield
+        return
+
+    def first(_signum, _frame):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        typer.echo(f"\nstopping {what}; Ctrl-C again to stop at once and keep nothing", err=True)
+        stop()
+
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _progress_bar(*columns):
@@ -676,9 +705,13 @@ def simulate_cmd(
     sc = api.load_scenario(scenario, overrides, variant=variant)
     bundle = api.load_bundle(calibration) if calibration is not None else None
     err = Console(stderr=True)
-    with err.status(f"simulating {sc.name}"):
-        # every op and rate change is kept only for the files that show them
-        result = api.simulate(sc, calibration=bundle, record=bool(trace_out or records_out))
+    # every op and rate change is kept only for the files that show them
+    run = api.simulation(sc, calibration=bundle, record=bool(trace_out or records_out))
+    with err.status(f"simulating {sc.name}"), _stop_on_interrupt(
+            run.request_stop, "when the current iteration has finished on every rank"):
+        result = run.run()
+    stopped = (f"stopped early: the result covers the first {result.iterations} of {sc.iterations} measured "
+               "iterations") if result.stopped_early else None
     prov = None
     if trace_out or as_json:  # only files and JSON carry it (looking up versions costs start-up time)
         prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
@@ -693,8 +726,13 @@ def simulate_cmd(
         write_records(result, records_out)
     if as_json:
         print_json(result.to_dict(provenance=prov))
+        if stopped:
+            typer.echo(f"warning: {stopped}", err=True)
+            raise typer.Exit(130)
         return
     console = Console()
+    if stopped:
+        console.print(f"[bold yellow]{stopped}[/]")
     console.print(report.headline(result))
     for table in report.tables(result):
         console.print(table)
@@ -705,6 +743,8 @@ def simulate_cmd(
     for path, what in ((trace_out, "trace"), (records_out, "records")):
         if path:
             console.print(f"{what} written to {path}")
+    if stopped:
+        raise typer.Exit(130)
 
 
 @app.command("max-batch")

@@ -140,6 +140,8 @@ class Result:
     machine: Any = field(default=None, repr=False, compare=False)  # for the trace and the records
     # strategy-specific figures (e.g. easgd's "staleness", pipeline's "stages"); in to_dict when present
     extra: dict[str, Any] = field(default_factory=dict)
+    # asked to stop (Simulation.request_stop): covers the iterations finished by then, not all asked for
+    stopped_early: bool = False
 
     @property
     def iteration_time_s(self) -> float:
@@ -188,6 +190,7 @@ class Result:
             "links": [link.to_dict() for link in self.links],
             "stats": self.stats,
             **({"extra": self.extra} if self.extra else {}),
+            **({"stopped_early": True} if self.stopped_early else {}),
             "provenance": provenance or {},
         }
 
