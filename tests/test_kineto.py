@@ -183,6 +183,57 @@ def test_mixed_runs_are_rejected(tmp_path):
         load_traces([a, a_day_later.write(tmp_path / "d.json")])
 
 
+def _with_meta(builder: TraceBuilder, path: Path, **meta) -> Path:
+    doc = builder.to_dict() | meta
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_traces_trainsim_wrote_in_different_runs_are_rejected(tmp_path):
+    def ours(rank, scenario):
+        return _with_meta(small_trace(rank=rank, world_size=2), tmp_path / f"{scenario}-{rank}.json",
+                          trainsim={"schema": "trainsim.trace/1", "scenario": scenario})
+
+    assert [t.rank for t in load_traces([ours(0, "x"), ours(1, "x")])] == [0, 1]
+    with pytest.raises(TrainsimError, match="written by different trainsim runs"):
+        load_traces([ours(0, "x"), ours(1, "y")])
+    profiled = small_trace(rank=1, world_size=2).write(tmp_path / "profiled.json")
+    with pytest.raises(TrainsimError, match="some were written by trainsim and some by a profiler"):
+        load_traces([ours(0, "x"), profiled])
+
+
+def test_traces_with_no_step_in_common_are_rejected(tmp_path):
+    a = small_trace(rank=0, world_size=2).write(tmp_path / "a.json")
+    later = TraceBuilder(rank=1, world_size=2)
+    later.step(551, 1, 0.0, 100.0)
+    later.launch(1, 10.0, 5.0, stream=7, gpu_ts=20.0, gpu_dur=30.0, name="gemm")
+    with pytest.raises(TrainsimError, match=r"no ProfilerStep number is in every file \(rank 0: 1-1, rank 1: "
+                                            r"551-551\)"):
+        load_traces([a, later.write(tmp_path / "b.json")])
+
+
+@pytest.mark.parametrize("info, message", [
+    ({"rank": 3, "world_size": 2}, "distributedInfo.rank: rank 3 is outside world size 2"),
+    ({"rank": -1, "world_size": 2}, r"distributedInfo.rank: should be a whole number >= 0, got -1"),
+    ({"rank": "x"}, "distributedInfo.rank: should be a whole number >= 0, got 'x'"),
+    ({"rank": 0, "world_size": 0}, "distributedInfo.world_size: should be a whole number >= 1, got 0"),
+])
+def test_a_lone_trace_with_an_impossible_rank_is_an_error(tmp_path, info, message):
+    path = _with_meta(small_trace(), tmp_path / "a.json", distributedInfo=info)
+    with pytest.raises(TrainsimError, match=message):
+        load_trace(path)
+
+
+def test_a_folder_stands_for_its_trace_files(tmp_path):
+    small_trace(rank=1, world_size=2).write(tmp_path / "rank-1.json.gz")
+    small_trace(rank=0, world_size=2).write(tmp_path / "rank-0.json")
+    (tmp_path / "notes.txt").write_text("not a trace")
+    assert [Path(t.path).name for t in load_traces([tmp_path])] == ["rank-0.json", "rank-1.json.gz"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrainsimError, match="the folder has no trace files"):
+        load_traces([tmp_path / "empty"])
+
+
 @pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
 def test_shared_a100_trace():
     t = load_trace(SHARED_TRACE)

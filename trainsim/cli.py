@@ -202,7 +202,8 @@ def version(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
 @app.command("replay")
 def replay_cmd(
     traces: list[str] = typer.Argument(
-        ..., metavar="TRACE...", help="Kineto trace files (.json or .json.gz), one per rank of one run."),
+        ..., metavar="TRACE...", help="Kineto trace files (.json or .json.gz), one per rank of one run, or "
+             "the folder that holds them."),
     topology: str | None = typer.Option(
         None, "--topology", metavar="NAME|FILE",
         help="What-if: re-time collectives and host copies by this topology's models, relative to the "

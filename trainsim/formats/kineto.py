@@ -164,6 +164,8 @@ class KinetoTrace:
     # (ts, dur) of the profiler's own work the trace records ("overhead" events: CUPTI activity buffer
     # requests), which stalls the thread whose activity needed the buffer
     profiler_overheads: list[tuple[float, float]] = field(default_factory=list)
+    # the ``trainsim`` block of a trace trainsim wrote (its scenario and provenance: the run it came from)
+    writer: dict | None = None
 
     def wall_origin_us(self) -> float | None:
         """The trace's time 0 in Unix microseconds: from ``baseTimeNanoseconds``, or the Kineto times
@@ -500,8 +502,9 @@ class _Collector:
 
 def _rank_of(path: Path, meta: dict, single_file: bool) -> tuple[int, str, int | None]:
     info = meta.get("distributedInfo")
-    if isinstance(info, dict) and _as_int(info.get("rank")) is not None:
-        return _as_int(info["rank"]), "distributedInfo", _as_int(info.get("world_size"))
+    if isinstance(info, dict) and "rank" in info:
+        world_size = _whole(info, "world_size", path, least=1) if "world_size" in info else None
+        return _whole(info, "rank", path, least=0), "distributedInfo", world_size
     match = _RANK_IN_NAME_RE.search(path.name)
     if match:
         return int(match.group(1)), "file name", None
@@ -509,6 +512,14 @@ def _rank_of(path: Path, meta: dict, single_file: bool) -> tuple[int, str, int |
         return 0, "assumed", None
     raise TrainsimError("cannot tell which rank this trace is: it has no distributedInfo and the file name "
                         "has no 'rank<N>' in it (rename it, e.g. trace_rank3.json.gz)", file=str(path))
+
+
+def _whole(info: dict, key: str, path: Path, *, least: int) -> int:
+    value = info[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise TrainsimError(f"should be a whole number >= {least}, got {value!r}", file=str(path),
+                            field=f"distributedInfo.{key}")
+    return value
 
 
 def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
@@ -526,6 +537,9 @@ def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
         raise TrainsimError("the trace has no GPU events (kernels, memcpys, memsets): record it with "
                             "ProfilerActivity.CUDA", file=name)
     rank, rank_source, world_size = _rank_of(path, meta, single_file)
+    if world_size is not None and rank >= world_size:
+        raise TrainsimError(f"rank {rank} is outside world size {world_size}", file=name,
+                            field="distributedInfo.rank")
     origin = collect.min_ts
 
     def rel(t: float) -> float:
@@ -555,18 +569,30 @@ def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
         cpu_events=collect.cpu, gpu_events=collect.gpu, syncs=collect.syncs,
         steps=sorted(collect.steps, key=lambda s: s.ts), thread_names=collect.thread_names, flows=flows,
         span_s=rel(collect.max_end),
-        profiler_overheads=sorted((rel(ts), dur * 1e-6) for ts, dur in collect.overheads))
+        profiler_overheads=sorted((rel(ts), dur * 1e-6) for ts, dur in collect.overheads),
+        writer=meta["trainsim"] if isinstance(meta.get("trainsim"), dict) else None)
 
 
 def load_traces(paths: Iterable[str | Path]) -> list[KinetoTrace]:
-    """Read the per-rank files of one run, sorted by rank, and check that they belong together."""
-    paths = list(paths)
+    """Read the per-rank files of one run, sorted by rank, and check that they belong together. A folder
+    stands for the trace files in it (``*.json``, ``*.json.gz``), as HTA reads a run's folder."""
+    paths = [f for p in paths for f in _trace_files(Path(p))]
     if not paths:
         raise TrainsimError("no trace files given")
     traces = [load_trace(p, single_file=len(paths) == 1) for p in paths]
     check_same_run(traces)
     align_clocks(traces)
     return sorted(traces, key=lambda t: t.rank)
+
+
+def _trace_files(path: Path) -> list[Path]:
+    if not path.is_dir():
+        return [path]
+    files = sorted(f for f in path.iterdir()
+                   if f.is_file() and not f.name.startswith(".") and f.name.endswith((".json", ".json.gz")))
+    if not files:
+        raise TrainsimError("the folder has no trace files (*.json, *.json.gz)", file=str(path))
+    return files
 
 
 def align_clocks(traces: list[KinetoTrace]) -> None:
@@ -595,9 +621,16 @@ def check_same_run(traces: list[KinetoTrace]) -> None:
     if len(sizes) > 1:
         raise TrainsimError(f"traces from different runs mixed together: world sizes {sorted(sizes)}",
                             file=traces[-1].path)
-    for t in traces:
-        if t.world_size is not None and t.rank >= t.world_size:
-            raise TrainsimError(f"rank {t.rank} is outside world size {t.world_size}", file=t.path)
+    writers = {json.dumps(t.writer, sort_keys=True, default=str) if t.writer else None for t in traces}
+    if len(writers) > 1:
+        raise TrainsimError("traces from different runs mixed together: " + (
+            "some were written by trainsim and some by a profiler" if None in writers else
+            "they were written by different trainsim runs (their `trainsim` blocks differ)"),
+            file=traces[-1].path)
+    if all(t.steps for t in traces) and not set.intersection(*({s.number for s in t.steps} for t in traces)):
+        raise TrainsimError("traces from different runs mixed together: no ProfilerStep number is in every "
+                            "file (" + ", ".join(f"rank {t.rank}: {min(s.number for s in t.steps)}-{max(s.number for s in t.steps)}"
+                                                 for t in traces) + ")", file=traces[-1].path)
     gpus = {name for t in traces for name in t.devices.values() if name}
     if len(gpus) > 1:
         raise TrainsimError(f"traces from different runs mixed together: GPUs {sorted(gpus)}",
