@@ -627,10 +627,11 @@ def check_same_run(traces: list[KinetoTrace]) -> None:
             "some were written by trainsim and some by a profiler" if None in writers else
             "they were written by different trainsim runs (their `trainsim` blocks differ)"),
             file=traces[-1].path)
-    if all(t.steps for t in traces) and not set.intersection(*({s.number for s in t.steps} for t in traces)):
-        raise TrainsimError("traces from different runs mixed together: no ProfilerStep number is in every "
-                            "file (" + ", ".join(f"rank {t.rank}: {min(s.number for s in t.steps)}-{max(s.number for s in t.steps)}"
-                                                 for t in traces) + ")", file=traces[-1].path)
+    numbers = [sorted({s.number for s in t.steps}) for t in traces]
+    if all(numbers) and not set.intersection(*map(set, numbers)):
+        spans = ", ".join(f"rank {t.rank}: {n[0]}-{n[-1]}" for t, n in zip(traces, numbers, strict=True))
+        raise TrainsimError(f"traces from different runs mixed together: no ProfilerStep number is in every "
+                            f"file ({spans})", file=traces[-1].path)
     gpus = {name for t in traces for name in t.devices.values() if name}
     if len(gpus) > 1:
         raise TrainsimError(f"traces from different runs mixed together: GPUs {sorted(gpus)}",
