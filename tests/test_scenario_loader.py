@@ -112,3 +112,50 @@ def test_variants_merge_and_are_checked():
     with pytest.raises(TrainsimError, match="scenario variant broken: batch_size"):
         check_variants(broken)
     assert check_variants(data) == ["old-way"]
+
+
+@pytest.mark.parametrize("text, value", [("1e-9", 1e-9), ("2E+3", 2000.0), ("-1.5e3", -1500.0), (".5", 0.5),
+                                         ("10", 10), ("1e", "1e"), ("e9", "e9")])
+def test_an_exponent_without_a_dot_is_a_number_as_in_yaml_1_2(text, value):
+    assert parse_override(f"host.prep_s_per_sample={text}") == ("host.prep_s_per_sample", value)
+
+
+def test_an_exponent_in_a_scenario_file_is_a_number(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("schema: trainsim.scenario/1\nname: s\ntopology: dgx-a100\nworkload: resnet50\n"
+                    "strategy: {name: ddp}\nbatch_size: 256\nhost: {prep_s_per_sample: 2e-6}\n")
+    assert load_scenario(str(path)).host.prep_s_per_sample == 2e-6
+
+
+@pytest.mark.parametrize("override, message", [
+    ("host.prep_s_per_sample=abc", "host.prep_s_per_sample: should be a valid number, got 'abc'"),
+    ("host.prep_s_per_sample=true", "host.prep_s_per_sample: should be a valid number, got true"),
+    ("batch_size=1.5", "batch_size: should be a valid integer, got 1.5"),
+    ("iterations=0", "iterations: should be greater than or equal to 1, got 0"),
+    ("host=[1, 2]", "host: should be a mapping, got [1, 2]"),
+])
+def test_a_wrong_value_is_named_with_what_it_should_be(override, message):
+    with pytest.raises(TrainsimError) as info:
+        load_scenario(BASE, [override])
+    assert str(info.value) == message
+
+
+def test_a_union_branch_that_failed_its_constraint_is_reported_as_such():
+    from typing import Annotated, Literal
+
+    from pydantic import BaseModel, Field, ValidationError
+
+    from trainsim.errors import from_validation_error
+
+    class Model(BaseModel):
+        count: Annotated[int, Field(ge=1)] | list[int] = 1
+        mode: Literal["a", "b"] | int = 1
+
+    def message(**given):
+        with pytest.raises(ValidationError) as info:
+            Model(**given)
+        return str(from_validation_error(info.value))
+
+    assert message(count=0) == "count: should be greater than or equal to 1, got 0"
+    assert message(count="q") == "count: should be an integer or a list, got 'q'"
+    assert message(mode="c") == "mode: should be 'a' or 'b' or an integer, got 'c'"

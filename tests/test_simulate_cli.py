@@ -86,7 +86,7 @@ def _bad_workload(tmp_path):
     [
         (["--set", "workload=resnet5"], "unknown workload 'resnet5'; valid choices: alexnet"),
         (["--set", "topology=dgx-z"], "unknown topology 'dgx-z'; valid choices: "),
-        (["--set", "strategy.name=zero"], "strategy.name: Input should be 'single', 'dp-gpu0', 'ddp'"),
+        (["--set", "strategy.name=zero"], "strategy.name: should be 'single', 'dp-gpu0', 'ddp'"),
         (["--set", "batch_size=100", "--set", "gpus=3"], "batch_size 100 does not divide over 3 GPUs"),
         (["--set", "gpus=9"], "asks for 9 GPUs but topology 'pcie-4gpu-gen3' has 4"),
         (["--set", "strategy.bucket=1"],

@@ -77,9 +77,9 @@ GOOD = {"name": "t",
     ({**GOOD, "links": [*GOOD["links"], {"a": "cpu0", "b": "gpu9", "kind": "pcie", "generation": 3}]},
      "links[2].b: unknown node 'gpu9'"),
     ({**GOOD, "links": [{**GOOD["links"][0], "bandwidth_gbps": 0}, GOOD["links"][1]]},
-     "links[0].bandwidth_gbps: Input should be greater than 0"),
+     "links[0].bandwidth_gbps: should be greater than 0"),
     ({**GOOD, "links": [{**GOOD["links"][0], "bandwidth_gbps": -1}, GOOD["links"][1]]},
-     "links[0].bandwidth_gbps: Input should be greater than 0"),
+     "links[0].bandwidth_gbps: should be greater than 0"),
     ({**GOOD, "links": GOOD["links"][:1]}, "links: no route between gpu0 and gpu1"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, data, expected):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from trainsim.errors import TrainsimError, given_bool, unknown_name
+from trainsim.errors import TrainsimError, pydantic_message, unknown_name
 
 from .schema import NODE_KINDS
 
@@ -41,5 +41,4 @@ def validation_error(exc: ValidationError, *, file: str | None = None) -> Trains
                              field=f"{field}.kind")
     if kind == "extra_forbidden":
         return TrainsimError("unknown field", file=file, field=field)
-    msg = first.get("msg", str(exc)).removeprefix("Value error, ") + given_bool(first)
-    return TrainsimError(msg, file=file, field=field)
+    return TrainsimError(pydantic_message(first), file=file, field=field)

@@ -6,6 +6,7 @@ that names the file and field. The CLI prints it as one line and exits non-zero;
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -27,11 +28,28 @@ def unknown_name(kind: str, name: str, valid: Iterable[str], *, file: str | None
     return TrainsimError(f"unknown {kind} {name!r}; valid choices: {choices}", file=file, field=field)
 
 
-def given_bool(error: dict) -> str:
-    """``", got true"`` when a pydantic error is a bool given for a number (strict fields), else ``""``."""
-    given = error.get("input")
-    return f", got {str(given).lower()}" if isinstance(given, bool) and error.get("type", "").endswith(
-        ("int_type", "float_type")) else ""
+def pydantic_message(error: dict) -> str:
+    """One pydantic error in the words of the others: what the value should be and, where the value is the
+    problem, what was given (``should be a valid number, got 'abc'``; ``should be greater than 0, got -1``);
+    a validator's own words as they are."""
+    msg = error.get("msg", "").removeprefix("Value error, ")
+    kind = error.get("type", "")
+    if msg.startswith("Input should be"):
+        msg = msg.removeprefix("Input ").split(", unable to parse")[0].split(", got a number with")[0]
+        msg = re.sub(r"a valid dictionary( or instance of \w+)?", "a mapping", msg)  # not our class names
+        if "input" in error and not isinstance(error["input"], dict):
+            msg += f", got {_shown(error['input'])}"
+    elif kind.endswith("_parsing") or kind.endswith("_type"):
+        msg += f", got {_shown(error.get('input'))}"
+    return msg
+
+
+def _shown(value) -> str:
+    """A given value as the user wrote it in YAML: true/false/null, strings quoted, long ones cut."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> TrainsimError:
@@ -56,21 +74,17 @@ def from_validation_error(exc, *, file: str | None = None, prefix: str = "") -> 
     if kind_at is not None:
         branches = [e for e in errors if tuple(e.get("loc", ()))[:kind_at] == loc[:kind_at]
                     and len(e["loc"]) > kind_at and _is_kind(e["loc"][kind_at])]
-        inside = [e for e in branches if len(e["loc"]) > kind_at + 1]
-        if inside:  # the value was of this kind; the error is within it
+        inside = [e for e in branches if len(e["loc"]) > kind_at + 1 or not _wrong_kind(e)]
+        if inside:  # the value was of this kind; the error is within it or in its constraint
             first = inside[0]
         else:
-            kinds = dict.fromkeys(_KIND_WORDS.get(e["loc"][kind_at].split("[")[0].lower(), "a mapping")
-                                  for e in branches)
+            kinds = dict.fromkeys(_kind_words(e, e["loc"][kind_at]) for e in branches)
             msg = f"should be {' or '.join(kinds)}, got {first.get('input')!r}"
         loc = tuple(part for part in first["loc"] if not _is_kind(part))
     where = ".".join(str(p) for p in loc)
     field = f"{prefix}.{where}" if prefix and where else (prefix or where or None)
     if msg is None:
-        msg = first.get("msg", str(exc)).removeprefix("Value error, ")  # a validator's own words
-        if first.get("type") == "extra_forbidden":
-            msg = "unknown field"
-        msg += given_bool(first)
+        msg = "unknown field" if first.get("type") == "extra_forbidden" else pydantic_message(first)
     return TrainsimError(msg, file=file, field=field)
 
 
@@ -81,10 +95,25 @@ _KIND_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "boo
 
 
 def _is_kind(part) -> bool:
-    """Whether a location part names a kind of a union (``str``, ``list[int]``, a model's class name)
-    rather than a field or key: field names are lower case and never hold brackets."""
+    """Whether a location part names a kind of a union (``str``, ``list[int]``, ``constrained-int``, a
+    model's class name) rather than a field or key: field names are lower case and never hold brackets."""
     return isinstance(part, str) and bool(part) and (
-        "[" in part or part in _KIND_WORDS or part[0].isupper())
+        "[" in part or part.startswith("constrained-") or part in _KIND_WORDS or part[0].isupper())
+
+
+def _wrong_kind(error: dict) -> bool:
+    """Whether a union branch failed because the value is not of its kind (not on a constraint)."""
+    kind = error.get("type", "")
+    return kind.endswith(("_type", "_parsing")) or kind in ("literal_error", "int_from_float", "enum",
+                                                            "is_instance_of")
+
+
+def _kind_words(error: dict, part: str) -> str:
+    """How the kind a union branch wanted reads: ``an integer``; a literal's values (``'a' or 'b'``)."""
+    if error.get("type") == "literal_error" and error.get("ctx", {}).get("expected"):
+        return error["ctx"]["expected"]
+    # list[int] -> list, constrained-int -> int; a model's class name -> a mapping
+    return _KIND_WORDS.get(part.split("[")[0].removeprefix("constrained-").lower(), "a mapping")
 
 
 def error_record(exc: TrainsimError, exit_code: int) -> dict:

@@ -1,7 +1,10 @@
-"""Reading YAML files the one way every loader does: a syntax error is one line with the position, and a key
-given twice in one mapping is an error (PyYAML would silently keep the last one)."""
+"""Reading YAML files the one way every loader does: a syntax error is one line with the position, a key
+given twice in one mapping is an error (PyYAML would silently keep the last one), and ``1e-9`` is a number
+as YAML 1.2 and JSON read it (PyYAML follows YAML 1.1, where a float needs a dot, so it was a string)."""
 
 from __future__ import annotations
+
+import re
 
 import yaml
 
@@ -15,7 +18,26 @@ class _DuplicateKey(Exception):
         self.mark = mark
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class NumberLoader(yaml.SafeLoader):
+    """SafeLoader whose floats are YAML 1.2's: ``1e-9``, ``2E+3`` and ``-1.5e3`` as well as ``1.5``."""
+
+
+NumberLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                  |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str):
+    """One YAML document with `NumberLoader` (raises yaml.YAMLError on bad syntax)."""
+    return yaml.load(text, Loader=NumberLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+class _UniqueKeyLoader(NumberLoader):
     """SafeLoader that refuses a mapping with the same key twice."""
 
     def construct_mapping(self, node, deep=False):

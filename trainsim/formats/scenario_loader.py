@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from trainsim.errors import TrainsimError, unknown_name
 from trainsim.files import read_text
-from trainsim.yamlio import parse_yaml_mapping
+from trainsim.yamlio import load_yaml, parse_yaml_mapping
 
 from .scenario import Scenario, validate_scenario
 
@@ -36,7 +36,7 @@ def list_scenarios() -> dict[str, str]:
     for entry in sorted(_scenario_dir().iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             try:
-                data = yaml.safe_load(entry.read_text()) or {}
+                data = load_yaml(entry.read_text()) or {}
             except yaml.YAMLError:
                 data = {}
             out[entry.name.removesuffix(".yaml")] = (
@@ -145,7 +145,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise TrainsimError(f"an override must look like key.path=value, got {text!r}", field="--set")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
