@@ -78,7 +78,7 @@ def _load_topology(scenario):
                             "give the bundle with --calibration DIR (simulate, validate) or its topology "
                             "with --set topology=DIR/topology.yaml", file=scenario.source, field="topology")
     if isinstance(source, str):
-        source = _resolve_path(source, scenario.base_dir)
+        source = _resolve_path(source, scenario.path_base("topology"))
     try:
         topology = load_topology(source)
         check_topology_devices(topology)
@@ -106,7 +106,7 @@ def load_workload_ref(ref, base_dir: str | None = None) -> Workload:
 def _load_workload(scenario) -> Workload:
     """The scenario's workload; an error that names no file is the scenario's, at its ``workload`` field."""
     try:
-        return load_workload_ref(scenario.workload, scenario.base_dir)
+        return load_workload_ref(scenario.workload, scenario.path_base("workload"))
     except TrainsimError as exc:
         if exc.file is not None:
             raise

@@ -159,3 +159,26 @@ def test_a_union_branch_that_failed_its_constraint_is_reported_as_such():
     assert message(count=0) == "count: should be greater than or equal to 1, got 0"
     assert message(count="q") == "count: should be an integer or a list, got 'q'"
     assert message(mode="c") == "mode: should be 'a' or 'b' or an integer, got 'c'"
+
+
+def test_a_relative_path_given_with_set_is_the_working_folders(tmp_path, monkeypatch):
+    """A path in the scenario file resolves against the file's folder; one given on the command line
+    against the folder the command runs in, even when the scenario's folder has a file of that name."""
+    import yaml
+
+    from trainsim.sim.simulation import load_inputs
+    from trainsim.topologies import load_spec
+
+    def topology_named(folder, name):
+        folder.mkdir()
+        data = load_spec("pcie-4gpu-gen3")[0].model_dump(mode="json", exclude_none=True) | {"name": name}
+        (folder / "box.yaml").write_text(yaml.safe_dump(data))
+
+    topology_named(tmp_path / "scenarios", "the-scenarios-box")
+    topology_named(tmp_path / "here", "the-box-here")
+    scenario = tmp_path / "scenarios" / "s.yaml"
+    scenario.write_text(yaml.safe_dump(BASE | {"topology": "box.yaml", "workload": "tiny-cnn",
+                                                "batch_size": 64}))
+    monkeypatch.chdir(tmp_path / "here")
+    assert load_inputs(load_scenario(str(scenario)), None)[0].name == "the-scenarios-box"
+    assert load_inputs(load_scenario(str(scenario), ["topology=box.yaml"]), None)[0].name == "the-box-here"

@@ -516,8 +516,8 @@ def plan_scenario(
     gpus = sc.gpus if isinstance(sc.gpus, int) else (len(sc.gpus) if sc.gpus else None)
     base = sc.model_dump(by_alias=True, exclude={"variants"})
     # relative topology/workload paths resolve against the scenario's folder
-    base["topology"] = _resolvable(base["topology"], sc.base_dir)
-    base["workload"] = _resolvable(base["workload"], sc.base_dir)
+    base["topology"] = _resolvable(base["topology"], sc.path_base("topology"))
+    base["workload"] = _resolvable(base["workload"], sc.path_base("workload"))
     try:
         return plan(
             workload,

@@ -331,6 +331,8 @@ class Scenario(_Strict):
     # where the file came from (relative topology/workload paths resolve against its folder)
     _source: str | None = PrivateAttr(default=None)
     _base_dir: str | None = PrivateAttr(default=None)
+    # fields the command line set (--set): a relative path there is the working folder's, not the file's
+    _set_here: frozenset[str] = PrivateAttr(default=frozenset())
 
     @property
     def source(self) -> str | None:
@@ -339,6 +341,11 @@ class Scenario(_Strict):
     @property
     def base_dir(self) -> str | None:
         return self._base_dir
+
+    def path_base(self, field: str) -> str | None:
+        """The folder a relative path in ``field`` (topology, workload) resolves against first: the
+        scenario file's, unless ``--set`` gave the field (then the working folder's: None)."""
+        return None if field in self._set_here else self._base_dir
 
     @field_validator("assumptions", mode="before")
     @classmethod

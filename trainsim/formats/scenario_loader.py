@@ -232,12 +232,15 @@ def load_scenario(
     if variant is not None:
         data = apply_variant(data, variant, label=label)
     where = where or (f"{label or 'scenario'} variant {variant}" if variant is not None else label)
+    set_here = set()
     for text in overrides:
         key, value = parse_override(text)
         set_path(data, key, value, label=where)
+        set_here.add(key.split(".")[0])
     for key, value in (values or {}).items():
         set_path(data, key, copy.deepcopy(value), label=where)
     scenario = validate_scenario(data, label=where)
     scenario._source = label
     scenario._base_dir = str(base_dir) if base_dir else None
+    scenario._set_here = frozenset(set_here)
     return scenario
