@@ -120,6 +120,8 @@ def test_plan_cli_writes_the_plan(tmp_path):
         (["--workload", "tiny-cnn", "--topology", "dgx1-v100", "--batch", "4", "--gpus", "9"], "has 8"),
         (["ddp-resnet50-dgx1-v100", "--precision", "fp8"], "--precision: unknown precision 'fp8'"),
         (["validate-cpu"], "--set topology=DIR/topology.yaml"),  # plan has no --calibration to suggest
+        (["--workload", "tiny-cnn", "--topology", "dgx1-v100", "--batch", "4", "--set", "batch_size=8"],
+         "--set: overrides a scenario's fields, and none is given"),
     ],
 )
 def test_plan_cli_bad_input_is_one_line(args, message):

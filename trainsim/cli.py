@@ -1137,6 +1137,9 @@ def plan_cmd(
         missing = [name for name, value in given if value is None]
         if missing:
             raise TrainsimError(f"without SCENARIO, give {', '.join(missing)}", field=missing[0])
+        if overrides:
+            raise TrainsimError("overrides a scenario's fields, and none is given: give SCENARIO, or say it "
+                                "with --workload, --topology, --batch, --gpus and --precision", field="--set")
         from trainsim.formats.workload import load_workload
         from trainsim.topologies import load_topology
 
