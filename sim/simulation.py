@@ -442,7 +442,12 @@ class Simulation:
                 self._on_finish(iteration)
 
         ctx.finish = watch  # type: ignore[method-assign]
-        self.strategy(ctx)
+        try:
+            self.strategy(ctx)
+        except TrainsimError as exc:  # a strategy field the machine cannot satisfy: the scenario's error
+            if exc.file is not None:
+                raise
+            raise TrainsimError(exc.reason, file=sc.source, field=exc.field) from None
         env.run()
         wall = time.perf_counter() - wall
         total = self._last_iteration + 1

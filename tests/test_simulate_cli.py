@@ -200,3 +200,14 @@ def test_interrupt_is_one_line_and_exit_130(monkeypatch):
     result = run(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL])
     assert result.exit_code == 130
     assert result.output.strip() == "error: interrupted (Ctrl-C)"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("strategy.ps_socket=5", "ps-resnet50-pcie-4gpu-gen3.yaml: strategy.ps_socket: the topology has 1 CPU "
+                             "socket (0..0), no socket 5"),
+    ("strategy.ps_cores=500", "ps-resnet50-pcie-4gpu-gen3.yaml: strategy.ps_cores: socket 0 (cpu0) has 20 "
+                              "cores, fewer than 500"),
+])
+def test_a_strategy_field_the_machine_cannot_satisfy_names_the_scenario(override, message):
+    result = run(["simulate", "ps-resnet50-pcie-4gpu-gen3", *SMALL, "--set", override])
+    assert result.exit_code == 2 and result.output.strip() == f"error: {message}"

@@ -228,6 +228,7 @@ def test_cli_whatif_and_bad_names(tmp_path):
     assert ok.exit_code == 0, ok.output
     assert "whatif" in ok.stdout
     for args, message in ((["--topology", "no-such-box"], "no-such-box"),
-                          (["--gpu", "z80"], "unknown device"), (["--set", "pinned=maybe"], "pinned")):
+                          (["--gpu", "z80"], "--gpu: unknown device 'z80'"),
+                          (["--set", "pinned=maybe"], "pinned")):
         bad = runner.invoke(app, ["replay", path, *args])
         assert bad.exit_code == 2 and message in bad.output and "Traceback" not in bad.output

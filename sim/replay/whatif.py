@@ -96,7 +96,10 @@ class WhatIf:
         if self.network not in ("isolated", "shared"):
             raise unknown_name("network", self.network, ("isolated", "shared"), field="--set network")
         if self.gpu is not None:
-            get_device(self.gpu)
+            try:
+                get_device(self.gpu)
+            except TrainsimError as exc:
+                raise TrainsimError(exc.reason, field="--gpu") from None
         if not (math.isfinite(self.profiler_event_us) and self.profiler_event_us >= 0):
             raise TrainsimError(f"profiler_event_us must be a number of microseconds >= 0, got "
                                 f"{self.profiler_event_us!r}", field="--set profiler_event_us")

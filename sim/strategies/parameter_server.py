@@ -54,7 +54,7 @@ def _server(ctx: Context, host, pushed, pulled):
     weights_and_state = num_params * (4 + STATE_BYTES[ctx.optimizer])
     reads = ctx.n * costs.grad_bytes + weights_and_state
     writes = weights_and_state
-    cores = min(ctx.ps_cores or host.num_cores, host.num_cores)
+    cores = ctx.ps_cores or host.num_cores
     for it in range(ctx.total_iterations):
         yield env.all_of([pushed(it, r) for r in range(ctx.n)])
         yield from machine.host_update(host, reads, writes, cores=cores, op="ps_update", iteration=it,
@@ -72,10 +72,14 @@ def run_ps(ctx: Context) -> None:
     cpus = machine.topology.cpus
     if ctx.ps_socket >= len(cpus):
         raise TrainsimError(
-            f"the topology has {len(cpus)} cpu sockets (0..{len(cpus) - 1}), no socket {ctx.ps_socket}",
+            f"the topology has {len(cpus)} CPU socket{'s' if len(cpus) != 1 else ''} (0..{len(cpus) - 1}), "
+            f"no socket {ctx.ps_socket}",
             field="strategy.ps_socket",
         )
     host = machine.hosts[cpus[ctx.ps_socket]]
+    if ctx.ps_cores is not None and ctx.ps_cores > host.num_cores:
+        raise TrainsimError(f"socket {ctx.ps_socket} ({cpus[ctx.ps_socket]}) has {host.num_cores} cores, "
+                            f"fewer than {ctx.ps_cores}", field="strategy.ps_cores")
     push_events: dict = {}
     pull_events: dict = {}
 
