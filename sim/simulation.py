@@ -84,6 +84,9 @@ def _load_topology(scenario):
         check_topology_devices(topology)
         return topology
     except TrainsimError as exc:
+        if exc.file is None:  # a field of the scenario's own topology mapping (a generator's parameter)
+            field = f"topology.{exc.field}" if exc.field else "topology"
+            raise TrainsimError(exc.reason, file=scenario.source, field=field) from None
         raise TrainsimError(str(exc), file=scenario.source, field="topology") from None
 
 

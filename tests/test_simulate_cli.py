@@ -114,7 +114,7 @@ def test_workload_lacking_fields_and_corrupt_bundle(tmp_path):
         app, ["simulate", "ddp-resnet50-pcie-4gpu-gen3", "--set", f"workload={_bad_workload(tmp_path)}"]
     )
     assert result.exit_code == 2
-    assert "layers.0(fc).param_bytes: Field required" in result.output
+    assert "layers.0(fc).param_bytes: missing (required)" in result.output
     assert len(result.output.strip().splitlines()) == 1
     bundle = tmp_path / "bundle"
     bundle.mkdir()
@@ -211,3 +211,17 @@ def test_interrupt_is_one_line_and_exit_130(monkeypatch):
 def test_a_strategy_field_the_machine_cannot_satisfy_names_the_scenario(override, message):
     result = run(["simulate", "ps-resnet50-pcie-4gpu-gen3", *SMALL, "--set", override])
     assert result.exit_code == 2 and result.output.strip() == f"error: {message}"
+
+
+@pytest.mark.parametrize("topology, message", [
+    ("{generator: pcie_tree, gpus: 4, lanes: 7}",
+     "topology.lanes: should be 1, 2, 4, 8, 12, 16 or 32, got 7"),
+    ("{generator: nvswitch, gpus: 4}", "topology.links_per_gpu: missing (required)"),
+    ("{generator: cluster, nodes: 2, node: zz}", "topology.node: unknown topology 'zz'; valid choices: "),
+    ("{generator: cluster, nodes: 2, node: {generator: pcie_tree, gpus: 2, lanes: 3}}",
+     "topology.node.lanes: should be 1, 2, 4, 8, 12, 16 or 32, got 3"),
+])
+def test_a_generated_topologys_error_names_its_field_in_the_scenario(topology, message):
+    result = run(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", f"topology={topology}"])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: ddp-resnet50-pcie-4gpu-gen3.yaml: {message}"), result.output

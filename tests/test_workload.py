@@ -171,7 +171,8 @@ def test_negative_bytes_rejected(tmp_path):
 def test_missing_layer_field_rejected(tmp_path):
     data = _tiny_dict()
     del data["layers"][2]["output_bytes_per_sample"]
-    with pytest.raises(TrainsimError, match=r"layers.2\(pool1\).output_bytes_per_sample: Field required"):
+    with pytest.raises(TrainsimError,
+                       match=r"layers.2\(pool1\).output_bytes_per_sample: missing \(required\)"):
         load_workload(_write(tmp_path, data))
 
 
@@ -193,7 +194,7 @@ def test_duplicate_layer_names_rejected(tmp_path):
     (lambda d: d.update(schema="trainsim.workload/9"), "unsupported schema"),
     (lambda d: d["input"].update(bytes_per_sample=-1), "input.bytes_per_sample"),
     (lambda d: d.update(layers=[]), "layers"),
-    (lambda d: d.pop("provenance"), "provenance: Field required"),
+    (lambda d: d.pop("provenance"), r"provenance: missing \(required\)"),
 ])
 def test_other_bad_documents(tmp_path, mutate, message):
     data = _tiny_dict()

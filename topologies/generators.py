@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from trainsim.errors import TrainsimError, unknown_name
 
 from .fabrics import ClusterParams, FatTreeParams, RailParams, build_cluster, build_fat_tree, build_rail
-from .links import INTER_SOCKET
+from .links import INTER_SOCKET, PcieLanes
 from .machines import Meta, make_spec
 from .schema import TopologySpec
 from .validation import validation_error
@@ -36,8 +36,8 @@ class PcieTreeParams(Meta):
     memory_gib: float | None = Field(default=None, gt=0)
     gpus_per_switch: int = Field(default=2, ge=0, description="0: GPUs on the sockets' root ports")
     generation: int = Field(default=3, ge=1, le=6, description="PCIe generation")
-    lanes: int = Field(default=16, gt=0, description="lanes of each GPU's link")
-    uplink_lanes: int = Field(default=16, gt=0, description="lanes of each switch's link to its socket")
+    lanes: PcieLanes = Field(default=16, description="lanes of each GPU's link")
+    uplink_lanes: PcieLanes = Field(default=16, description="lanes of each switch's link to its socket")
     sockets: int = Field(default=1, gt=0)
     cores: int = Field(default=16, gt=0, description="cores per socket")
     dram_bandwidth_gbps: float | None = Field(default=None, gt=0)
@@ -208,7 +208,7 @@ def expand(data: dict, *, file: str | None = None, base_dir: Path | None = None,
         return build(params)
     except TrainsimError as exc:
         if exc.file is None:
-            raise TrainsimError(str(exc), file=file) from None
+            raise TrainsimError(exc.reason, file=file, field=exc.field) from None
         raise
     except ValidationError as exc:
         raise validation_error(exc, file=file) from None

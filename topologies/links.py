@@ -52,6 +52,7 @@ the copy-engine launch, which belongs to the device model, not to the links.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 GB = 1e9
 US = 1e-6
@@ -61,6 +62,8 @@ EDGE_KINDS = (*LINK_KINDS, "dram")
 
 # PCIe: GB/s per lane per direction after line encoding (8b/10b for Gen1-2, 128b/130b for Gen3-5;
 # Gen6 uses FLIT mode at 64 GT/s, taken at the same per-lane overhead here).
+#: the link widths PCIe defines (x1 ... x32); a link of any other lane count does not train
+PcieLanes = Literal[1, 2, 4, 8, 12, 16, 32]
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8,
                   6: 64 * 128 / 130 / 8}
 PCIE_COMPLETION_PAYLOAD_BYTES = 128

@@ -38,7 +38,12 @@ def copy_machines(node_source, count: int, *, load_node, base_dir: Path | None =
 
     ``load_node(source, base_dir=...) -> (TopologySpec, label)`` loads the machine (the loader passes its
     own). Each NIC stays where the machine file puts it (behind its PCIe switch: GPUDirect RDMA)."""
-    node_spec, _ = load_node(node_source, base_dir=base_dir)
+    try:
+        node_spec, _ = load_node(node_source, base_dir=base_dir)
+    except TrainsimError as exc:
+        if exc.file is not None:  # the machine's own file is wrong: it names itself
+            raise
+        raise TrainsimError(exc.reason, field="node" + (f".{exc.field}" if exc.field else "")) from None
     own_nics = sorted((n.name for n in node_spec.nodes if n.kind == "nic"), key=natural_key)
     nodes: list[dict] = []
     links: list[dict] = []

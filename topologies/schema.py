@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .links import PcieLanes
+
 SCHEMA = "trainsim.topology/1"
 NODE_KINDS = ("gpu", "cpu", "pcie_switch", "nvswitch", "nic", "network_switch")
 
@@ -92,7 +94,7 @@ class LinkSpec(_Strict):
     b: str
     kind: Literal["pcie", "nvlink", "upi", "ib", "ethernet"]
     generation: int | str | None = None
-    lanes: int | None = Field(default=None, gt=0)
+    lanes: PcieLanes | None = None
     count: int = Field(default=1, gt=0, description="bonded links (NVLink sets, inter-socket links)")
     bandwidth_gbps: float | None = Field(default=None, gt=0,
                                          description="per direction, what transfers reach")

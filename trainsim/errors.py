@@ -34,6 +34,8 @@ def pydantic_message(error: dict) -> str:
     a validator's own words as they are."""
     msg = error.get("msg", "").removeprefix("Value error, ")
     kind = error.get("type", "")
+    if kind == "missing":
+        return "missing (required)"
     if msg.startswith("Input should be"):
         msg = msg.removeprefix("Input ").split(", unable to parse")[0].split(", got a number with")[0]
         msg = re.sub(r"a valid dictionary( or instance of \w+)?", "a mapping", msg)  # not our class names
