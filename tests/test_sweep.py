@@ -143,8 +143,10 @@ def test_two_sweeps_cannot_write_one_results_file(tmp_path):
     with ResultsFile(out, columns(sweep.fields)).lock():
         with pytest.raises(TrainsimError, match="another sweep is writing this results file"):
             run_sweep(sweep, out, workers=1)
+        assert (tmp_path / "r.csv.lock").exists()  # the refused run left the holder's lock alone
     assert not out.exists()  # the refused run wrote nothing
     assert run_sweep(sweep, out, workers=1).ran == 1  # and the lock is released with its holder
+    assert not (tmp_path / "r.csv.lock").exists()  # nothing left behind
 
 
 def test_parallel_workers_give_the_rows_of_one_by_one(tmp_path):

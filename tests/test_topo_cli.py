@@ -38,6 +38,13 @@ def test_show_text_json_and_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("name", ["drawing.jpg", "drawing.svg", "drawing"])
+def test_a_drawing_named_as_another_format_is_refused(tmp_path, name):
+    result = invoke("show", "dgx1-v100", "--png", str(tmp_path / name))
+    assert result.exit_code == 2 and "--png" in result.output and "ending in .png" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_show_a_file(tmp_path):
     path = tmp_path / "tree.yaml"
     tree = {"generator": "pcie_tree", "name": "tree", "gpus": 4, "gpus_per_switch": 4}

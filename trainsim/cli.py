@@ -95,6 +95,12 @@ def _wants_json(ctx: typer.Context) -> bool:
     return bool(ctx.params.get("as_json")) or "--json" in options
 
 
+def _check_png(option: str, path: str | None) -> None:
+    """A drawing is written as PNG: a name that says another format (x.jpg, x.svg, or none) is refused."""
+    if path and not path.lower().endswith(".png"):
+        raise TrainsimError(f"{path!r}: the drawing is a PNG; give a file name ending in .png", field=option)
+
+
 def _check_outputs(*options: tuple[str, str | None]) -> None:
     """Check every output file a command was asked for before it does any work (`trainsim.files`)."""
     from trainsim.files import check_output
@@ -281,12 +287,14 @@ def topo_list(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
 def topo_show(
     topology: str = typer.Argument(..., help="A preset name (`trainsim topo list`) or a topology YAML file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    png: str | None = typer.Option(None, "--png", help="Also draw the topology to this PNG file."),
+    png: str | None = typer.Option(None, "--png", metavar="FILE.png",
+                                   help="Also draw the topology to this PNG file."),
 ):
     """Nodes, links, per-GPU injection and bisection bandwidth, and the kinds of path between GPUs."""
     from trainsim.topologies.analysis import describe, draw_png
     from trainsim.topologies.report import show_lines
 
+    _check_png("--png", png)
     _check_outputs(("--png", png))
     topo = _load_checked_topology(topology)
     desc = describe(topo)
@@ -828,6 +836,7 @@ def sweep_cmd(
     check_axis(axis)
     out = f"{sweep.spec.name}.csv" if out is None else out
     _distinct_outputs(("--out", out), ("--plot", plot))
+    _check_png("--plot", plot)
     _check_outputs(("--out", out), ("--plot", plot))
     bar = _progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn())

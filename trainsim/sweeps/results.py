@@ -18,7 +18,7 @@ import fcntl
 import io
 import json
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -92,21 +92,29 @@ class ResultsFile:
     def lock(self):
         """Hold the results file for this run: a second run on the same file (another process, or another
         sweep in this one) is refused at once rather than interleaving its rows. The lock is the kernel's
-        (flock), so a run that dies leaves nothing to clean up; the ``.lock`` file itself may stay."""
+        (flock) on a ``.lock`` file beside it, removed when the run ends; a run that dies leaves the file but
+        no lock, and the next run takes it."""
         lock_path = self.path.with_name(self.path.name + ".lock")
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise TrainsimError(f"cannot write beside the results file: {exc.strerror or exc}",
-                                file=str(self.path)) from None
-        try:
+        while True:
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise TrainsimError(f"cannot write beside the results file: {exc.strerror or exc}",
+                                    file=str(self.path)) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                os.close(fd)
                 raise TrainsimError("another sweep is writing this results file; wait for it to finish or "
                                     "give another --out", file=str(self.path)) from None
+            if _same_file(fd, lock_path):
+                break
+            os.close(fd)  # a run that just ended removed the file this one locked: lock the new one
+        try:
             yield self
         finally:
+            with suppress(OSError):
+                os.unlink(lock_path)  # while still held, so no other run holds a lock on a removed file
             os.close(fd)  # closing releases the lock
 
     def prepare(self, *, drop_errors: bool = False) -> dict[str, dict]:
@@ -209,3 +217,11 @@ def write_parquet(rows: list[dict], header: list[str], path: str | os.PathLike) 
     buffer = pa.BufferOutputStream()
     pq.write_table(pa.table(table), buffer)
     write_atomic(path, buffer.getvalue().to_pybytes())
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
