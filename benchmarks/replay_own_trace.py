@@ -6,9 +6,12 @@ the run's dependencies (launches ahead of the GPU, a synchronisation per step, e
 the replayed step on the what-if GPU should come close to the simulator's own step on a machine with that
 GPU. This prints both for each scenario and GPU, and their difference.
 
-The replay rescales a kernel by the GPUs' peak FLOP/s when its name says it is compute-bound (gemm, conv,
-cuDNN/cuBLAS names) and by their memory bandwidth otherwise; the simulator's kernels are named after their
-layers ("forward: features.0"), so layers whose names do not say conv or gemm are rescaled as memory-bound.
+The replay rescales a kernel by the GPUs' peak FLOP/s at the precision its name shows when the name says it
+is compute-bound (gemm, conv, cuDNN/cuBLAS names) and by their memory bandwidth otherwise; the simulator's
+kernels are named by what their layer computes and the run's precision, as a profiler's are ("forward
+conv2d tf32: layer1.0.conv1", "backward gemm: fc"). The simulator times each layer by its roofline on the
+new GPU instead, so a convolution that is memory-bound there moves less in the simulator than in the
+replay, which has no FLOP or byte counts per kernel.
 
     python benchmarks/replay_own_trace.py [--gpus h100-sxm,a100-40gb,k80]
 """

@@ -27,7 +27,8 @@ def test_trace_shape_follows_kineto():
     events = trace["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]
     kernels = [e for e in slices if e["cat"] == "kernel"]
-    assert any(e["name"].startswith("forward: conv1") and e["pid"] == 0 and e["tid"] == 7 for e in kernels)
+    assert any(e["name"].startswith("forward conv2d: conv1") and e["pid"] == 0 and e["tid"] == 7
+               for e in kernels)
     nccl = [e for e in kernels if e["name"].startswith("nccl")]
     assert nccl and all(
         e["args"]["Collective name"] == "allreduce" and e["args"]["message_bytes"] > 0 for e in nccl

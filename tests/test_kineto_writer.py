@@ -275,3 +275,22 @@ def test_help_says_file_or_folder():
     for command in ("simulate", "replay"):
         text = " ".join(runner.invoke(app, [command, "--help"]).stdout.split())
         assert "folder of rank-N.json.gz" in text and ".json.gz" in text
+
+
+def test_kernels_are_named_by_what_their_layer_computes_and_the_precision():
+    """A profiler's kernel names say convolution or matrix multiply and the precision; ours do too, so a
+    replay what-if rescales a linear layer by peak FLOP/s (its name says gemm) at the run's precision."""
+    from trainsim.sim.core.devices import get_device
+    from trainsim.sim.output.chrome_trace import compute_kernel_name
+    from trainsim.sim.replay.whatif import compute_ratio
+
+    result = api.simulate("single-gpu-resnet50", overrides=["batch_size=8", "iterations=1"], record=True)
+    names = {compute_kernel_name(op, result.precision) for op in result.machine.ops if op.stream == "compute"}
+    assert {"forward conv2d tf32: conv1", "backward gemm tf32: fc", "forward batchnorm: bn1",
+            "forward relu: relu"} <= names
+
+    class Kernel:
+        kind, name = "kernel", "backward gemm tf32: fc"
+
+    a100, h100 = get_device("a100-40gb"), get_device("h100-sxm")
+    assert compute_ratio(Kernel, a100, h100) == pytest.approx(a100.peak("tf32") / h100.peak("tf32"))

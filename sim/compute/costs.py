@@ -79,6 +79,8 @@ class RankCosts:
     loss_input_bytes: float = 0.0
     # cuBLAS workspaces the training process's matmul threads hold on the device (`workspaces`)
     workspace_bytes: float = 0.0
+    # each layer's kind (conv2d, linear, ...: `Layer.kind`), which names its kernels in a trace
+    layer_kinds: list[str] = field(default_factory=list)
     # seconds the host takes to dispatch each layer's forward and backward (`dispatch`); empty: not modelled
     forward_host_s: list[float] = field(default_factory=list)
     backward_host_s: list[float] = field(default_factory=list)
@@ -172,6 +174,7 @@ def rank_costs(
     return RankCosts(
         batch=batch,
         layer_names=[layer.name for layer in workload.layers],
+        layer_kinds=[layer.kind for layer in workload.layers],
         forward_s=forward,
         backward_s=backward,
         step_s=float(step),

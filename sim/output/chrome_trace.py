@@ -69,11 +69,32 @@ def _meta(pid: int, tid: int, kind: str, name: str) -> dict:
     return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
 
 
-def _gpu_event(op, gpu_index: int, correlation: int) -> dict:
+#: what a layer kind's kernels are called where it is not the kind itself: a linear layer runs cuBLAS GEMMs,
+#: attention's time is its batched matrix multiplies (a reader tells compute-bound kernels by these words)
+KERNEL_KIND = {"linear": "gemm", "attention": "attention gemm"}
+#: the kinds whose kernels run on tensor cores at the run's precision, which their names say (tf32, bf16)
+TENSOR_CORE_KINDS = ("conv2d", "linear", "attention")
+
+
+def compute_kernel_name(op, precision: str = "fp32") -> str:
+    """A compute op's kernel name: its pass, what its layer computes (``Layer.kind``: conv2d, gemm,
+    batchnorm, ...) when the op is one layer, with the run's ``precision`` for the kinds that run it on
+    tensor cores, and the layer: ``forward conv2d tf32: layer1.0.conv1``, as a profiler's kernel names say
+    convolution or matrix multiply and the precision."""
+    kind = op.args.get("kind")
+    what = op.op
+    if kind:
+        what += f" {KERNEL_KIND.get(kind, kind)}"
+        if kind in TENSOR_CORE_KINDS and precision != "fp32":
+            what += f" {precision}"
+    return f"{what}: {op.layer}" if op.layer else what
+
+
+def _gpu_event(op, gpu_index: int, correlation: int, precision: str) -> dict:
     tid = STREAM_TID.get(op.stream, 0)
     args = {"device": gpu_index, "stream": tid, "correlation": correlation, "iteration": op.iteration}
     if op.stream == "compute":
-        name = f"{op.op}: {op.layer}" if op.layer else op.op
+        name = compute_kernel_name(op, precision)
         cat = "kernel"
     elif op.stream == "comm":
         name = f"{op.args.get('kernel', 'ncclDevKernel_' + op.op)}(ncclDevComm*, unsigned long, ncclWork*)"
@@ -153,7 +174,7 @@ def chrome_trace(result, *, provenance: dict | None = None) -> dict:
     for op in machine.ops:
         if op.resource in gpu_index:
             correlation += 1
-            events.append(_gpu_event(op, gpu_index[op.resource], correlation))
+            events.append(_gpu_event(op, gpu_index[op.resource], correlation, result.precision))
         elif op.resource in machine.hosts:
             host_ops.setdefault(op.resource, []).append(op)
     ends = _iteration_spans(result)

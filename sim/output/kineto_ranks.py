@@ -38,6 +38,7 @@ from trainsim.formats.kineto_writer import (
     us,
     write_rank_folder,
 )
+from trainsim.sim.output.chrome_trace import compute_kernel_name
 
 GPU_STREAM = {"compute": 7, "h2d": 20, "d2h": 21, "comm": 22, "p2p": 23}
 CPU_PID_BASE = 100_000   # a rank's CPU process id: base + rank (never a device id)
@@ -45,10 +46,10 @@ CPU_PID_BASE = 100_000   # a rank's CPU process id: base + rank (never a device 
 LAUNCH_GAP_S = 1e-9
 
 
-def _gpu_event(op) -> tuple[str, str, dict]:
+def _gpu_event(op, precision: str) -> tuple[str, str, dict]:
     """(category, name, extra args) of a GPU op, in Kineto's words."""
     if op.stream == "compute":
-        return "kernel", (f"{op.op}: {op.layer}" if op.layer else op.op), {}
+        return "kernel", compute_kernel_name(op, precision), {}
     if op.stream == "comm":
         name = f"{op.args.get('kernel', 'ncclDevKernel_' + op.op)}(ncclDevComm*, unsigned long, ncclWork*)"
         return "kernel", name, {"Collective name": op.op, "message_bytes": int(op.nbytes),
@@ -105,7 +106,7 @@ def rank_traces(result) -> dict[int, RankTrace]:
         if op.stream not in GPU_STREAM:          # the training loop waiting (data loader, parameter server)
             rt.cpu("cpu_op", op.op, rt.cpu_pid, ts, dur, {"iteration": op.iteration})
             continue
-        cat, name, args = _gpu_event(op)
+        cat, name, args = _gpu_event(op, result.precision)
         if "Collective name" in args:
             size = 2 if dtype in ("Half", "BFloat16") else 4
             args.update({"In msg nelems": int(op.nbytes) // size, "Out msg nelems": int(op.nbytes) // size,

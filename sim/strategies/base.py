@@ -199,9 +199,11 @@ class Context:
             factor = self.jitter.factor(machine.gpus[gpu].index, iteration, 0 if op == "forward" else 1)
             times = [t * factor for t in times]
 
-        def record(begin: float, end: float, layer: str, k: int) -> None:
+        def record(begin: float, end: float, layer: str, k: int, kind: str | None = None) -> None:
             # where the host's dispatch is modelled, when it began enqueueing the layer (a trace's launch)
             args = {} if dispatched is None else {"dispatched": dispatched[k]}
+            if kind is not None:  # one layer's kernels: named by what they compute in a trace
+                args["kind"] = kind
             machine.record(iteration=iteration, resource=gpu, stream="compute", op=op, start=begin, end=end,
                            category=COMPUTE, layer=layer, args=args)
 
@@ -221,7 +223,8 @@ class Context:
                     gradients_in(memory, t, grads, i, costs.loss_input_bytes)
                     self.write_param_grads(gpu, t, i)
                 if self.detail:
-                    record(t, end, costs.layer_names[i], k)
+                    kind = costs.layer_kinds[i] if costs.layer_kinds else None
+                    record(t, end, costs.layer_names[i], k, kind)
                 if saved_delta < 0:
                     memory.free(end, costs.saved_bytes_per_layer[i], "activations")
                     if grads:
