@@ -55,3 +55,6 @@ def test_cli_max_batch_json_and_bad_strategy(tmp_path):
     assert doc["with_offload"]["per_gpu_batch"] > doc["without_offload"]["per_gpu_batch"]
     bad = runner.invoke(app, ["max-batch", path, "--set", "strategy.name=pipeline"])
     assert bad.exit_code == 2 and "strategy.name" in bad.output
+    unknown = runner.invoke(app, ["max-batch", path, "--offload", "a,z"])
+    assert unknown.exit_code == 2
+    assert unknown.output.startswith("error: --offload: unknown layer 'z'; valid choices: a, b, c")

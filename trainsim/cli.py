@@ -780,7 +780,13 @@ def max_batch_cmd(
     sc = load_scenario(scenario, overrides, variant=variant)
     chosen: str | list[str] = policy if policy in ("all", "conv") else _names(policy, "--offload")
     with Console(stderr=True).status(f"searching the largest batch of {sc.name}"):
-        doc = max_batch(sc, policy=chosen)
+        try:
+            doc = max_batch(sc, policy=chosen)
+        except TrainsimError as exc:
+            own_policy = sc.optimizations.offload_activations not in ("none", [])
+            if exc.field != "optimizations.offload_activations" or own_policy:
+                raise
+            raise TrainsimError(exc.reason, field="--offload") from None  # the policy given here is wrong
     doc["provenance"] = provenance(timestamp=False, scenario=scenario, overrides=list(overrides),
                                    variant=variant, offload=policy)
     if as_json:

@@ -6,6 +6,7 @@ that names the file and field. The CLI prints it as one line and exits non-zero;
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable
 
@@ -21,11 +22,23 @@ class TrainsimError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+#: more valid choices than this are not all listed (a model's layers, a cluster's nodes): the closest few are
+MAX_LISTED = 30
+
+
 def unknown_name(kind: str, name: str, valid: Iterable[str], *, file: str | None = None,
                  field: str | None = None) -> TrainsimError:
-    """The error for a name that is not one of the valid choices, listing them."""
-    choices = ", ".join(sorted(str(v) for v in valid))
-    return TrainsimError(f"unknown {kind} {name!r}; valid choices: {choices}", file=file, field=field)
+    """The error for a name that is not one of the valid choices, listing them; of a long list, the names
+    closest to ``name`` and the list's ends, with its length."""
+    choices = sorted({str(v) for v in valid})
+    if len(choices) <= MAX_LISTED:
+        return TrainsimError(f"unknown {kind} {name!r}; valid choices: {', '.join(choices)}", file=file,
+                             field=field)
+    close = difflib.get_close_matches(str(name), choices, n=5, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    ends = f"{', '.join(choices[:5])}, ..., {', '.join(choices[-3:])}"
+    return TrainsimError(f"unknown {kind} {name!r}{hint} ({len(choices)} valid choices: {ends})", file=file,
+                         field=field)
 
 
 def pydantic_message(error: dict) -> str:
