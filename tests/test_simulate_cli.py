@@ -225,3 +225,16 @@ def test_a_generated_topologys_error_names_its_field_in_the_scenario(topology, m
     result = run(["simulate", "ddp-resnet50-pcie-4gpu-gen3", *SMALL, "--set", f"topology={topology}"])
     assert result.exit_code == 2
     assert result.output.startswith(f"error: ddp-resnet50-pcie-4gpu-gen3.yaml: {message}"), result.output
+
+
+def test_scenarios_show_prints_what_the_simulator_reads():
+    import yaml
+
+    result = run(["scenarios", "show", "validate-gpu", "--variant", "ddp-2", "--set", "batch_size=64"])
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.output)
+    assert shown["strategy"]["name"] == "ddp" and shown["gpus"] == 2 and shown["batch_size"] == 64
+    listed = run(["scenarios", "show", "validate-gpu"]).output.splitlines()[-1]
+    assert listed.startswith("# variants (--variant NAME): single, ") and "offload-prefetch-1" in listed
+    doc = json.loads(run(["scenarios", "show", "ddp-resnet50-dgx-a100", "--json"]).output)
+    assert doc["schema"] == "trainsim.scenario/1" and doc["strategy"]["name"] == "ddp"

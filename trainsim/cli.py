@@ -897,6 +897,30 @@ def scenarios_list(as_json: bool = typer.Option(False, "--json", help="Print JSO
         typer.echo(f"{name:<{width}}  {description}")
 
 
+@scenarios_app.command("show")
+def scenarios_show(
+    scenario: str = typer.Argument(..., metavar="SCENARIO", help="A shipped scenario or a YAML file."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
+                                        help="Override a scenario field (repeatable)."),
+    variant: str | None = typer.Option(None, "--variant", help="Apply one of the scenario's named variants."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every field, defaults included)."),
+):
+    """A scenario as the simulator reads it, with --set and --variant applied: as YAML, the fields it sets
+    (the others keep their defaults), and the names of its variants."""
+    import yaml
+
+    from trainsim.formats.scenario_loader import load_scenario
+
+    sc = load_scenario(scenario, overrides, variant=variant)
+    if as_json:
+        print_json(sc.model_dump(mode="json", by_alias=True))
+        return
+    fields = sc.model_dump(mode="json", by_alias=True, exclude_defaults=True, exclude={"variants"})
+    typer.echo(yaml.safe_dump(fields, sort_keys=False, width=110).rstrip())
+    if sc.variants:
+        typer.echo(f"# variants (--variant NAME): {', '.join(sc.variants)}")
+
+
 # ---- trainsim execute: the real PyTorch executor (calibrate/execute/executor.py) ---------------------------
 
 @app.command("execute")
