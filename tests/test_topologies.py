@@ -287,6 +287,10 @@ GT0 = "should be greater than 0"
     (lambda d: d["links"][0].update(speed=3), "links[0].speed: unknown field"),
     (lambda d: d["nodes"].append({"name": "gpu0", "kind": "gpu", "spec": "A1"}), "nodes[3].name: duplicate"),
     (lambda d: d["links"].pop(), "links: no route between gpu0 and gpu1"),
+    (lambda d: d.update(nodes=d["nodes"] + [{"name": "nvsw0", "kind": "nvswitch", "nvlink_generation": 3}],
+                        links=[{"a": g, "b": "nvsw0", "kind": "nvlink", "generation": 3}
+                               for g in ("gpu0", "gpu1")]),
+     "links: 'gpu0' reaches no cpu socket, so it has no host memory (link it to one"),
     (lambda d: d["links"][0].update(generation=7), "links[0].generation: unknown pcie generation '7'"),
     (lambda d: d["links"][0].pop("generation"), "links[0].generation: give generation"),
     (lambda d: d["nodes"][1].update(spec="Mystery"), "nodes[1].memory_gib: GPU spec 'Mystery' has no"),

@@ -420,9 +420,16 @@ class Topology:
         infra = self.graph.subgraph(infra_nodes)
         component = {n: i for i, comp in enumerate(nx.weakly_connected_components(infra)) for n in comp}
         reach = {g: {component[n] for n in self.graph.successors(g) if n in component} for g in gpus}
-        if gpus and set.intersection(*reach.values()):
-            return  # one fabric every GPU touches: every pair has a route
-        for i, a in enumerate(gpus):
-            for b in gpus[i + 1:]:
-                if not (reach[a] & reach[b]) and not self.graph.has_edge(a, b):
-                    raise TrainsimError(f"no route between {a} and {b}", file=self.source, field="links")
+        if not (gpus and set.intersection(*reach.values())):  # else one fabric every GPU touches: all routes
+            for i, a in enumerate(gpus):
+                for b in gpus[i + 1:]:
+                    if not (reach[a] & reach[b]) and not self.graph.has_edge(a, b):
+                        raise TrainsimError(f"no route between {a} and {b}", file=self.source, field="links")
+        sockets = {component[c] for c in self.cpus if c in component}
+        for g in gpus:
+            if not reach[g] & sockets:  # only through other GPUs, if at all: as the simulator would look
+                try:
+                    self.host_memory(g)
+                except TrainsimError as exc:
+                    raise TrainsimError(f"{exc.reason} (link it to one, e.g. through a pcie_switch)",
+                                        file=self.source, field="links") from None
