@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
-from trainsim.errors import TrainsimError
+from trainsim.errors import TrainsimError, raised_first
 from trainsim.formats.scenario import Scenario, cublas_workspace_config_bytes
 from trainsim.formats.workload import Workload, load_workload, parse_workload
 from trainsim.sim.compute.costs import mixed, rank_costs
@@ -447,11 +447,13 @@ class Simulation:
         ctx.finish = watch  # type: ignore[method-assign]
         try:
             self.strategy(ctx)
+            env.run()
         except TrainsimError as exc:  # a strategy field the machine cannot satisfy: the scenario's error
+            exc = raised_first(exc)
             if exc.file is not None:
-                raise
-            raise TrainsimError(exc.reason, file=sc.source, field=exc.field) from None
-        env.run()
+                raise exc from None
+            field = "strategy.collective_algo" if exc.field == "algo" else exc.field  # the collectives' word
+            raise TrainsimError(exc.reason, file=sc.source, field=field) from None
         wall = time.perf_counter() - wall
         total = self._last_iteration + 1
         missing = [i for i in range(total) if len(ctx.iteration_end.get(i, {})) < ctx.n]

@@ -238,3 +238,10 @@ def test_scenarios_show_prints_what_the_simulator_reads():
     assert listed.startswith("# variants (--variant NAME): single, ") and "offload-prefetch-1" in listed
     doc = json.loads(run(["scenarios", "show", "ddp-resnet50-dgx-a100", "--json"]).output)
     assert doc["schema"] == "trainsim.scenario/1" and doc["strategy"]["name"] == "ddp"
+
+
+def test_an_algorithm_the_machine_lacks_names_the_scenarios_field():
+    # raised inside a SimPy process, which re-raises a copy without the field: the original is reported
+    result = run(["simulate", "ddp-resnet50-dgx-a100", *SMALL, "--set", "strategy.collective_algo=nvls"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: ddp-resnet50-dgx-a100.yaml: strategy.collective_algo: nvls needs")

@@ -47,13 +47,15 @@ def test_one_method_and_a_gpu_subset():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["dgx-a100", "--collective", "allsum"], "unknown collective 'allsum'"),
-    (["dgx-a100", "--algo", "nvls"], "reduce: true"),
-    (["dgx-a100", "--algo", "magic"], "unknown algorithm 'magic'"),
-    (["dgx-a100", "--proto", "xyz"], "unknown protocol 'xyz'; valid choices: auto, ll, ll128, simple"),
+    (["dgx-a100", "--collective", "allsum"], "--collective: unknown collective 'allsum'"),
+    (["dgx-a100", "--algo", "nvls"], "--algo: nvls needs every GPU of the group linked to one NVSwitch"),
+    (["dgx-a100", "--algo", "magic"], "--algo: unknown algorithm 'magic'"),
+    (["dgx-a100", "--proto", "xyz"], "--proto: unknown protocol 'xyz'; valid choices: auto, ll, ll128, "
+                                     "simple"),
+    (["dgx-a100", "--gpus", "0,42"], "--gpus: "),
     (["dgx-a100", "--gpus", "0,42"], "out of range"),
-    (["dgx-a100", "--sizes", "lots"], "cannot read size"),
-    (["dgx-a100", "--method", "guess"], "unknown method"),
+    (["dgx-a100", "--sizes", "lots"], "--sizes: cannot read size"),
+    (["dgx-a100", "--method", "guess"], "--method: unknown method"),
     (["no-such-machine"], "no-such-machine"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):

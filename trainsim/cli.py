@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 import trainsim
-from trainsim.errors import TrainsimError, error_record
+from trainsim.errors import TrainsimError, error_record, raised_first
 
 #: click's UsageError, the base of typer.BadParameter: typer vendors click in new versions and not in old
 #: ones, so it is found from the class typer does export
@@ -40,6 +40,7 @@ class _OneLineErrors(TyperGroup):
         try:
             return super().invoke(ctx)
         except TrainsimError as exc:
+            exc = raised_first(exc)  # inside a simulation: its file and field, not SimPy's copy's
             if _wants_json(ctx):
                 print_json(error_record(exc, 2))
             typer.echo(f"error: {exc}", err=True)
@@ -349,6 +350,23 @@ def topo_bench(
     """Collective timings on a topology, nccl-tests style: size, time, algbw, busbw, from the flow-level
     simulation and the analytic alpha-beta model."""
 
+    with _options_named(("collective", "algo", "proto", "sizes", "gpus", "method")):
+        _topo_bench(topology, collective, algo, proto, sizes, gpus, method, as_json)
+
+
+@contextlib.contextmanager
+def _options_named(options: tuple[str, ...]):
+    """An error the library names by a parameter (``algo``) is the option's that gave it (``--algo``)."""
+    try:
+        yield
+    except TrainsimError as exc:
+        first = raised_first(exc)
+        if first.file is not None or first.field not in options:
+            raise
+        raise TrainsimError(first.reason, field=f"--{first.field}") from None
+
+
+def _topo_bench(topology, collective, algo, proto, sizes, gpus, method, as_json) -> None:
     from trainsim.sim.collectives import ops as coll
 
     methods = coll.METHODS if method == "both" else (method,)
@@ -668,13 +686,17 @@ def device_list(as_json: bool = typer.Option(False, "--json", help="Print JSON."
 
 @device_app.command("show")
 def device_show(
-    name: str = typer.Argument(..., help="A device name or alias, e.g. v100, a100-80gb, h100."),
+    name: str = typer.Argument(..., metavar="DEVICE",
+                               help="A device name or alias, e.g. v100, a100-80gb, h100."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """One device spec, with its source."""
     from trainsim.sim.core.devices import get_device
 
-    record = get_device(name).to_json_dict()
+    try:
+        record = get_device(name).to_json_dict()
+    except TrainsimError as exc:
+        raise TrainsimError(exc.reason, field="DEVICE") from None
     if as_json:
         print_json(record)
         return

@@ -22,6 +22,14 @@ class TrainsimError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+def raised_first(exc: TrainsimError) -> TrainsimError:
+    """The TrainsimError as it was raised: SimPy re-raises a failed process's exception as a copy made from
+    its message (without its file and field), with the original as the cause, once per process it crosses."""
+    while isinstance(exc.__cause__, TrainsimError):
+        exc = exc.__cause__
+    return exc
+
+
 #: more valid choices than this are not all listed (a model's layers, a cluster's nodes): the closest few are
 MAX_LISTED = 30
 
