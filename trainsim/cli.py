@@ -350,20 +350,21 @@ def topo_bench(
     """Collective timings on a topology, nccl-tests style: size, time, algbw, busbw, from the flow-level
     simulation and the analytic alpha-beta model."""
 
-    with _options_named(("collective", "algo", "proto", "sizes", "gpus", "method")):
+    with _options_named({f: f"--{f}" for f in ("collective", "algo", "proto", "sizes", "gpus", "method")}):
         _topo_bench(topology, collective, algo, proto, sizes, gpus, method, as_json)
 
 
 @contextlib.contextmanager
-def _options_named(options: tuple[str, ...]):
-    """An error the library names by a parameter (``algo``) is the option's that gave it (``--algo``)."""
+def _options_named(options: dict[str, str]):
+    """An error the library names by a parameter (``algo``) is the option's or argument's that gave it
+    (``--algo``): ``options`` maps one to the other."""
     try:
         yield
     except TrainsimError as exc:
         first = raised_first(exc)
         if first.file is not None or first.field not in options:
             raise
-        raise TrainsimError(first.reason, field=f"--{first.field}") from None
+        raise TrainsimError(first.reason, field=options[first.field]) from None
 
 
 def _topo_bench(topology, collective, algo, proto, sizes, gpus, method, as_json) -> None:
@@ -693,10 +694,8 @@ def device_show(
     """One device spec, with its source."""
     from trainsim.sim.core.devices import get_device
 
-    try:
+    with _options_named({"device": "DEVICE"}):
         record = get_device(name).to_json_dict()
-    except TrainsimError as exc:
-        raise TrainsimError(exc.reason, field="DEVICE") from None
     if as_json:
         print_json(record)
         return
