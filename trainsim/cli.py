@@ -800,14 +800,11 @@ def max_batch_cmd(
 
     sc = load_scenario(scenario, overrides, variant=variant)
     chosen: str | list[str] = policy if policy in ("all", "conv") else _names(policy, "--offload")
-    with Console(stderr=True).status(f"searching the largest batch of {sc.name}"):
-        try:
-            doc = max_batch(sc, policy=chosen)
-        except TrainsimError as exc:
-            own_policy = sc.optimizations.offload_activations not in ("none", [])
-            if exc.field != "optimizations.offload_activations" or own_policy:
-                raise
-            raise TrainsimError(exc.reason, field="--offload") from None  # the policy given here is wrong
+    # the policy is --offload's where the scenario has none of its own
+    given = {} if sc.optimizations.offload_activations not in ("none", []) else {
+        "optimizations.offload_activations": "--offload"}
+    with Console(stderr=True).status(f"searching the largest batch of {sc.name}"), _options_named(given):
+        doc = max_batch(sc, policy=chosen)
     doc["provenance"] = provenance(timestamp=False, scenario=scenario, overrides=list(overrides),
                                    variant=variant, offload=policy)
     if as_json:
