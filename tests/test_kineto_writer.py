@@ -290,7 +290,7 @@ def test_kernels_are_named_by_what_their_layer_computes_and_the_precision():
             "forward relu: relu"} <= names
 
     class Kernel:
-        kind, name = "kernel", "backward gemm tf32: fc"
+        kind, name, work = "kernel", "backward gemm tf32: fc", None
 
     a100, h100 = get_device("a100-40gb"), get_device("h100-sxm")
     assert compute_ratio(Kernel, a100, h100) == pytest.approx(a100.peak("tf32") / h100.peak("tf32"))

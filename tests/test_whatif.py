@@ -159,6 +159,38 @@ def test_another_gpu_rescales_by_kernel_kind(tmp_path):
         100 * US * a100.memory_bandwidth / h100.memory_bandwidth)
 
 
+def test_matrix_kernels_by_their_ops_shapes(tmp_path):
+    """A GEMM kernel under a matmul recorded with its shapes scales by the roofline of that matmul: a
+    matrix-vector product by memory bandwidth, a large square one by peak FLOP/s. Kernel kinds are read
+    from the function name, not its template arguments (fbgemm_gpu types do not make a GEMM), and Hopper's
+    cuBLAS kernels (nvjet) are GEMMs."""
+    gemv_like, square = "ampere_sgemm_128x64_nn", "ampere_sgemm_128x128_nn"
+    embedding = "void split_embedding_codegen_forward_kernel<c10::Half, fbgemm_gpu::Vec4T<float>>(int)"
+    nvjet = "nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT"
+    b = TraceBuilder(device_name=A100)
+    b.cpu_op(MAIN, "aten::mm", 9, 8, **{"Input Dims": [[1, 8192], [8192, 8192]],
+                                        "Input type": ["float", "float"]})
+    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=100, name=gemv_like)
+    b.cpu_op(MAIN, "aten::mm", 19, 8, **{"Input Dims": [[8192, 8192], [8192, 8192]],
+                                         "Input type": ["float", "float"]})
+    b.launch(MAIN, 20, 5, stream=7, gpu_ts=130, gpu_dur=100, name=square)
+    b.launch(MAIN, 30, 5, stream=7, gpu_ts=240, gpu_dur=100, name=embedding)
+    b.launch(MAIN, 40, 5, stream=7, gpu_ts=350, gpu_dur=100, name=nvjet)
+    graphs = [graph(b, tmp_path / "t.json")]
+    model = WhatIfModel(graphs, WhatIf(gpu="h100-sxm"))
+    rr = replay(graphs, op_time=model).ranks[0]
+    a100, h100 = get_device("a100-40gb"), get_device("h100-sxm")
+    bandwidth, fp32 = a100.memory_bandwidth / h100.memory_bandwidth, a100.peak("fp32") / h100.peak("fp32")
+    assert duration(rr, gemv_like) == pytest.approx(100 * US * bandwidth)
+    assert duration(rr, square) == pytest.approx(100 * US * fp32)
+    assert duration(rr, embedding) == pytest.approx(100 * US * bandwidth)
+    assert duration(rr, nvjet) == pytest.approx(100 * US * fp32)
+    notes = model.notes()
+    assert "2 matrix kernels rescaled by the roofline of their ops' recorded shapes (1 of them memory-bound" \
+        in notes[0]
+    assert notes[1].startswith("1 matrix kernels rescaled by peak FLOP/s")
+
+
 def test_compute_ratio_precision_from_the_name():
     from trainsim.formats.kineto import GpuEvent
     from trainsim.sim.replay.trace_graph import GpuOp

@@ -75,6 +75,14 @@ def streaming_seconds(device: DeviceSpec, nbytes: float,
     return nbytes / (device.memory_bandwidth * share)
 
 
+def kernel_seconds(device: DeviceSpec, flops: float, nbytes: float, precision: str = "fp32",
+                   efficiency: Efficiency = DEFAULT_EFFICIENCY) -> float:
+    """Roofline seconds of one kernel on ``device``: ``flops`` at ``precision``'s peak or ``nbytes`` of
+    memory traffic, whichever takes longer (its time on the GPU: no launch overhead)."""
+    return max(flops / (device.peak(precision) * efficiency.compute),
+               nbytes / (device.memory_bandwidth * efficiency.memory))
+
+
 def _storage_scale(workload_dtype: str, precision: str) -> float:
     if precision not in PRECISION_BYTES:
         raise TrainsimError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISION_BYTES)}",
@@ -93,8 +101,6 @@ def layer_time(layer: Layer, device: DeviceSpec | str, batch: int, precision: st
     if batch < 1:
         raise TrainsimError(f"batch must be >= 1, got {batch}", field="batch")
     scale = _storage_scale(dtype, precision)
-    peak = device.peak(precision) * efficiency.compute
-    bandwidth = device.memory_bandwidth * efficiency.memory
     params = (layer.param_bytes + layer.shared_param_bytes) * scale
     kernels = KERNELS.get(layer.kind, (1, 1))
     times = []
@@ -106,7 +112,8 @@ def layer_time(layer: Layer, device: DeviceSpec | str, batch: int, precision: st
         if flops == 0 and traffic == 0:
             times.append(0.0)  # an identity (dropout p=0, position embedding with no weights): no kernel
             continue
-        times.append(max(flops / peak, traffic / bandwidth) + n_kernels * efficiency.launch_overhead_s)
+        times.append(kernel_seconds(device, flops, traffic, precision, efficiency)
+                     + n_kernels * efficiency.launch_overhead_s)
     return times[0], times[1]
 
 

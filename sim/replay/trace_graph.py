@@ -47,8 +47,10 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
+from typing import NamedTuple
 
 from trainsim.formats.kineto import Collective, CpuEvent, GpuEvent, KinetoTrace
+from trainsim.sim.replay.op_work import OpWork, op_work
 
 # Calls that return only when the GPU work they refer to has finished.
 DEVICE_SYNC = {"cudaDeviceSynchronize", "cuCtxSynchronize"}
@@ -79,6 +81,7 @@ class GpuOp:
     deps: list[int] = field(default_factory=list)   # ops on other streams it waits for (event waits)
     step: int | None = None          # ProfilerStep number
     layer: str | None = None         # nn.Module when the trace has modules, else the top-level op
+    work: OpWork | None = None       # a kernel's: its matmul/convolution op's FLOPs and bytes (op_work)
     launch_latency: float = 0.0
     queue_gap: float = 0.0
 
@@ -97,6 +100,15 @@ class GpuOp:
     @property
     def collective(self) -> Collective | None:
         return self.event.collective
+
+
+class _Caller(NamedTuple):
+    """What encloses a runtime call on its thread."""
+
+    outer: str | None               # the outermost cpu op
+    module: str | None              # the innermost nn.Module
+    comm: Collective | None         # the enclosing c10d collective
+    work: OpWork | None             # the innermost matmul/convolution op recorded with shapes
 
 
 @dataclass(slots=True)
@@ -193,6 +205,7 @@ class _Builder:
         # anchors per thread: (t, order, label, payload); turned into points later
         self.anchors: list[list] = []
         self.order = 0
+        self.works: dict[int, OpWork | None] = {}   # id(cpu op) -> its work
 
     # -- CPU threads --------------------------------------------------------------------------------
 
@@ -219,17 +232,27 @@ class _Builder:
         return item
 
     def stacks(self, thread: int):
-        """(runtime call, outermost cpu op, innermost module, enclosing collective) for each runtime call."""
+        """(runtime call, what encloses it: a `_Caller`) for each runtime call of ``thread``."""
         stack: list[CpuEvent] = []
         for e in self.events_by_thread[thread]:
             while stack and e.ts >= _end(stack[-1]) - 1e-12:
                 stack.pop()
             if e.kind == "runtime":
-                outer = next((s.name for s in stack if s.kind == "cpu_op"), None)
-                module = next((s.name for s in reversed(stack) if s.name.startswith("nn.Module:")), None)
-                comm = next((s.collective for s in reversed(stack) if s.collective is not None), None)
-                yield e, outer, module, comm
+                yield e, _Caller(
+                    outer=next((s.name for s in stack if s.kind == "cpu_op"), None),
+                    module=next((s.name for s in reversed(stack) if s.name.startswith("nn.Module:")), None),
+                    comm=next((s.collective for s in reversed(stack) if s.collective is not None), None),
+                    work=next((w for s in reversed(stack) if (w := self._work(s)) is not None), None))
             stack.append(e)
+
+    def _work(self, event: CpuEvent) -> OpWork | None:
+        """The FLOPs and bytes of a cpu op recorded with its shapes (`op_work`), once per op."""
+        if event.kind != "cpu_op" or event.shapes is None:
+            return None
+        key = id(event)
+        if key not in self.works:
+            self.works[key] = op_work(event.name, event.shapes, event.types, event.concrete)
+        return self.works[key]
 
     # -- the whole build ---------------------------------------------------------------------------
 
@@ -251,16 +274,15 @@ class _Builder:
         launch_thread: dict[int, int] = {}
         flow_calls: dict[tuple, list] = defaultdict(list)
         for thread in range(len(self.threads)):
-            for call, outer, module, comm in self.stacks(thread):
+            for call, caller in self.stacks(thread):
                 item = self.anchor(thread, call.ts, "call", call)
                 calls.append((call, thread, item))
                 group = launched_by.get(call.correlation, ()) if call.correlation is not None else ()
                 if not group:
-                    flow_calls[self.threads[thread]].append((call.ts, _end(call), item, module, outer, comm))
+                    flow_calls[self.threads[thread]].append((call.ts, _end(call), item, caller))
                     continue
                 for op in group:
-                    self._link(op, item, thread, call.ts, module, outer, comm, launch_anchor, launch_time,
-                               launch_thread)
+                    self._link(op, item, thread, call.ts, caller, launch_anchor, launch_time, launch_thread)
                 if len(group) > 1:
                     self.stats["graph_launches"] += 1
         self._link_by_flows(ops, flow_calls, launch_anchor, launch_time, launch_thread)
@@ -309,15 +331,17 @@ class _Builder:
                            dict(self.stats))
         return graph
 
-    def _link(self, op, item, thread, t, module, outer, comm, launch_anchor, launch_time, launch_thread):
+    def _link(self, op, item, thread, t, caller: _Caller, launch_anchor, launch_time, launch_thread):
         launch_anchor[op.index] = item
         launch_time[op.index] = t
         launch_thread[op.index] = thread
-        op.layer = module or outer
-        if comm is not None and op.kind == "collective":
+        op.layer = caller.module or caller.outer
+        if op.kind == "kernel":
+            op.work = caller.work
+        if caller.comm is not None and op.kind == "collective":
             own = op.event.collective
             if own is None or own.nelems is None:       # older traces: sizes only on the c10d op
-                op.event.collective = comm
+                op.event.collective = caller.comm
 
     def _stream_order(self, idxs: list[int], ops: list[GpuOp]) -> None:
         """Each op follows the latest earlier op of its stream that had ended when it started.
@@ -354,9 +378,9 @@ class _Builder:
             items = flow_calls.get((pid, tid), [])
             i = bisect.bisect_right([x[0] for x in items], ts + 1e-9) - 1
             if i >= 0 and items[i][0] <= ts <= items[i][1] + 1e-9:
-                _, _, item, module, outer, comm = items[i]
-                self._link(o, item, self.thread_of[(pid, tid)], items[i][0], module, outer, comm,
-                           launch_anchor, launch_time, launch_thread)
+                _, _, item, caller = items[i]
+                self._link(o, item, self.thread_of[(pid, tid)], items[i][0], caller, launch_anchor,
+                           launch_time, launch_thread)
 
     def _index_launches(self):
         """Per stream: launch times in order, to answer 'last op launched on s before t'."""

@@ -19,11 +19,14 @@ the measurement back.
 - **Host copies** (H2D/D2H) scale by the ratio of their link model (route latency plus bytes over the
   bottleneck, a pageable copy capped at the rate one core stages it, the topology's ``pageable_gbps``,
   unless ``pinned=true``) on the new topology to the same model on the old one.
-- **Another GPU** (``--gpu``): a trace has no FLOP counts per kernel, so the rule is by kernel kind.
-  Kernels whose names say matrix multiply or convolution (gemm, conv, fprop/dgrad/wgrad, xmma, cutlass,
-  scudnn) are taken as compute-bound and scale by the ratio of peak FLOP/s at the precision the name
-  shows (tf32 / s1688 / fp16 / bf16, else fp32); every other kernel, memset and on-device copy is taken
-  as memory-bound and scales by the ratio of memory bandwidths.
+- **Another GPU** (``--gpu``): matrix kernels (by their function name, not their template arguments:
+  gemm but not fbgemm, conv, fprop/dgrad/wgrad, xmma, cutlass, scudnn, hmma, cuBLAS's nvjet, flash/fmha
+  attention) are compute-bound unless their op says otherwise; every other kernel, memset and
+  on-device copy is memory-bound and scales by the ratio of memory bandwidths. A matrix kernel launched
+  by a matmul or convolution the trace recorded with its shapes (``record_shapes=True``, `op_work`)
+  scales by the ratio of the roofline times of that op's FLOPs and bytes on the two GPUs, so a
+  matrix-vector product stays memory-bound; one without shapes by the ratio of peak FLOP/s. The precision
+  is the one the name shows (tf32 / s1688 / fp16 / bf16), else the op's dtype, else fp32.
 - **Compression** (``compression=fp16|bf16``, TECHNIQUES.md's parameter compression as DDP's
   ``fp16_compress_hook``): 4-byte-float all-reduce and reduce-scatter messages are halved (the transfer
   part shrinks with the bytes at the kernel's own rate; latency stays); the casts cost 6 bytes of memory
@@ -51,7 +54,7 @@ from statistics import median
 import simpy
 
 from trainsim.errors import TrainsimError, unknown_name
-from trainsim.sim.compute.roofline import streaming_seconds
+from trainsim.sim.compute.roofline import kernel_seconds, streaming_seconds
 from trainsim.sim.core.devices import DeviceSpec, get_device, match_cuda_name
 from trainsim.sim.replay.nccl_split import COLLECTIVE_NAMES as COLLECTIVE_OPS
 from trainsim.sim.replay.nccl_split import Member, NcclSplit, Split
@@ -59,7 +62,9 @@ from trainsim.sim.replay.trace_graph import GpuOp, TraceGraph
 
 COMPRESSIBLE = {"allreduce", "reduce_scatter"}
 COMPRESSION = ("none", "fp16", "bf16")
-_COMPUTE_BOUND = re.compile(r"gemm|conv|fprop|dgrad|wgrad|xmma|cutlass|scudnn|hmma", re.IGNORECASE)
+_MATRIX_KERNEL = re.compile(
+    r"(?<!fb)gemm|conv(?!ert)|fprop|dgrad|wgrad|xmma|cutlass|scudnn|hmma|nvjet|flash|fmha", re.IGNORECASE)
+_TEMPLATE_OR_ARGS = re.compile(r"[<(]")
 _PRECISION = [("bf16", re.compile(r"bf16", re.I)),
               ("fp16", re.compile(r"fp16|f16|half|h884|h1688|h16816", re.I)),
               ("tf32", re.compile(r"tf32|s1688|s16816|tensorop_s", re.I))]
@@ -173,21 +178,43 @@ def home_topology(graphs: list[TraceGraph]) -> str | None:
     return None
 
 
-def kernel_precision(name: str) -> str:
+def kernel_function(name: str) -> str:
+    """A kernel's function name, without its template arguments and parameters (which may name types of
+    any library: ``vectorized_elementwise_kernel<4, fbgemm_gpu::...>``)."""
+    return _TEMPLATE_OR_ARGS.split(name.replace("(anonymous namespace)", ""), maxsplit=1)[0]
+
+
+def is_matrix_kernel(name: str) -> bool:
+    """Whether a kernel's function name says matrix products (GEMM, convolution, fused attention)."""
+    return bool(_MATRIX_KERNEL.search(kernel_function(name)))
+
+
+def kernel_precision(name: str) -> str | None:
+    """The precision a kernel's name shows (tf32, fp16, bf16), None when it shows none."""
     for precision, pattern in _PRECISION:
         if pattern.search(name):
             return precision
-    return "fp32"
+    return None
+
+
+def matrix_precision(op: GpuOp, *devices: DeviceSpec) -> str:
+    """The peak a matrix kernel runs at: the precision its name shows, else its op's dtype's, else fp32
+    (also fp32 where one of ``devices`` has no peak for it)."""
+    precision = kernel_precision(op.name) or (op.work.precision if op.work else None) or "fp32"
+    return precision if all(precision in d.peak_flops for d in devices) else "fp32"
 
 
 def compute_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec) -> float:
     """Target time / measured time of a compute kernel, memset or on-device copy (see the module doc)."""
-    if op.kind == "kernel" and _COMPUTE_BOUND.search(op.name):
-        precision = kernel_precision(op.name)
-        if precision not in source.peak_flops or precision not in target.peak_flops:
-            precision = "fp32"
+    if op.kind != "kernel" or not is_matrix_kernel(op.name):
+        return source.memory_bandwidth / target.memory_bandwidth
+    work, precision = op.work, matrix_precision(op, source, target)
+    if work is None:
         return source.peak(precision) / target.peak(precision)
-    return source.memory_bandwidth / target.memory_bandwidth
+    before = kernel_seconds(source, work.flops, work.nbytes, precision)
+    if before <= 0:
+        return source.memory_bandwidth / target.memory_bandwidth
+    return kernel_seconds(target, work.flops, work.nbytes, precision) / before
 
 
 def load_checked_topology(source: str, option: str):
@@ -276,6 +303,8 @@ class WhatIfModel:
         """What the reader of the what-if must know: which sizes were inferred, which kernels kept, what
         was taken out as the profiler's own time."""
         out = []
+        if self.target is not None:
+            out.extend(self._matrix_notes())
         if self.whatif.untraced:
             points = [p for g in self.graphs for p in g.points]
             stalls = sum(p.profiler_stall for p in points)
@@ -299,6 +328,30 @@ class WhatIfModel:
             out.append(f"{kept * 1e3:.2f} ms of NCCL kernels waiting for peers that are not replayed: they "
                        "are taken to move as this rank's own work does (replay every rank's trace together "
                        "to simulate them)")
+        return out
+
+    def _matrix_notes(self) -> list[str]:
+        """How the --gpu what-if rescaled the matrix kernels: by their ops' shapes, or by peak FLOP/s."""
+        shaped = unshaped = memory_bound = 0
+        for g in self.graphs:
+            source = self.sources[g.rank]
+            for o in g.ops:
+                if o.kind != "kernel" or not is_matrix_kernel(o.name):
+                    continue
+                if o.work is None:
+                    unshaped += 1
+                    continue
+                shaped += 1
+                precision = matrix_precision(o, source)
+                memory_bound += (kernel_seconds(source, o.work.flops, o.work.nbytes, precision)
+                                 > kernel_seconds(source, o.work.flops, 0.0, precision))
+        out = []
+        if shaped:
+            out.append(f"{shaped} matrix kernels rescaled by the roofline of their ops' recorded shapes "
+                       f"({memory_bound} of them memory-bound on the trace's GPU)")
+        if unshaped:
+            out.append(f"{unshaped} matrix kernels rescaled by peak FLOP/s: no matmul or convolution shapes "
+                       "recorded behind them (a CUDA graph's, or a trace without record_shapes=True)")
         return out
 
     def message_bytes(self, rank: int) -> dict[int, float]:

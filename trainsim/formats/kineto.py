@@ -98,6 +98,9 @@ class CpuEvent:
     dur: float           # seconds
     correlation: int | None = None
     collective: Collective | None = None
+    shapes: list | None = None       # cpu ops recorded with record_shapes: args "Input Dims"
+    types: list | None = None        # ... "Input type"
+    concrete: list | None = None     # ... "Concrete Inputs" (scalar arguments as text; newer PyTorch)
 
 
 @dataclass(slots=True)
@@ -450,8 +453,12 @@ class _Collector:
         elif cat in _RUNTIME or cat in _CPU_OP or cat in _ANNOTATION:
             kind = "runtime" if cat in _RUNTIME else "cpu_op" if cat in _CPU_OP else "annotation"
             collective = collective_from_args(args) if "Collective name" in args else None
+            shapes = args.get("Input Dims") if kind == "cpu_op" else None
             self.cpu.append(CpuEvent(kind, name, ev.get("pid"), ev.get("tid"), ts, dur,
-                                     correlation=_as_int(args.get("correlation")), collective=collective))
+                                     correlation=_as_int(args.get("correlation")), collective=collective,
+                                     shapes=shapes if isinstance(shapes, list) else None,
+                                     types=args.get("Input type") if shapes else None,
+                                     concrete=args.get("Concrete Inputs") if shapes else None))
             match = _STEP_RE.match(name)
             if match:
                 self.steps.append(Step(int(match.group(1)), ev.get("pid"), ev.get("tid"), ts, dur))

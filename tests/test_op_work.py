@@ -1,0 +1,109 @@
+"""FLOPs and bytes of matrix multiplies and convolutions from a profiler's recorded shapes (`op_work`).
+
+FLOPs are checked against PyTorch's own FLOP counter on the same ops, recorded by a real (CPU) profiler;
+bytes against hand counts of the operands.
+"""
+
+import json
+
+import pytest
+
+from trainsim.sim.replay.op_work import op_work
+
+FLOAT = ["float", "float"]
+
+
+def test_matmuls_by_hand():
+    mm = op_work("aten::mm", [[64, 128], [128, 32]], FLOAT)
+    assert (mm.flops, mm.precision) == (2 * 64 * 128 * 32, "fp32")
+    assert mm.nbytes == (64 * 128 + 128 * 32 + 64 * 32) * 4
+    addmm = op_work("aten::addmm", [[32], [64, 128], [128, 32], [], []],
+                    ["float", *FLOAT, "Scalar", "Scalar"])
+    assert (addmm.flops, addmm.nbytes) == (mm.flops, mm.nbytes + 32 * 4)
+    bmm = op_work("aten::bmm", [[3, 4, 5], [3, 5, 6]], ["c10::BFloat16"] * 2)
+    assert (bmm.flops, bmm.nbytes, bmm.precision) == (2 * 3 * 4 * 5 * 6, 3 * (20 + 30 + 24) * 2, "bf16")
+
+
+@pytest.mark.parametrize("name, shapes, types, concrete", [
+    ("aten::relu", [[4, 4]], ["float"], None),                                  # not a matrix op
+    ("aten::mm", [[4, 5], [6, 7]], FLOAT, None),                                # K does not match
+    ("aten::mm", [[4, 5, 1], [5, 7]], FLOAT, None),                             # wrong rank
+    ("aten::mm", [[4, 5], [5, 7]], ["TensorList", "float"], None),              # no element size
+    ("aten::mm", "[[4, 5], [5, 7]]", FLOAT, None),                              # not lists
+    ("aten::convolution", [[2, 3, 8, 8], [4, 3, 3, 3], [4]], ["float"] * 3, None),   # no stride/padding
+    ("aten::convolution", [[2, 3, 8, 8], [4, 3, 3, 3], [], [], [], [], [], [], []], ["float"] * 9,
+     ["", "", "", "[1, 1]", "[0, 0", "[1, 1]", "False", "[0, 0]", "1"]),         # unreadable padding
+    ("aten::convolution", [[2, 3, 2, 2], [4, 3, 3, 3], [], [], [], [], [], [], []], ["float"] * 9,
+     ["", "", "", "[1, 1]", "[0, 0]", "[1, 1]", "False", "[0, 0]", "1"]),       # kernel larger than input
+])
+def test_what_is_not_read_gives_none(name, shapes, types, concrete):
+    assert op_work(name, shapes, types, concrete) is None
+
+
+def test_flops_match_pytorchs_counter_on_a_recorded_step(tmp_path):
+    """A forward and backward of convolutions (strided, padded, dilated, transposed, the first one without
+    grad_input), linear layers and a bmm, recorded with record_shapes: summed per op, the FLOPs read from
+    the shapes are PyTorch's FlopCounterMode counts. (Grouped convolutions are checked by hand below: the
+    counter's grad_weight count ignores groups.)"""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, dilation=2), torch.nn.ReLU(),
+        torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1),
+        torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 16), torch.nn.Linear(16, 10, bias=False))
+    x, a, b = torch.randn(2, 3, 16, 16), torch.randn(3, 4, 5), torch.randn(3, 5, 6, requires_grad=True)
+
+    def step():
+        (model(x).sum() + torch.bmm(a, b).sum()).backward()
+
+    step()
+    with FlopCounterMode(display=False) as counter:
+        step()
+    expected = {str(op).split(".")[1]: n for op, n in counter.get_flop_counts()["Global"].items()}
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    read: dict[str, float] = {}
+    for e in events:
+        name, args = e.get("name", ""), e.get("args", {})
+        if e.get("cat") != "cpu_op" or name == "aten::_convolution":     # nested in aten::convolution
+            continue
+        work = op_work(name, args.get("Input Dims"), args.get("Input type"), args.get("Concrete Inputs"))
+        if work is not None:
+            key = name.removeprefix("aten::")
+            read[key] = read.get(key, 0) + work.flops
+    assert set(read) == {"convolution", "convolution_backward", "addmm", "mm", "bmm"}
+    assert read == pytest.approx(expected)
+
+
+def test_convolution_bytes_by_hand():
+    """A strided, padded convolution: input, weight, bias and the output (2 x 8 x 8 x 8) once each;
+    backward with only grad_weight reads grad_output and the input and writes the weight's grad."""
+    concrete = ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]
+    fwd = op_work("aten::convolution", [[2, 3, 16, 16], [8, 3, 3, 3], [8], [], [], [], [], [], []],
+                  ["float"] * 3 + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"], concrete)
+    assert fwd.flops == 2 * 2 * 64 * (8 * 3 * 3 * 3)
+    assert fwd.nbytes == (2 * 3 * 256 + 8 * 27 + 8 + 2 * 8 * 64) * 4
+    bwd = op_work("aten::convolution_backward", [[2, 8, 8, 8], [2, 3, 16, 16], [8, 3, 3, 3]], ["float"] * 3,
+                  ["", "", "", "[8]", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1",
+                   "[False, True, True]"])
+    assert bwd.flops == fwd.flops
+    assert bwd.nbytes == (2 * 8 * 64 + 2 * 3 * 256 + 8 * 27) * 4
+
+
+def test_grouped_convolution_by_hand():
+    """Groups of 2: each output channel meets 4 of the 8 input channels (the weight's [8, 4, 3, 3]); with
+    dilation 2 a 3x3 kernel spans 5, so 8x8 gives 4x4. Backward computes two products of the same size."""
+    concrete = ["", "", "", "[1, 1]", "[0, 0]", "[2, 2]", "False", "[0, 0]", "2"]
+    fwd = op_work("aten::convolution", [[2, 8, 8, 8], [8, 4, 3, 3], [], [], [], [], [], [], []],
+                  ["float"] * 9, concrete)
+    assert fwd.flops == 2 * 2 * 16 * (8 * 4 * 9)
+    bwd = op_work("aten::convolution_backward", [[2, 8, 4, 4], [2, 8, 8, 8], [8, 4, 3, 3]], ["float"] * 3,
+                  ["", "", "", "[8]", "[1, 1]", "[0, 0]", "[2, 2]", "False", "[0, 0]", "2",
+                   "[True, True, True]"])
+    assert bwd.flops == 2 * fwd.flops
