@@ -14,7 +14,8 @@ another GPU must tell apart, compute-bound or memory-bound, that is enough for a
   known.
 - ``aten::convolution_backward`` (grad_output, input, weight, ..., output_mask): the same FLOPs for each of
   grad_input and grad_weight it computes (``output_mask``, both when not recorded), the positions read
-  from grad_output; bytes: grad_output and the tensors each product reads and writes.
+  from grad_output (from the input for a transposed one; not transposed when not recorded); bytes:
+  grad_output and the tensors each product reads and writes.
 
 Any other op, or shapes that do not fit the op's signature, gives None: the what-if then goes by the
 kernel's name. The backend ops under these (``aten::cudnn_convolution``, ``aten::mkldnn_convolution``)
