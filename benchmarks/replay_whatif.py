@@ -110,13 +110,17 @@ def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None
     graphs = [build_graph(t) for t in traces]
     base = replay(graphs)
     if not base.steps:
-        print("   no ProfilerStep#N spans: nothing to compare step by step (refused by what-ifs)")
+        print("   no GPU op and no CPU point: nothing to replay")
         return
+    whole = base.steps[0].step is None      # no ProfilerStep spans: the whole trace is one window
     ran_on = home_topology(graphs) or (default_ran_on if trace_device(graphs[0]) is None and
                                        not graphs[0].trace.devices else None)
     how, ident = identity(graphs, ran_on)
     print(f"   identity ({how}): max |step change| {ident:.4f} %")
-    print(f"   HTA agreement (largest |HTA - trainsim| over ranks): {hta_agreement(paths)}")
+    if whole:
+        print("   no ProfilerStep#N spans: the whole trace is one window (HTA reads steps: not compared)")
+    else:
+        print(f"   HTA agreement (largest |HTA - trainsim| over ranks): {hta_agreement(paths)}")
     try:
         model = WhatIfModel(graphs, WhatIf(gpu=gpu, ran_on=ran_on))
     except TrainsimError as exc:
@@ -134,7 +138,8 @@ def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None
         busy = busy_share(m)
         if busy >= GPU_BOUND:
             bound.append(share)
-        print(f"   {m.rank:>4} {m.step:>5} {m.measured_s * 1e3:>11.2f} {w.replayed_s * 1e3:>10.2f} "
+        step = "all" if m.step is None else m.step
+        print(f"   {m.rank:>4} {step:>5} {m.measured_s * 1e3:>11.2f} {w.replayed_s * 1e3:>10.2f} "
               f"{d_step * 1e3:>9.2f} {d_compute * 1e3:>12.2f} {100 * busy:>6.1f} {share:>19.2f}")
     if bound:
         print(f"   GPU-bound steps (busy >= {GPU_BOUND:.0%}): {len(bound)}, step saves "

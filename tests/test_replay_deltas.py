@@ -303,17 +303,10 @@ def no_sizes_unknown_gpu(tmp_path):
     return b
 
 
-def no_steps(tmp_path):
-    b = TraceBuilder(world_size=2, device_name=A100)
-    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=100)
-    return b
-
-
 @pytest.mark.parametrize("make, args, message", [
     (no_sizes_unknown_gpu, ["--set", "compression=fp16"], "message sizes"),
     (no_sizes_unknown_gpu, ["--topology", "dgx-a100"], "--set ran_on=TOPOLOGY"),
     (no_sizes_unknown_gpu, ["--gpu", "h100-sxm"], "not a known device spec"),
-    (no_steps, ["--gpu", "h100-sxm"], "no ProfilerStep#N spans"),
 ])
 def test_whatif_the_trace_cannot_support_is_one_line(tmp_path, make, args, message):
     out = tmp_path / "out.json.gz"
@@ -323,6 +316,26 @@ def test_whatif_the_trace_cannot_support_is_one_line(tmp_path, make, args, messa
     assert message in result.output and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_trace_without_steps_is_one_window(tmp_path):
+    """No ProfilerStep spans: the replay and its what-if cover the whole trace, from the first launch call
+    (10 us) to the end of the last kernel (320 us), shown as step 'all' (null in JSON)."""
+    b = TraceBuilder(device_name=A100)
+    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=100, name="vectorized_elementwise_kernel<add>")
+    b.launch(MAIN, 15, 5, stream=7, gpu_ts=120, gpu_dur=200, name="vectorized_elementwise_kernel<mul>")
+    path = b.write(tmp_path / "t.json")
+    result = runner.invoke(app, ["replay", str(path), "--gpu", "h100-sxm", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    [step] = doc["steps"]
+    assert step["step"] is None and step["measured_s"] == pytest.approx(310e-6)
+    assert step["replayed_s"] == pytest.approx(310e-6)
+    ratio = get_device("a100-40gb").memory_bandwidth / get_device("h100-sxm").memory_bandwidth
+    [whatif] = doc["whatif"]["steps"]
+    assert whatif["predicted_s"] == pytest.approx(10e-6 + 300e-6 * ratio)
+    text = runner.invoke(app, ["replay", str(path)]).output
+    assert "   0   all " in text and "the whole trace is one window" in text
 
 
 @pytest.mark.skipif(not (SHARED / "v100-ddp2-rank1-cudagraph.json.gz").exists(), reason="no shared traces")

@@ -108,7 +108,8 @@ def replayed_figures(report, window: str = "hta") -> dict[int, dict]:
     result = report.whatif or report.replay
     out: dict[int, dict] = {}
     for rr in result.ranks:
-        steps = [rr.steps[i] for i in _read_steps(len(rr.steps))]
+        numbered = [s for s in rr.steps if s.step is not None]     # HTA reads ProfilerSteps only
+        steps = [numbered[i] for i in _read_steps(len(numbered))]
         if not steps:
             continue
         if window == "hta":

@@ -15,6 +15,9 @@ is a collective, and for a collective the last other op its GPU had finished whe
 collective's peers, doing the same work, are taken to share; a collective before it on its stream the
 peers ran too, so it does not say when they arrive).
 
+Times are compared per ``ProfilerStep#N`` span; a trace that marks no step is compared as one window,
+from its first CPU point or GPU op to its last (step ``None``, shown as ``all``).
+
 It stays one module: the CPU-thread and GPU-stream processes and the bookkeeping that compares their
 times with the measurement are one loop.
 """
@@ -46,10 +49,11 @@ CATEGORY = {"kernel": "compute", "collective": "communication", "memcpy": "memcp
 
 @dataclass
 class StepReport:
-    """One ProfilerStep of one rank: measured vs replayed time and where the GPU time went."""
+    """One ProfilerStep of one rank (``step`` None: the whole trace, which marks no step): measured vs
+    replayed time and where the GPU time went."""
 
     rank: int
-    step: int
+    step: int | None
     measured_s: float
     replayed_s: float
     measured_breakdown: dict
@@ -330,10 +334,6 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
         graphs.append(build_graph(t))
     model = None
     if whatif is not None and whatif.active:
-        if not any(g.steps for g in graphs):
-            raise TrainsimError("the trace has no ProfilerStep#N spans, and a what-if compares steps: record "
-                                "it with torch.profiler.profile(schedule=...) and call prof.step() every "
-                                "iteration", file=graphs[0].trace.path)
         model = WhatIfModel(graphs, whatif)
     if progress:
         progress("replaying with the measured durations")
@@ -393,11 +393,12 @@ class ReplayReport:
         if wi is not None:
             head += f" {'what-if ms':>11} {'change %':>9}"
         lines = [head]
-        if not self.replay.steps:
-            lines.append("(no ProfilerStep#N spans in the trace: record it with torch.profiler's schedule "
-                         "and prof.step() to compare step times)")
+        if any(s.step is None for s in self.replay.steps):
+            lines.append("(no ProfilerStep#N spans in the trace: the whole trace is one window, 'all'; "
+                         "torch.profiler's schedule and prof.step() mark steps)")
         for i, s in enumerate(self.replay.steps):
-            row = f"{s.rank:>4} {s.step:>5} {ms(s.measured_s):>12} {ms(s.replayed_s):>12} {s.error_pct:>8.2f}"
+            step = "all" if s.step is None else s.step
+            row = f"{s.rank:>4} {step:>5} {ms(s.measured_s):>12} {ms(s.replayed_s):>12} {s.error_pct:>8.2f}"
             if wi is not None:
                 w = wi.steps[i]
                 row += f" {ms(w.replayed_s):>11} {100 * (w.replayed_s - s.measured_s) / s.measured_s:>9.1f}"
@@ -511,9 +512,19 @@ def breakdown(ops: list[GpuOp], starts: list[float], ends: list[float], window: 
 
 
 def _step_reports(rr: RankReplay) -> list[StepReport]:
+    """One report per ProfilerStep; a trace that marks none is one window, from its first CPU point or GPU
+    op to its last (`_whole_trace`)."""
     g = rr.graph
     measured_start = [o.event.ts for o in g.ops]
     measured_end = [o.event.ts + o.event.dur for o in g.ops]
+    if not g.steps:
+        if not g.points and not g.ops:
+            return []
+        m0, m1 = _whole_trace([p.t for p in g.points], measured_start, measured_end)
+        r0, r1 = _whole_trace(rr.point_time, rr.op_start, rr.op_end)
+        return [StepReport(rank=g.rank, step=None, measured_s=m1 - m0, replayed_s=r1 - r0,
+                           measured_breakdown=breakdown(g.ops, measured_start, measured_end, (m0, m1)),
+                           replayed_breakdown=breakdown(g.ops, rr.op_start, rr.op_end, (r0, r1)))]
     reports = []
     for s in g.steps:
         m0, m1 = g.points[s.start].t, g.points[s.end].t
@@ -523,6 +534,11 @@ def _step_reports(rr: RankReplay) -> list[StepReport]:
             measured_breakdown=breakdown(g.ops, measured_start, measured_end, (m0, m1)),
             replayed_breakdown=breakdown(g.ops, rr.op_start, rr.op_end, (r0, r1))))
     return reports
+
+
+def _whole_trace(points: list[float], op_start: list[float], op_end: list[float]) -> tuple[float, float]:
+    """(first, last) instant of a trace: its CPU points and its GPU ops' starts and ends."""
+    return min([*points, *op_start]), max([*points, *op_end])
 
 
 # ---------------------------------------------------------------- output files
