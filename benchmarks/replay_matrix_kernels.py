@@ -18,10 +18,9 @@ import json
 from pathlib import Path
 
 from trainsim.formats.kineto import load_trace
-from trainsim.sim.compute.roofline import kernel_seconds
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.replay.trace_graph import build_graph
-from trainsim.sim.replay.whatif import compute_ratio, is_matrix_kernel, matrix_precision, trace_device
+from trainsim.sim.replay.whatif import compute_ratio, is_matrix_kernel, is_memory_bound, trace_device
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "traces"
@@ -41,9 +40,7 @@ def measure(path: Path, ran_on: str | None, gpus: list[str]) -> dict:
     kernels = [o for o in graph.ops if o.kind == "kernel"]
     matrix = [o for o in kernels if is_matrix_kernel(o.name)]
     shaped = [o for o in matrix if o.work is not None]
-    memory_bound = [o for o in shaped
-                    if kernel_seconds(source, o.work.flops, o.work.nbytes, matrix_precision(o, source))
-                    > kernel_seconds(source, o.work.flops, 0.0, matrix_precision(o, source))]
+    memory_bound = [o for o in shaped if is_memory_bound(o, source)]
     row = {"trace": path.name, "gpu": source.name, "kernels": len(kernels),
            "kernel_ms": sum(o.event.dur for o in kernels) * 1e3,
            "matrix": len(matrix), "matrix_ms": sum(o.event.dur for o in matrix) * 1e3,

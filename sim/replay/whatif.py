@@ -204,6 +204,16 @@ def matrix_precision(op: GpuOp, *devices: DeviceSpec) -> str:
     return precision if all(precision in d.peak_flops for d in devices) else "fp32"
 
 
+def is_memory_bound(op: GpuOp, device: DeviceSpec) -> bool:
+    """Whether a kernel's op, recorded with its shapes, takes longer for its bytes than for its FLOPs on
+    ``device`` (False when its op's work is not known)."""
+    if op.work is None:
+        return False
+    precision = matrix_precision(op, device)
+    return (kernel_seconds(device, op.work.flops, op.work.nbytes, precision)
+            > kernel_seconds(device, op.work.flops, 0.0, precision))
+
+
 def compute_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec) -> float:
     """Target time / measured time of a compute kernel, memset or on-device copy (see the module doc)."""
     if op.kind != "kernel" or not is_matrix_kernel(op.name):
@@ -342,9 +352,7 @@ class WhatIfModel:
                     unshaped += 1
                     continue
                 shaped += 1
-                precision = matrix_precision(o, source)
-                memory_bound += (kernel_seconds(source, o.work.flops, o.work.nbytes, precision)
-                                 > kernel_seconds(source, o.work.flops, 0.0, precision))
+                memory_bound += is_memory_bound(o, source)
         out = []
         if shaped:
             out.append(f"{shaped} matrix kernels rescaled by the roofline of their ops' recorded shapes "
