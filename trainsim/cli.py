@@ -216,7 +216,10 @@ def replay_cmd(
         help="What-if: re-time collectives and host copies by this topology's models, relative to the "
              "machine the trace ran on (ran_on)."),
     gpu: str | None = typer.Option(None, "--gpu", metavar="SPEC",
-                                   help="What-if: rescale GPU work to this device (`trainsim device list`)."),
+                                   help=("What-if: rescale GPU work to this device (`trainsim device list`): "
+                                         "matrix kernels by the roofline of their op where the trace "
+                                         "recorded shapes (record_shapes=True), else by peak FLOP/s; other "
+                                         "kernels by memory bandwidth.")),
     sets: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE",
         help="What-if switches: compression=fp16|bf16, pinned=true, collectives=flow|analytic, "
