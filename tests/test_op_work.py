@@ -107,3 +107,66 @@ def test_grouped_convolution_by_hand():
                   ["", "", "", "[8]", "[1, 1]", "[0, 0]", "[2, 2]", "False", "[0, 0]", "2",
                    "[True, True, True]"])
     assert bwd.flops == 2 * fwd.flops
+
+
+def test_attention_flops_match_pytorchs_formulas_on_a_recorded_step(tmp_path):
+    """Fused attention forward and backward, recorded by the CPU profiler with its shapes (key and value of
+    two heads shared by four query heads): the FLOPs read are those of PyTorch's FLOP counter formulas for
+    the same shapes (the counter itself registers only the CUDA kernels)."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.functional import scaled_dot_product_attention
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    k, v = torch.randn(2, 2, 16, 8, requires_grad=True), torch.randn(2, 2, 16, 8, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        scaled_dot_product_attention(q, k, v, enable_gqa=True).sum().backward()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    read = {}
+    for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]:
+        args = e.get("args", {})
+        work = op_work(e.get("name", ""), args.get("Input Dims"), args.get("Input type"),
+                       args.get("Concrete Inputs"))
+        if e.get("cat") == "cpu_op" and work is not None:
+            read[e["name"]] = work
+    shapes = (list(q.shape), list(k.shape), list(v.shape))
+    fwd = read["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    bwd = read["aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    assert (fwd.flops, fwd.precision) == (sdpa_flop_count(*shapes), "fp32")
+    assert bwd.flops == sdpa_backward_flop_count(shapes[0], *shapes)
+    assert fwd.nbytes == (2 * 4 * 16 * 8 * 2 + 2 * 2 * 16 * 8 * 2) * 4     # q and out; k and v
+    assert bwd.nbytes == 2 * fwd.nbytes                                    # and each one's gradient
+
+
+def test_causal_attention_counts_the_pairs_its_mask_keeps():
+    """Causal: query row i meets keys 0..i. Six rows over four keys keep 1+2+3+4+4+4 = 18 of 24 pairs;
+    sixteen over sixteen keep 136. The mask's place among the arguments differs per op."""
+    def forward(rows, keys, causal):
+        return op_work("aten::_scaled_dot_product_efficient_attention",
+                       [[1, 2, rows, 8], [1, 2, keys, 8], [1, 2, keys, 4], [], [], [], [], []],
+                       ["c10::BFloat16"] * 3 + ["", "Scalar", "Scalar", "Scalar", "Scalar"],
+                       ["", "", "", "", "True", "0.", str(causal), ""])
+
+    assert forward(6, 4, False).flops == 2 * 2 * 24 * (8 + 4)
+    assert forward(6, 4, True).flops == 2 * 2 * 18 * (8 + 4)
+    assert forward(16, 16, True).flops == 2 * 2 * 136 * (8 + 4)
+    assert forward(6, 4, True).precision == "bf16"
+    backward = op_work("aten::_scaled_dot_product_flash_attention_backward",
+                       [[1, 2, 16, 4], [1, 2, 16, 8], [1, 2, 16, 8], [1, 2, 16, 4], [1, 2, 16, 4], [1, 2, 16],
+                        [], [], [], [], [], [], [], []],
+                       ["c10::Half"] * 6 + [""] * 8,
+                       [""] * 10 + ["0.", "True", "", ""])
+    assert backward.flops == 2 * 2 * 136 * (3 * 8 + 2 * 4)
+    assert backward.precision == "fp16"
+
+
+@pytest.mark.parametrize("shapes", [
+    [[2, 3, 16, 8], [2, 2, 16, 8], [2, 2, 16, 8]],      # three query heads cannot share two key heads
+    [[2, 4, 16, 8], [2, 4, 16, 4], [2, 4, 16, 8]],      # query and key features differ
+    [[2, 4, 16, 8], [2, 4, 12, 8], [2, 4, 16, 8]],      # key and value lengths differ
+    [[2, 4, 16], [2, 4, 16], [2, 4, 16]],               # not [batch, heads, sequence, features]
+])
+def test_attention_that_does_not_attend_gives_none(shapes):
+    assert op_work("aten::_scaled_dot_product_flash_attention", [*shapes, [], [], []], ["float"] * 6,
+                   None) is None

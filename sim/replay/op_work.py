@@ -17,6 +17,15 @@ another GPU must tell apart, compute-bound or memory-bound, that is enough for a
   from grad_output (from the input for a transposed one; not transposed when not recorded); bytes:
   grad_output and the tensors each product reads and writes.
 
+- fused attention (``aten::_scaled_dot_product_flash_attention``, ``_efficient_attention``,
+  ``_cudnn_attention``, ``_flash_attention_for_cpu``; query ``[B, H, L, E]``, key ``[B, Hk, S, E]``,
+  value ``[B, Hk, S, Ev]``): ``2·B·H·pairs·(E + Ev)`` FLOPs, where pairs are the query-key pairs the mask
+  keeps (``L·S``; causal, ``Σ min(i + 1, S)`` over the L rows, as the kernels skip masked blocks; not
+  causal when not recorded); bytes: query, key, value and the output once. Backward (the ``_backward`` of
+  each, grad_output first): ``2·B·H·pairs·(3E + 2Ev)``, the scores recomputed (these kernels do not keep
+  them) and the four products of the gradients, as PyTorch's FLOP counter has it; bytes: grad_output,
+  query, key, value and the output read, the three gradients written.
+
 Any other op, or shapes that do not fit the op's signature, gives None: the what-if then goes by the
 kernel's name. The backend ops under these (``aten::cudnn_convolution``, ``aten::mkldnn_convolution``)
 order their arguments differently and are not read: the stack walk finds the ``aten::_convolution``
@@ -38,6 +47,16 @@ DTYPE_PRECISION = {"float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16"
 
 _MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 _CONVOLUTION = {"aten::convolution", "aten::_convolution"}
+#: fused attention forward ops: where is_causal sits among their arguments
+_ATTENTION = {"aten::_scaled_dot_product_flash_attention": 4,
+              "aten::_scaled_dot_product_efficient_attention": 6,
+              "aten::_scaled_dot_product_cudnn_attention": 6,
+              "aten::_scaled_dot_product_flash_attention_for_cpu": 4}
+#: their backward ops (grad_output, query, key, value, ...): where is_causal sits
+_ATTENTION_BACKWARD = {"aten::_scaled_dot_product_flash_attention_backward": 11,
+                       "aten::_scaled_dot_product_efficient_attention_backward": 11,
+                       "aten::_scaled_dot_product_cudnn_attention_backward": 14,
+                       "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 7}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +73,9 @@ class OpWork:
 def op_work(name: str, shapes, types, concrete=None) -> OpWork | None:
     """The work of the aten op ``name`` from its recorded ``Input Dims`` (``shapes``), ``Input type``
     (``types``) and ``Concrete Inputs`` (``concrete``, may be None); None when the op is not a matrix
-    multiply or convolution read here, or its shapes do not fit its signature."""
-    if name not in _MATMUL and name not in _CONVOLUTION and name != "aten::convolution_backward":
+    multiply, convolution or fused attention read here, or its shapes do not fit its signature."""
+    known = _MATMUL | _CONVOLUTION | _ATTENTION.keys() | _ATTENTION_BACKWARD.keys()
+    if name not in known and name != "aten::convolution_backward":
         return None
     if not isinstance(shapes, list) or not isinstance(types, list):
         return None
@@ -64,6 +84,10 @@ def op_work(name: str, shapes, types, concrete=None) -> OpWork | None:
             return _matmul(name, shapes, types)
         if name in _CONVOLUTION:
             return _convolution(name, shapes, types, concrete)
+        if name in _ATTENTION or name in _ATTENTION_BACKWARD:
+            backward = name in _ATTENTION_BACKWARD
+            causal = _concrete(concrete, (_ATTENTION_BACKWARD if backward else _ATTENTION)[name])
+            return _attention(name, shapes, types, bool(causal), backward)
         return _convolution_backward(name, shapes, types, concrete)
     except (ValueError, TypeError, IndexError, SyntaxError):
         return None
@@ -167,3 +191,28 @@ def _convolution_backward(name: str, shapes, types, concrete) -> OpWork:
     size = _element_bytes(types, 0)
     return OpWork(name, 2.0 * products * x[0] * positions * math.prod(w), float(elements * size),
                   DTYPE_PRECISION.get(types[0]))
+
+
+def _attention(name: str, shapes, types, causal: bool, backward: bool) -> OpWork:
+    first = 1 if backward else 0                # backward: grad_output comes first
+    q, k, v = (_dims(shapes[first + i]) for i in range(3))
+    if not len(q) == len(k) == len(v) == 4:
+        raise ValueError("attention tensors must be [batch, heads, sequence, features]")
+    batch, heads, rows, features = q
+    if k[0] != batch or v[0] != batch or k[1] != v[1] or k[1] < 1 or heads % k[1] or k[2] != v[2] \
+            or k[3] != features:
+        raise ValueError("query, key and value that do not attend")
+    keys, value_features = k[2], v[3]
+    if causal:                                  # row i keeps min(i + 1, keys) keys
+        full = max(rows - keys, 0)
+        pairs = (rows - full) * (rows - full + 1) // 2 + full * keys
+    else:
+        pairs = rows * keys
+    products = 2.0 * batch * heads * pairs * (features + value_features)
+    out = batch * heads * rows * value_features
+    elements = math.prod(q) + math.prod(k) + math.prod(v) + out
+    if backward:                                # + grad_output; the gradients of q, k and v written
+        products = 2 * products + 2.0 * batch * heads * pairs * features
+        elements = 2 * elements
+    return OpWork(name, products, float(elements * _element_bytes(types, first)),
+                  DTYPE_PRECISION.get(types[first]))

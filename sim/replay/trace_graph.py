@@ -81,7 +81,7 @@ class GpuOp:
     deps: list[int] = field(default_factory=list)   # ops on other streams it waits for (event waits)
     step: int | None = None          # ProfilerStep number
     layer: str | None = None         # nn.Module when the trace has modules, else the top-level op
-    work: OpWork | None = None       # a kernel's: its matmul/convolution op's FLOPs and bytes (op_work)
+    work: OpWork | None = None       # a kernel's: FLOPs and bytes of its matrix op (op_work)
     launch_latency: float = 0.0
     queue_gap: float = 0.0
 
@@ -108,7 +108,7 @@ class _Caller(NamedTuple):
     outer: str | None               # the outermost cpu op
     module: str | None              # the innermost nn.Module
     comm: Collective | None         # the enclosing c10d collective
-    work: OpWork | None             # the innermost matmul/convolution op recorded with shapes
+    work: OpWork | None             # the innermost matmul, convolution or attention op recorded with shapes
 
 
 @dataclass(slots=True)

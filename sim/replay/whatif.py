@@ -23,8 +23,8 @@ the measurement back.
   gemm but not fbgemm, conv, fprop/dgrad/wgrad, xmma, cutlass, scudnn, hmma, cuBLAS's nvjet, flash/fmha
   attention) are compute-bound unless their op says otherwise; every other kernel, memset and
   on-device copy is memory-bound and scales by the ratio of memory bandwidths. A matrix kernel launched
-  by a matmul or convolution the trace recorded with its shapes (``record_shapes=True``, `op_work`)
-  scales by the ratio of the roofline times of that op's FLOPs and bytes on the two GPUs, so a
+  by a matmul, convolution or fused attention the trace recorded with its shapes (``record_shapes=True``,
+  `op_work`) scales by the ratio of the roofline times of that op's FLOPs and bytes on the two GPUs, so a
   matrix-vector product stays memory-bound; one without shapes by the ratio of peak FLOP/s. The precision
   is the one the name shows (tf32 / s1688 / fp16 / bf16), else the op's dtype, else fp32.
 - **Compression** (``compression=fp16|bf16``, TECHNIQUES.md's parameter compression as DDP's
@@ -358,8 +358,9 @@ class WhatIfModel:
             out.append(f"{shaped} matrix kernels rescaled by the roofline of their ops' recorded shapes "
                        f"({memory_bound} of them memory-bound on the trace's GPU)")
         if unshaped:
-            out.append(f"{unshaped} matrix kernels rescaled by peak FLOP/s: no matmul or convolution shapes "
-                       "recorded behind them (a CUDA graph's, or a trace without record_shapes=True)")
+            out.append(f"{unshaped} matrix kernels rescaled by peak FLOP/s: no matmul, convolution or "
+                       "attention shapes recorded behind them (a CUDA graph's, or a trace without "
+                       "record_shapes=True)")
         return out
 
     def message_bytes(self, rank: int) -> dict[int, float]:
