@@ -10,7 +10,10 @@ TRACES_DIR defaults to ../shared/traces beside the repository (see its README). 
   the plain replay.
 - **GPU swap** to ``--gpu`` (about 3x or more the compute of a V100 or an A100): per step the step change
   next to the compute change and the share of the step the GPU was busy; for GPU-bound steps (busy >= 90 %)
-  the share of the compute saved that the step saves (aim >= 50 %).
+  the share of the compute saved that the step saves (aim >= 50 %). A busy GPU does not make a step
+  GPU-bound: the CPU may set its pace. So each step also shows how long its CPU threads waited on the GPU
+  (`cpu_waited_s`), and, for steps that waited at least 10 %, the share of min(compute saved, CPU waited)
+  the step saves: what a faster GPU could take off at most, where one thread sets the pace.
 - **compression** (fp16): the change of all NCCL time, and of the all-reduces of at least 16 MB, which are
   bandwidth-bound (aim: cut 35-65 %).
 
@@ -40,6 +43,7 @@ from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, home_topology, trace
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
 GPU_BOUND = 0.90
+WAITED_SHARE = 0.10   # steps whose CPU waited on the GPU this share of the step: a faster GPU can help
 BIG_ALLREDUCE = 16e6
 
 
@@ -53,6 +57,23 @@ def jobs(folder: Path) -> dict[str, list[Path]]:
 
 def busy_share(step) -> float:
     return 1.0 - step.measured_breakdown["gpu_idle_s"] / step.measured_s if step.measured_s else 0.0
+
+
+def cpu_waited_s(graph, step: int | None) -> float:
+    """Seconds the step's CPU threads spent in calls that returned on GPU work still running when they
+    began (synchronisations, pageable copies, launches on a full queue). Where one thread sets the step's
+    pace, a faster GPU can take off the step about this much at most: the rest is CPU time."""
+    spans = [s for s in graph.steps if s.number == step] if step is not None else []
+    lo, hi = ((graph.points[spans[0].start].t, graph.points[spans[0].end].t) if spans
+              else (-float("inf"), float("inf")))
+    waited = 0.0
+    for pts in graph.thread_points:
+        for before, after in zip(pts, pts[1:], strict=False):
+            p, call = graph.points[after], graph.points[before]
+            if p.gpu_waits and lo <= p.t <= hi and any(
+                    graph.ops[o].event.ts + graph.ops[o].event.dur > call.t for o, _ in p.gpu_waits):
+                waited += p.t - call.t
+    return waited
 
 
 def identity(graphs, ran_on: str | None) -> tuple[str, float | None]:
@@ -129,23 +150,34 @@ def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None
     swapped = replay(graphs, op_time=model)
     print(f"   GPU swap to {gpu}" + (f" (ran on {ran_on})" if ran_on else "") + ":")
     print(f"   {'rank':>4} {'step':>5} {'measured ms':>11} {'what-if ms':>10} {'step d ms':>9} "
-          f"{'compute d ms':>12} {'busy %':>6} {'saved/compute saved':>19}")
-    bound = []
+          f"{'compute d ms':>12} {'busy %':>6} {'CPU waited ms':>13} {'saved/compute saved':>19} "
+          f"{'saved/reachable':>15}")
+    by_rank = {g.rank: g for g in graphs}
+    bound, reachable = [], []
     for m, w in zip(base.steps, swapped.steps, strict=True):
         d_step = w.replayed_s - m.measured_s
         d_compute = w.replayed_breakdown["compute_s"] - m.measured_breakdown["compute_s"]
         share = d_step / d_compute if d_compute < 0 else float("nan")
+        waited = cpu_waited_s(by_rank[m.rank], m.step)
+        most = min(-d_compute, waited)
+        of_reachable = -d_step / most if most > 0 else float("nan")
         busy = busy_share(m)
         if busy >= GPU_BOUND:
             bound.append(share)
+        if waited >= WAITED_SHARE * m.measured_s and d_compute < 0:
+            reachable.append(of_reachable)
         step = "all" if m.step is None else m.step
         print(f"   {m.rank:>4} {step:>5} {m.measured_s * 1e3:>11.2f} {w.replayed_s * 1e3:>10.2f} "
-              f"{d_step * 1e3:>9.2f} {d_compute * 1e3:>12.2f} {100 * busy:>6.1f} {share:>19.2f}")
+              f"{d_step * 1e3:>9.2f} {d_compute * 1e3:>12.2f} {100 * busy:>6.1f} {waited * 1e3:>13.2f} "
+              f"{share:>19.2f} {of_reachable:>15.2f}")
     if bound:
         print(f"   GPU-bound steps (busy >= {GPU_BOUND:.0%}): {len(bound)}, step saves "
               f"{min(bound):.0%}-{max(bound):.0%} of the compute saved (aim >= 50 %)")
     else:
         print(f"   no GPU-bound step (busy >= {GPU_BOUND:.0%})")
+    if reachable:
+        print(f"   steps whose CPU waited on the GPU >= {WAITED_SHARE:.0%} of the step: {len(reachable)}, "
+              f"step saves {min(reachable):.0%}-{max(reachable):.0%} of min(compute saved, CPU waited)")
     for note in model.notes():
         print(f"   note: {note}")
     try:

@@ -191,6 +191,44 @@ def test_matrix_kernels_by_their_ops_shapes(tmp_path):
     assert notes[1].startswith("1 matrix kernels rescaled by peak FLOP/s")
 
 
+def test_op_held_by_another_streams_kernel_moves_with_it(tmp_path):
+    """A kernel that sat idle after its launch, its stream free, and started as a kernel on another stream
+    ended (an event wait the trace does not show, or the SMs that kernel held) waits for that kernel: on a
+    faster GPU it starts when that kernel's shorter run ends, not after its measured delay."""
+    b = TraceBuilder(device_name=A100)
+    b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=1000, name="elementwise_kernel_a")
+    b.launch(MAIN, 16, 5, stream=8, gpu_ts=1021, gpu_dur=10, name="reduce_kernel_b")
+    graphs = [graph(b, tmp_path / "t.json")]
+    held = next(o for o in graphs[0].ops if o.name == "reduce_kernel_b")
+    assert [graphs[0].ops[d].name for d in held.deps] == ["elementwise_kernel_a"]
+    assert graphs[0].stats["ops_held_by_other_streams"] == 1
+    first = next(o.index for o in graphs[0].ops if o.name == "elementwise_kernel_a")
+    measured = replay(graphs).ranks[0]
+    assert measured.op_start[held.index] - measured.op_start[first] == pytest.approx(1001 * US)
+    rr = whatif_replay(graphs, gpu="h100-sxm").ranks[0]
+    assert rr.op_end[first] - rr.op_start[first] < 500 * US
+    assert rr.op_start[held.index] == pytest.approx(rr.op_end[first] + 1 * US)
+
+
+def test_ops_launched_before_the_trace_move_with_their_stream(tmp_path):
+    """Kernels whose launch calls precede the trace (queued while the GPU ran behind the CPU) run back to
+    back on their stream; on a faster GPU they still do, so each starts earlier. The first one, with nothing
+    before it in the trace, keeps its measured start."""
+    b = TraceBuilder(device_name=A100)
+    b.cpu_op(MAIN, "aten::add", 0, 2)
+    for k, ts in enumerate((5, 506, 1007)):
+        b.events.append({"ph": "X", "cat": "kernel", "name": f"elementwise_kernel_{k}", "pid": 0, "tid": 7,
+                         "ts": ts, "dur": 500, "args": {"device": 0, "stream": 7, "correlation": 7 + k}})
+    graphs = [graph(b, tmp_path / "t.json")]
+    measured = replay(graphs).ranks[0]
+    assert [measured.op_start[o.index] / US for o in graphs[0].ops] == pytest.approx([5, 506, 1007])  # from 0
+    rr = whatif_replay(graphs, gpu="h100-sxm").ranks[0]
+    a100, h100 = get_device("a100-40gb"), get_device("h100-sxm")
+    run = 500 * a100.memory_bandwidth / h100.memory_bandwidth
+    starts = [rr.op_start[o.index] / US for o in graphs[0].ops]
+    assert starts == pytest.approx([5, 5 + run + 1, 5 + 2 * run + 2])
+
+
 def test_compute_ratio_precision_from_the_name():
     from trainsim.formats.kineto import GpuEvent
     from trainsim.sim.replay.trace_graph import GpuOp

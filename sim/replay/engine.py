@@ -255,7 +255,7 @@ class _RankEngine:
                 yield launched
             start = self.point_time[o.launch] + o.launch_latency
         else:
-            start = o.launch_latency                 # not launched inside the trace: its measured start
+            start = o.launch_latency                 # not launched inside the trace: its earliest start
         preds = ([o.stream_prev] if o.stream_prev is not None else []) + o.deps
         pending = [self.op_done[d] for d in preds if not self.op_done[d].triggered]
         if pending:

@@ -27,6 +27,8 @@ that contradict the measured times are dropped and counted.
 
 A ``cudaGraphLaunch`` launches every kernel carrying its correlation id; a graph's parallel branches show
 on one stream and overlap, so each op follows the latest op of its stream that had ended when it started.
+An op that started long after its launch and its stream were ready, just as an op on another stream of
+its GPU ended, waited for that op (an event wait the trace does not show, or the SMs that op held).
 A launch call that waited for a free entry of CUDA's launch queue (`LAUNCH_QUEUE`) returns when the op
 that freed it finished, so that wait shrinks when the GPU gets faster instead of staying CPU time.
 
@@ -68,6 +70,8 @@ BRANCH_LOOKBACK = 64        # ops looked back on a stream for the one a graph br
 LAUNCH_QUEUE = 1024
 QUEUE_FULL_SHARE = 0.9      # a launch blocks only on a (nearly) full queue: entries are counted per call
 BLOCKED_LAUNCH_MIN_S = 50e-6  # launch calls shorter than this are taken as CPU time
+HELD_MIN_S = 50e-6          # an op idle this long after its launch and its stream was held by something
+HELD_TOLERANCE_S = 5e-6     # ... by the op on another stream that ended this close before it started
 
 
 @dataclass(slots=True)
@@ -318,6 +322,7 @@ class _Builder:
             elif call.dur > BLOCKED_LAUNCH_MIN_S:
                 self._blocked_launch(call, thread, launched_by.get(call.correlation, ()))
 
+        self._held_by_other_streams(ops, launch_time)
         self._launch_timing(ops, launch_time)
         self._steps_and_handoffs()
         points, thread_points = self._make_points()
@@ -559,6 +564,34 @@ class _Builder:
             i -= 1
         return None
 
+    def _began(self) -> float | None:
+        """When the trace's CPU side begins: GPU ops without a launch call were launched before it."""
+        return min((e.ts for e in self.trace.cpu_events), default=None)
+
+    def _held_by_other_streams(self, ops, launch_time) -> None:
+        """An op that started over HELD_MIN_S after both its launch and its stream's and events' readiness,
+        within HELD_TOLERANCE_S of the end of an op on another stream of its GPU, waited for that op: an
+        event wait the trace does not show, or the SMs (or copy engine) that op held. It is made to wait
+        for it, so that in a what-if it moves with that op instead of keeping its measured delay."""
+        began = self._began()
+        for o in ops:
+            launched = launch_time.get(o.index, began)
+            if launched is None:
+                continue
+            start = o.event.ts
+            ready = max((_op_end(ops[p]) for p in ([o.stream_prev] if o.stream_prev is not None else [])
+                         + o.deps), default=launched)
+            if start - max(launched, ready) <= HELD_MIN_S:
+                continue
+            i = bisect.bisect_right(self.ends, start + TOLERANCE_S) - 1
+            while i >= 0 and self.ends[i] >= start - HELD_TOLERANCE_S:
+                a = self.ops_by_end[i]
+                if a.event.device == o.event.device and a.stream_key != o.stream_key and a.event.ts < start:
+                    o.deps.append(a.index)
+                    self.stats["ops_held_by_other_streams"] += 1
+                    break
+                i -= 1
+
     def _launch_timing(self, ops, launch_time):
         """Split each op's measured start into launch latency and queueing (see the module doc)."""
         ready = {}
@@ -579,10 +612,14 @@ class _Builder:
         typ_gap = median(queue) if queue else 1e-6
         self.stats["typical_launch_latency_us"] = round(typ_lat * 1e6, 3)
         self.stats["typical_queue_gap_us"] = round(typ_gap * 1e6, 3)
+        began = self._began()
         for o in ops:
             lt, r = launch_time.get(o.index), ready[o.index]
             start = o.event.ts
-            if lt is None:               # launched before the trace began: anchored at its measured start
+            if lt is None and r is not None and began is not None and r >= began:
+                o.launch_latency = began     # launched before the trace began, queued behind its stream's
+                o.queue_gap = start - r      # work: an absolute earliest start, and it moves with that work
+            elif lt is None:             # launched before the trace began: anchored at its measured start
                 o.launch_latency = start
                 o.queue_gap = min(start - r, typ_gap) if r is not None else 0.0
             elif r is not None and r >= lt:
