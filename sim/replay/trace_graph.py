@@ -210,6 +210,7 @@ class _Builder:
         self.anchors: list[list] = []
         self.order = 0
         self.works: dict[int, OpWork | None] = {}   # id(cpu op) -> its work
+        self.began: float | None = None              # the trace's first CPU event (set by build)
 
     # -- CPU threads --------------------------------------------------------------------------------
 
@@ -322,6 +323,7 @@ class _Builder:
             elif call.dur > BLOCKED_LAUNCH_MIN_S:
                 self._blocked_launch(call, thread, launched_by.get(call.correlation, ()))
 
+        self.began = min((e.ts for e in self.trace.cpu_events), default=None)
         self._held_by_other_streams(ops, launch_time)
         self._launch_timing(ops, launch_time)
         self._steps_and_handoffs()
@@ -564,24 +566,17 @@ class _Builder:
             i -= 1
         return None
 
-    def _began(self) -> float | None:
-        """When the trace's CPU side begins: GPU ops without a launch call were launched before it."""
-        return min((e.ts for e in self.trace.cpu_events), default=None)
-
     def _held_by_other_streams(self, ops, launch_time) -> None:
         """An op that started over HELD_MIN_S after both its launch and its stream's and events' readiness,
         within HELD_TOLERANCE_S of the end of an op on another stream of its GPU, waited for that op: an
         event wait the trace does not show, or the SMs (or copy engine) that op held. It is made to wait
         for it, so that in a what-if it moves with that op instead of keeping its measured delay."""
-        began = self._began()
         for o in ops:
-            launched = launch_time.get(o.index, began)
+            launched = launch_time.get(o.index, self.began)
             if launched is None:
                 continue
-            start = o.event.ts
-            ready = max((_op_end(ops[p]) for p in ([o.stream_prev] if o.stream_prev is not None else [])
-                         + o.deps), default=launched)
-            if start - max(launched, ready) <= HELD_MIN_S:
+            start, ready = o.event.ts, _ready(o, ops)
+            if start - max(launched, ready if ready is not None else launched) <= HELD_MIN_S:
                 continue
             i = bisect.bisect_right(self.ends, start + TOLERANCE_S) - 1
             while i >= 0 and self.ends[i] >= start - HELD_TOLERANCE_S:
@@ -594,11 +589,7 @@ class _Builder:
 
     def _launch_timing(self, ops, launch_time):
         """Split each op's measured start into launch latency and queueing (see the module doc)."""
-        ready = {}
-        for o in ops:
-            preds = [o.stream_prev] if o.stream_prev is not None else []
-            preds += o.deps
-            ready[o.index] = max((_op_end(ops[p]) for p in preds), default=None)
+        ready = {o.index: _ready(o, ops) for o in ops}
         bound_lat, queue = [], []
         for o in ops:
             lt, r = launch_time.get(o.index), ready[o.index]
@@ -612,7 +603,7 @@ class _Builder:
         typ_gap = median(queue) if queue else 1e-6
         self.stats["typical_launch_latency_us"] = round(typ_lat * 1e6, 3)
         self.stats["typical_queue_gap_us"] = round(typ_gap * 1e6, 3)
-        began = self._began()
+        began = self.began
         for o in ops:
             lt, r = launch_time.get(o.index), ready[o.index]
             start = o.event.ts
@@ -817,6 +808,12 @@ def _stalled_by(t: float, spans: list[tuple[float, float]], cumulative: list[flo
         return 0.0
     lo, hi = spans[k - 1]
     return (cumulative[k - 2] if k >= 2 else 0.0) + min(hi, t) - lo
+
+
+def _ready(o: GpuOp, ops: list[GpuOp]) -> float | None:
+    """When ``o``'s stream predecessor and the ops it waits for had all ended (None: nothing before it)."""
+    preds = ([o.stream_prev] if o.stream_prev is not None else []) + o.deps
+    return max((_op_end(ops[p]) for p in preds), default=None)
 
 
 def _op_end(o: GpuOp) -> float:
