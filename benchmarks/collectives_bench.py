@@ -20,9 +20,10 @@ What sets these figures (every preset now within 2 % of its published or link-de
   links' bandwidth, its latencies, and NCCL's choice of algorithm and protocol per size. At 1 GiB that is
   Simple on rings; the ring figures are the links' (the NVLink 3 port's 274 GB/s copy-engine P2P figure
   is above what NCCL's SM loads and stores reach, which NCCL's own tuner caps near 235 GB/s).
-- dgx-h100 NVLS: NCCL's NVLS efficiency (busBw to algBw, 5/6) on the plan's switch-port bytes. What limits
-  NVLS in the hardware is the NVSwitch's multicast/reduction engines; the topology has no figure of its
-  own for them, so NVLS leans on NCCL's ratio rather than on a switch resource.
+- dgx-h100 NVLS: NCCL's NVLS efficiency (busBw to algBw, 5/6) on the plan's switch-port bytes. A switch may
+  give its NVLS engines a throughput of their own (``nvls_gbps``, a resource all its GPUs share); the preset
+  does not, because the published NVLS runs of 5 to 8 GPUs move the same bytes per port, which a shared
+  engine would not allow (benchmarks/nccl_curves.py prints the per-port rates).
 
 The flow and analytic paths agree exactly on lone collectives whose phases move equal bytes per flow:
 both evaluate the same plan, and max-min fair sharing then finishes the flows of the most loaded edge

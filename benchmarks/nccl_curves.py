@@ -11,7 +11,9 @@ force one), and the error of the model's busbw against the published one. Then:
   NVLS all-reduce busbw on dgx-h100 within 10 % of ~480 GB/s, a 1 KiB all-reduce on dgx-a100 under 25 us;
 - the sizes of the wanted grid (all-reduce, all-gather, reduce-scatter on dgx-a100, dgx-h100 ring and NVLS,
   dgx1-v100; 1 KiB .. 1 GiB) that have no published figure, so no figure is taken for more than it is;
-- the physical bound of each row (sim/collectives/limits.py), which no model figure may pass.
+- the physical bound of each row (sim/collectives/limits.py), which no model figure may pass;
+- the bytes per port of the published NVLS runs by group size, which say whether the NVSwitch's ports or an
+  engine shared by them binds NVLS (see `nvls_ports`).
 
 Nothing is fitted here: the model is NCCL's tuning figures (sim/collectives/nccl_tuning.py) on the
 topology library's links. Machines map to presets: dgx-a100, dgx-h100, dgx1-v100, and for several DGX H100
@@ -163,6 +165,34 @@ def fabrics() -> list[str]:
     return lines
 
 
+def nvls_ports(rows: list[dict]) -> list[str]:
+    """Which resource binds NVLS on DGX H100: the bytes per port of the published NVLS all-reduce runs of
+    one machine at each group size. Each GPU moves S (n+1)/n each way through its port, so the port moves
+    busbw x (n+1) / (2 (n-1)) bytes/s. If one engine shared by the switch's n ports bound instead (NVLS
+    traffic (n+1) S through it), the per-port rate would scale as 1/n, 8/5 = 1.6x higher at 5 GPUs than at
+    8. The same per-port rate at every n says the ports (and what NCCL's NVLS efficiency takes off them)
+    bind, so the dgx-h100 preset gives its NVSwitch no NVLS engine figure (``nvls_gbps``)."""
+    by_source: dict[str, dict[int, dict]] = {}  # one run series (one machine) compares group sizes
+    for r in rows:
+        if r["machine"] == "dgx-h100" and r["collective"] == "allreduce" and r["algo"] == "nvls" \
+                and r["size"] >= 2**30:
+            by_source.setdefault(r["source"], {})[r["gpus"]] = r
+    if not by_source:
+        return []
+    best = max(by_source.values(), key=len)
+    lines = []
+    for n, r in sorted(best.items()):
+        port = r["published_busbw"] * (n + 1) / (2 * (n - 1))
+        lines.append(f"{n} GPUs: busbw {r['published_busbw']:6.1f} GB/s at {_size(r['size'])} "
+                     f"[{r['source']}] -> {port:6.1f} GB/s per port each way")
+    if len(best) > 1:
+        low, high = min(best), max(best)
+        rate = {n: best[n]["published_busbw"] * (n + 1) / (2 * (n - 1)) for n in (low, high)}
+        lines.append(f"per-port rate at {low} GPUs / at {high}: {rate[low] / rate[high]:.3f} "
+                     f"(an engine shared by all ports would give {high / low:.3f})")
+    return lines
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
 
@@ -191,6 +221,9 @@ def print_report(data: dict, rows: list[dict]) -> None:
     print("\n# sizes of the wanted grid with no published figure (8 GPUs, one machine):")
     for line in missing(rows):
         print(f"  {line}")
+    print("\n# NVLS on DGX H100: bytes per port of the published runs by group size (what binds)")
+    for line in nvls_ports(rows):
+        print(f"  {line}")
     print("\n# the same 1 GiB collectives on the rail-optimised pod and on the 2:1 fat-tree (32 DGX H100)")
     for line in fabrics():
         print(f"  {line}")
@@ -208,7 +241,7 @@ def main() -> None:
     data = load(args.data)
     rows = compare(data, args.flow)
     if args.json:
-        print(json.dumps({"rows": rows, "missing": missing(rows),
+        print(json.dumps({"rows": rows, "missing": missing(rows), "nvls_ports": nvls_ports(rows),
                           "aims": [{"aim": a, "met": ok, "detail": d} for a, ok, d in aims(rows)]}, indent=1))
     else:
         print_report(data, rows)

@@ -261,6 +261,59 @@ def test_nvls_without_switch_reduction_is_refused(presets):
         collective_time(presets["dgx-a100"], "allreduce", None, MIB, algo="nvls")
 
 
+def h100_box(nvls_gbps=None, reduce=None):
+    """8 H100 on one NVSwitch set (NVLink 4, 18 links per GPU), its NVLS engines at ``nvls_gbps``."""
+    spec = {"generator": "nvswitch", "name": "h100-engine", "gpus": 8, "gpu": "h100-sxm", "memory_gib": 80,
+            "links_per_gpu": 18, "nvlink_generation": 4}
+    if nvls_gbps is not None:
+        spec["nvls_gbps"] = nvls_gbps
+    if reduce is not None:
+        spec["reduce"] = reduce
+    return load_topology(spec)
+
+
+def test_nvls_engine_is_a_resource_all_the_switch_gpus_share():
+    fast, slow = h100_box(), h100_box(nvls_gbps=1000)
+    n, size = 8, GIB
+    assert fast.nvls_engine("nvsw0") is None and slow.nvls_engine("nvsw0") == ("nvsw0", "nvsw0")
+    # the ports bind without an engine figure: (n+1)/n S each way per port
+    port = fast.edge("gpu0", "nvsw0")["bandwidth"]
+    base = tune.HW_LAT["nvlink"]["nvls"]["simple"] * 1e-6
+    t_fast = collective_time(fast, "allreduce", None, size, algo="nvls")
+    fill_fast = coll._fill(fast, "allreduce", tuple(fast.gpus), "nvls", "simple", size)
+    assert t_fast == pytest.approx(base + (n + 1) / n * size / port / tune.NVLS + fill_fast, rel=1e-9)
+    # 1000 GB/s of engine for 8 GPUs (125 GB/s each) binds before the 370.8 GB/s ports: every GPU's
+    # (n+1)/n S up goes through it, (n+1) S in all, at NCCL's NVLS efficiency like the links
+    t_slow = collective_time(slow, "allreduce", None, size, algo="nvls")
+    fill_slow = coll._fill(slow, "allreduce", tuple(slow.gpus), "nvls", "simple", size)
+    assert t_slow == pytest.approx(base + (n + 1) * size / 1000e9 / tune.NVLS + fill_slow, rel=1e-9)
+    assert flow_time(slow, "allreduce", None, size, algo="nvls")[0] == pytest.approx(t_slow, rel=1e-6)
+    moved = coll.collective_link_bytes(slow, "allreduce", None, size, algo="nvls")
+    assert moved["nvsw0", "nvsw0"] == pytest.approx((n + 1) * size / tune.NVLS)
+    # the fill's stage through the switch runs at a GPU's share of the engine (125 GB/s), not the port's
+    rates = coll._stage_rates(slow, "allreduce", tuple(slow.gpus), "nvls", "simple")[0]
+    assert rates.port == pytest.approx(1000e9 / n * tune.NVLS)
+    # reduce-scatter sends S up per GPU: n S through the engine, which binds
+    t = collective_time(slow, "reduce_scatter", None, size, algo="nvls")
+    assert t == pytest.approx(base + n * size / 1000e9 / tune.NVLS, rel=1e-9)
+    assert flow_time(slow, "reduce_scatter", None, size, algo="nvls")[0] == pytest.approx(t, rel=1e-6)
+    # all-gather sends S/n up per GPU (S through the engine) but S down each port: the ports still bind
+    t = collective_time(slow, "allgather", None, size, algo="nvls")
+    assert t == pytest.approx(collective_time(fast, "allgather", None, size, algo="nvls"), rel=1e-12)
+    assert t == pytest.approx(base + size / port / tune.NVLS, rel=1e-9)
+    # other algorithms never cross it
+    assert collective_time(slow, "allreduce", None, size, algo="ring") == pytest.approx(
+        collective_time(fast, "allreduce", None, size, algo="ring"))
+
+
+def test_nvls_engine_needs_a_reducing_switch():
+    with pytest.raises(TrainsimError, match=r"nvls_gbps needs a switch that reduces") as err:
+        h100_box(nvls_gbps=1000, reduce=False)
+    assert err.value.field.endswith("nvls_gbps")
+    with pytest.raises(TrainsimError, match="nvls_gbps"):
+        h100_box(nvls_gbps=0)
+
+
 def test_nvls_tree_is_nvls_in_each_machine_and_a_tree_of_shards_between(presets):
     topo = presets["dgx-h100-4node"]
     gpus = topo.gpus[:16]  # two machines

@@ -67,3 +67,19 @@ def test_the_bounds_are_the_wires():
     assert limits.busbw_limit(pod, "allgather", pod.gpus, "ring") == pytest.approx(
         nics * m / (m - 1) * (n - 1) / n, rel=0.02)
     assert limits.busbw_limit(pod, "allreduce", pod.gpus, "ring") == pytest.approx(port + pcie)
+
+
+def test_no_nvls_collective_exceeds_the_switch_engines():
+    # 8 H100 on one NVSwitch set whose NVLS engines take in 1000 GB/s: they, not the ports, bind
+    topo = load_topology({"generator": "nvswitch", "name": "h100-engine", "gpus": 8, "gpu": "h100-sxm",
+                          "memory_gib": 80, "links_per_gpu": 18, "nvlink_generation": 4, "nvls_gbps": 1000})
+    assert limits.busbw_limit(topo, "allreduce", topo.gpus, "nvls") == pytest.approx(2 * 1000e9 / 8)
+    assert limits.busbw_limit(topo, "reduce_scatter", topo.gpus, "nvls") == pytest.approx(1000e9 / 8)
+    # all-gather: the engines take in each shard once (1000 GB/s), more than a GPU can receive
+    port = limits.raw_injection(topo, "gpu0")
+    assert limits.busbw_limit(topo, "allgather", topo.gpus, "nvls") == pytest.approx(port)
+    for op in limits.BOUNDED:
+        limit = limits.busbw_limit(topo, op, topo.gpus, "nvls")
+        for size in SIZES:
+            busbw = size / collective_time(topo, op, None, size, algo="nvls") * bus_factor(op, 8)
+            assert busbw <= limit * (1 + 1e-9), (op, size, busbw / 1e9, limit / 1e9)

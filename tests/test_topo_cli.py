@@ -54,6 +54,24 @@ def test_show_a_file(tmp_path):
     assert json.loads(result.output)["paths"] == {"PIX": 6}
 
 
+def test_show_the_nvls_engine_and_refuse_it_on_a_switch_without_reduction(tmp_path):
+    path = tmp_path / "h100.yaml"
+    box = {"generator": "nvswitch", "name": "h100", "gpus": 8, "gpu": "h100-sxm", "memory_gib": 80,
+           "links_per_gpu": 18, "nvlink_generation": 4, "nvls_gbps": 1000}
+    path.write_text(yaml.safe_dump(box))
+    result = invoke("show", str(path))
+    assert result.exit_code == 0, result.output
+    assert "NVLS engines (in-switch reduction and multicast" in result.output
+    assert "nvsw0 1000.0 GB/s" in result.output
+    nodes = json.loads(invoke("show", str(path), "--json").output)["nodes"]
+    switch = [n for n in nodes if n["name"] == "nvsw0"]
+    assert switch[0]["nvls_gbps"] == 1000.0 and "nvls_bandwidth" not in switch[0]
+    path.write_text(yaml.safe_dump({**box, "reduce": False}))
+    result = invoke("show", str(path))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "nvls_gbps needs a switch that reduces in the network" in result.output
+
+
 def test_route_text_and_json():
     result = invoke("route", "dgx-a100-2node", "n0.gpu0", "n1.gpu5")
     assert result.exit_code == 0

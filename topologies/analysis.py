@@ -161,7 +161,9 @@ def describe(topo: Topology) -> dict:
     nodes = []
     for name, d in topo.graph.nodes(data=True):
         record = {"name": name, **{k: v for k, v in d.items() if v is not None and k not in
-                                   ("memory", "dram_bandwidth", "pageable_rate")}}
+                                   ("memory", "dram_bandwidth", "pageable_rate", "nvls_bandwidth")}}
+        if d.get("nvls_bandwidth") is not None:
+            record["nvls_gbps"] = _gbps(d["nvls_bandwidth"])
         if "memory" in d:
             record["memory_gib"] = d["memory"] / 2**30
         if "dram_bandwidth" in d:

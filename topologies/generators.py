@@ -89,6 +89,7 @@ class NvswitchParams(PcieTreeParams):
     switches: int | None = Field(default=None, gt=0, description="NVSwitch chips per board")
     boards: int = Field(default=1, gt=0, description="fabrics joined by non-blocking cross-board links")
     reduce: bool | None = None
+    nvls_gbps: float | None = Field(default=None, gt=0, description="each fabric's NVLS engine throughput")
 
     @model_validator(mode="after")
     def _boards_divide(self):
@@ -169,6 +170,8 @@ def build_nvswitch(p: NvswitchParams) -> TopologySpec:
         node = {"name": fabric, "kind": "nvswitch", "nvlink_generation": p.nvlink_generation, "chips": chips}
         if p.reduce is not None:
             node["reduce"] = p.reduce
+        if p.nvls_gbps is not None:
+            node["nvls_gbps"] = p.nvls_gbps
         nodes.append(node)
     nvlink = {"kind": "nvlink", "generation": p.nvlink_generation}
     for i in range(p.gpus):

@@ -149,7 +149,12 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
                       "dram": f"{node.name}.dram", "pageable_rate": pageable * phys.GB}
         elif node.kind == "nvswitch":
             reduce = node.reduce if node.reduce is not None else node.nvlink_generation >= 4
-            attrs |= {"reduce": reduce, "chips": node.chips, "nvlink_generation": node.nvlink_generation}
+            if node.nvls_gbps is not None and not reduce:
+                raise TrainsimError("nvls_gbps needs a switch that reduces in the network (reduce: true, "
+                                    "the default from nvlink_generation 4)", file=file,
+                                    field=f"{field}.nvls_gbps")
+            attrs |= {"reduce": reduce, "chips": node.chips, "nvlink_generation": node.nvlink_generation,
+                      "nvls_bandwidth": None if node.nvls_gbps is None else node.nvls_gbps * phys.GB}
         elif node.kind in ("nic", "network_switch"):
             attrs |= {"network": node.network}
             if node.kind == "nic":

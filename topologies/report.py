@@ -31,6 +31,10 @@ def show_lines(desc: dict, *, max_links: int = 80) -> list[str]:
     lines += _table(["a", "b", "kind", "gen", "count", "lanes", "GB/s", "raw GB/s", "latency us"], rows)
     if len(links) > max_links:
         lines.append(f"... {len(links) - max_links} more (see --json)")
+    engines = [f"{n['name']} {n['nvls_gbps']} GB/s" for n in desc["nodes"] if n.get("nvls_gbps") is not None]
+    if engines:
+        lines += ["", "NVLS engines (in-switch reduction and multicast, NVLS traffic in from all GPUs): "
+                  + ", ".join(engines)]
     lines += ["", "GPUs:"]
     lines += _table(["gpu", "spec", "memory GiB", "machine", "injection GB/s"],
                     [[g["name"], g["spec"], f"{g['memory_gib']:g}", g["machine"], g["injection_gbps"]]

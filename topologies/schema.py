@@ -8,6 +8,10 @@ An ``nvswitch`` node stands for a set of ``chips`` identical NVSwitch chips that
 a GPU stripes its NVLink traffic evenly over all its links, so at flow level the set behaves as one
 non-blocking switch whose port to each GPU is the GPU's whole bonded NVLink set (e.g. DGX A100: 6 chips,
 12 links per GPU). ``reduce: true`` marks switches that reduce in the network (NVLS, NVSwitch gen 3).
+``nvls_gbps`` gives the set's NVLS engines (in-switch reduction and multicast) a throughput of their own:
+the bytes per second of NVLS traffic they take in from all GPUs together (each GPU's ``multimem`` loads and
+stores). Unset, the engines keep up with the ports: on DGX H100 the published NVLS runs of 5 to 8 GPUs move
+the same bytes per port (benchmarks/nccl_curves.py), which an engine shared by all ports would not allow.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class NvswitchNode(_Node):
     nvlink_generation: int = Field(ge=1)
     chips: int = Field(default=1, gt=0)
     reduce: bool | None = Field(default=None, description="in-network reduction (NVLS); default: NVLink 4+")
+    nvls_gbps: float | None = Field(default=None, gt=0, description="NVLS engines' throughput, GB/s of NVLS "
+                                    "traffic taken in from all GPUs; default: not a limit (the ports bind)")
 
 
 class NicNode(_Node):

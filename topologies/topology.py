@@ -85,8 +85,19 @@ class Topology:
     @cached_property
     def edge_attrs(self) -> dict[tuple[str, str], dict]:
         """Directed edge -> its attributes (the graph's own dicts), for hot loops over routes: a plain dict
-        lookup instead of a networkx view per edge."""
-        return {(u, v): d for u, v, d in self.graph.edges(data=True)}
+        lookup instead of a networkx view per edge. Besides the graph's links: each NVSwitch's NVLS engine
+        where the switch gives it a throughput (`nvls_engine`), a resource that no route but NVLS crosses."""
+        attrs = {(u, v): d for u, v, d in self.graph.edges(data=True)}
+        for switch, bandwidth in self.graph.nodes(data="nvls_bandwidth"):
+            if bandwidth is not None:
+                attrs[switch, switch] = {"kind": "nvls", "bandwidth": bandwidth, "raw_bandwidth": bandwidth,
+                                         "latency": 0.0, "count": 1, "generation": None, "lanes": None}
+        return attrs
+
+    def nvls_engine(self, switch: str) -> Edge | None:
+        """The edge that stands for ``switch``'s NVLS engines ((switch, switch)), if the switch gives them a
+        throughput of their own (``nvls_gbps``); else None (the ports bind)."""
+        return (switch, switch) if (switch, switch) in self.edge_attrs else None
 
     @cached_property
     def edge_kind(self) -> dict[tuple[str, str], str]:

@@ -12,6 +12,11 @@ Per machine, across m machines: the same arguments over each machine's network i
 m in place of n: algbw <= NIC injection x m/(m-1) for all three collectives.
 
 Injection is the raw line rate of the GPU's (or the machine's NICs') outgoing links, per direction.
+
+In-switch reduction (nvls, nvls_tree) through an NVSwitch whose NVLS engines have a throughput E of their own
+(``nvls_gbps``): the engines take in at least the (n-1)/n of S that each of the switch's n GPUs must send,
+(n-1) S in all for all-reduce and reduce-scatter, and each shard once for all-gather ((n-1)/n S): busbw <=
+2E/n, E/n and E.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def busbw_limit(topo: Topology, op: str, gpus: list[str], algo: str) -> float | 
     n = len(gpus)
     per_gpu = min(raw_injection(topo, g) for g in gpus)
     limit = 2 * per_gpu if op == "allreduce" and algo in IN_NETWORK else per_gpu
+    if algo in IN_NETWORK:
+        limit = min(limit, _engine_limit(topo, op, gpus))
     by_machine: dict[int, list[str]] = defaultdict(list)
     for g in gpus:
         by_machine[topo.machine_of(g)].append(g)
@@ -54,4 +61,18 @@ def busbw_limit(topo: Topology, op: str, gpus: list[str], algo: str) -> float | 
         algbw = network * m / (m - 1)
         factor = 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
         limit = min(limit, algbw * factor)
+    return limit
+
+
+def _engine_limit(topo: Topology, op: str, gpus: list[str]) -> float:
+    """busbw bound of in-switch reduction from the NVLS engines of the GPUs' switches (inf without)."""
+    limit = float("inf")
+    users: dict[str, int] = defaultdict(int)  # a reducing switch -> its GPUs in the group
+    for g in gpus:
+        for s in topo.graph.successors(g):
+            if topo.nvls_engine(s) is not None:
+                users[s] += 1
+    for switch, n in users.items():
+        engine = topo.edge_attrs[switch, switch]["raw_bandwidth"]
+        limit = min(limit, {"allreduce": 2 * engine / n, "reduce_scatter": engine / n}.get(op, engine))
     return limit

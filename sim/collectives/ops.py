@@ -329,15 +329,23 @@ def _fill(topo: Topology, op: str, names: list[str], algo: str, proto: str, nbyt
 
 def _stage_rates(topo: Topology, op: str, names, algo: str, proto: str) -> tuple[tune.StageRates, int]:
     """The rates a pipeline stage reaches alone, from the plan's links at its protocol's efficiency: the
-    slowest GPU's switch port (the one-link NVLink transfers), the slowest tree hop (network routes; none in
-    one machine), the slowest GPU's memory (a device the library does not know leaves its copies uncharged);
-    and the group's number of machines. Cached with the plans (a collective asks on every call)."""
+    slowest GPU's switch port (the one-link NVLink transfers) or its share of the switch's NVLS engine where
+    that has a throughput of its own (the engine's rate over the GPUs that use it), the slowest tree hop
+    (network routes; none in one machine), the slowest GPU's memory (a device the library does not know
+    leaves its copies uncharged); and the group's number of machines. Cached with the plans (a collective
+    asks on every call)."""
     key = ("stage rates", op, algo, proto, names)
     cache = _plans.setdefault(topo, {})
     if key not in cache:
         plan = plan_collective(topo, op, names, algo, proto)
         transfers = [t for lane in plan.lanes for phase in lane for t in phase.transfers]
         port = min((topo.bottleneck(t.route) for t in transfers if len(t.route) == 1), default=math.inf)
+        engines: dict[Edge, int] = {}  # an NVLS engine -> the GPUs whose traffic it takes in
+        for t in transfers:
+            if t.route and t.route[-1][0] == t.route[-1][1]:
+                engines[t.route[-1]] = engines.get(t.route[-1], 0) + 1
+        # a GPU's stage through the switch runs at its port's rate or its share of the engine, the slower
+        port = min([port] + [topo.bottleneck((e,)) / users for e, users in engines.items()])
         nic = min((topo.bottleneck(t.route) for t in transfers
                    if hop_class(topo, t.route) == "network"), default=math.inf)
         rates = tune.StageRates(port * plan.efficiency, nic * plan.efficiency,

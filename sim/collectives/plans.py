@@ -19,7 +19,9 @@ Algorithms (nccl-tests' S = the whole array):
   Reduce-scatter: the switch reads every shard from every GPU (``multimem.ld_reduce``; the owner's own copy
   also goes through the switch), reduces and returns S/n to the owner: per GPU S up, S/n down. All-gather:
   each owner stores its shard once (``multimem.st``), the switch multicasts it to all: S/n up, S down.
-  All-reduce pipelines both: S(n+1)/n each way on every GPU's switch link.
+  All-reduce pipelines both: S(n+1)/n each way on every GPU's switch link. Where the switch gives its
+  NVLS engines a throughput (``nvls_gbps``), every byte sent up also crosses the engine, which all the
+  switch's GPUs share: (n+1) S through it in an all-reduce.
 - nvls_tree (all-reduce across machines, NCCL's NVLSTree): NVLS inside each machine (S(n+1)/n each way on
   every GPU's switch link, n = GPUs per machine) and, pipelined with it, a double binary tree between the
   machines for each shard: the i-th GPU of every machine owns shard i (S/n) and exchanges it over its own
@@ -97,7 +99,7 @@ def _classify(topo: Topology, route: tuple[Edge, ...]) -> str:
     kinds = {kind[e] for e in route}
     if kinds & {"ib", "ethernet"}:
         return "network"
-    if kinds and kinds <= {"nvlink"}:
+    if kinds and kinds <= {"nvlink", "nvls"}:  # an NVSwitch's NVLS engine is inside the NVLink fabric
         return "nvlink"
     return "pcie"  # PCIe, the inter-socket link, host memory
 
@@ -274,6 +276,14 @@ def nvls_switch(topo: Topology, gpus: list[str]) -> str | None:
     return min(common) if common else None
 
 
+def _into_switch(topo: Topology, gpu: str, switch: str) -> tuple[Edge, ...]:
+    """The route of a GPU's NVLS traffic into the switch: its port, then the switch's NVLS engine where the
+    switch gives the engine a throughput of its own (every byte a GPU sends up is a ``multimem`` load the
+    engine reduces or a store it multicasts)."""
+    engine = topo.nvls_engine(switch)
+    return ((gpu, switch),) if engine is None else ((gpu, switch), engine)
+
+
 def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str, tuning: Tuning = LEGACY) -> Plan:
     """NCCL's NVLS latency is one figure for the whole collective (hwLat NVLink NVLS, no base); LEGACY: a
     trip through the switch per stage."""
@@ -283,7 +293,7 @@ def nvls_plan(topo: Topology, op: str, gpus: list[str], switch: str, tuning: Tun
     stages = 2 if op == "allreduce" else 1  # reduce then multicast, each a trip through the switch
     transfers = []
     for g in gpus:
-        for route, share in (((g, switch),), up), (((switch, g),), down):
+        for route, share in (_into_switch(topo, g, switch), up), (((switch, g),), down):
             if tuning.route_latency:
                 latency = stages * (topo.route_latency([(g, switch), (switch, g)]) + tuning.hop["nvlink"])
             else:
@@ -304,7 +314,7 @@ def nvls_tree_plan(topo: Topology, gpus: list[str], switches: dict[int, str],
     transfers = []
     for m in machines:
         for g in groups[m]:
-            transfers.append(Transfer(((g, switches[m]),), (n + 1) / n, latency))
+            transfers.append(Transfer(_into_switch(topo, g, switches[m]), (n + 1) / n, latency))
             transfers.append(Transfer(((switches[m], g),), (n + 1) / n, latency))
     share = 0.5 / n  # half of a shard per tree, each way
     for i in range(n):
