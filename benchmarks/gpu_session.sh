@@ -8,13 +8,13 @@
 # OUT gets one log per step (STEP.log), summary.txt (each step's exit status and time) and the figures,
 # bundles, reports and traces. SECONDS (default 560) bounds the whole session: each step has its own limit
 # and the last ones get what is left. STEPS (default: all) is a comma list of env,cuda-tests,loader-copy,
-# peak-memory,resnet50,gpt2-small,profiler-cost,replay,accuracy,suite. ACCURACY_REPEATS (2: validate-gpu, each with its
+# peak-memory,resnet50,gpt2-small,layer-timing,profiler-cost,replay,accuracy,suite. ACCURACY_REPEATS (2: validate-gpu, each with its
 # own calibration) and MODEL_ROUNDS (2: real runs per variant of the two models) size the validations.
 # Assumes trainsim is installed (README).
 set -u
 out=${1:?usage: gpu_session.sh OUT [SECONDS] [STEPS]}
 budget=${2:-560}
-steps=${3:-env,cuda-tests,loader-copy,peak-memory,resnet50,gpt2-small,profiler-cost,replay,accuracy,suite}
+steps=${3:-env,cuda-tests,loader-copy,peak-memory,resnet50,gpt2-small,layer-timing,profiler-cost,replay,accuracy,suite}
 mkdir -p "$out"
 summary="$out/summary.txt"
 began=$(date +%s)
@@ -57,6 +57,22 @@ for model in resnet50 gpt2-small; do
     step "$model" 150 $py benchmarks/validate_accuracy.py --scenario "benchmarks/gpu/$model.yaml" \
         --repeats 1 --rounds "$model_rounds" --out "$out/$model" --results "$out/$model.txt"
 done
+# per-layer times of GPT-2 in bf16 both ways: between CUDA events at the hooks (a host-bound hooked step
+# counts its launch gaps as layer time) and as the kernels launched inside them; the plain step beside both
+layer_timing() {
+    local timing
+    for timing in clock kernels; do
+        echo "## calibrate layers gpt2-small bf16 --layer-timing $timing"
+        $py -m trainsim.cli calibrate layers gpt2-small --device cuda --batch-sizes 8 --set block_size=512 \
+            --optimizer adam --precision bf16 --repeats 5 --warmup 2 --layer-timing "$timing" \
+            --out "$out/layers-gpt2-small-bf16-$timing.json" --json \
+            | $py -c "import json, sys; d = json.load(sys.stdin); print({k: d[k] for k in \
+                ('iteration_s', 'unattributed_s', 'host_dispatch_s')}, 'layers:', \
+                sum(sum(r[p].values()) for r in d['per_layer'] for p in ('forward_s', 'backward_s')))"
+    done
+}
+wanted layer-timing && step layer-timing 120 bash -c "$(declare -f layer_timing); out='$out'; py='$py'; \
+    layer_timing"
 # what the profiler costs this host per recorded event, at each model's batch and precision: the figure the
 # untraced replays below take out of the traces
 profiler_cost() {

@@ -172,7 +172,58 @@ def test_cuda_profile_with_events():
     assert "cublas_workspace_config" in prov
 
 
+def test_kernel_timing_reads_each_layer_from_its_profiler_ranges():
+    wl = profile_layers("tiny-cnn", "cpu", [2], repeats=2, warmup=1, threads=1, prep_samples=0,
+                        timing="kernels")
+    assert "torch.profiler" in wl.provenance.model_extra["timing"]
+    # forward on the calling thread and backward in the autograd engine: every layer has both, and the
+    # convolutions' and the linear layer's weight gradients are work of their own
+    for layer in wl.layers:
+        assert layer.forward.at(2) > layer_profile.MIN_TIME_S, layer.name
+        if layer.kind in ("conv2d", "linear"):
+            assert layer.backward.at(2) > layer_profile.MIN_TIME_S, layer.name
+    assert wl.optimizer_step.at(2) > layer_profile.MIN_TIME_S
+    it = wl.provenance.iteration
+    # the accounting identity holds whatever the timing: layers + optimizer + unattributed = plain
+    total = it.layers_sum[0].s + it.optimizer[0].s + it.unattributed[0].s
+    assert total == pytest.approx(it.plain[0].s, rel=1e-9)
+
+
+class _Event:
+    def __init__(self, name, cpu_us, device_us):
+        self.name, self.cpu_time_total, self.device_time_total = name, cpu_us, device_us
+
+
+def test_range_totals_sum_a_layers_ranges_and_ignore_other_events():
+    events = [_Event("trainsim::forward::blocks.0.attn", 30.0, 12.0),
+              _Event("trainsim::backward::blocks.0.attn", 50.0, 20.0),
+              _Event("trainsim::backward::blocks.0.attn", 10.0, 4.0),  # a second autograd node
+              _Event("aten::mm", 25.0, 10.0), _Event("trainsim::optimizer::step", 7.0, 3.0)]
+    on_gpu = layer_profile.range_totals(events, "cuda")
+    assert on_gpu == pytest.approx({("forward", "blocks.0.attn"): 12e-6, ("backward", "blocks.0.attn"): 24e-6,
+                                    ("optimizer", "step"): 3e-6})
+    assert layer_profile.range_totals(events, "cpu")[("backward", "blocks.0.attn")] == pytest.approx(60e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_kernel_timing_leaves_launch_gaps_unattributed():
+    # batch 1: a host-bound step, where CUDA events between hooks would count the GPU's idle time
+    wl = profile_layers("tiny-cnn", "cuda", [1], repeats=5, warmup=2, prep_samples=0, timing="kernels")
+    assert "CUDA kernel time" in wl.provenance.model_extra["timing"]
+    it = wl.provenance.iteration
+    assert all(layer.forward.at(1) > layer_profile.MIN_TIME_S for layer in wl.layers)
+    assert it.layers_sum[0].s <= it.hooked[0].s and it.unattributed[0].s > 0
+
+
 runner = CliRunner()
+
+
+def test_cli_layers_refuses_an_unknown_timing_or_precision():
+    for option, value in (("--layer-timing", "events"), ("--precision", "fp8")):
+        result = runner.invoke(app, ["calibrate", "layers", "tiny-cnn", "--device", "cpu", option, value])
+        assert result.exit_code == 2
+        assert result.output.strip().splitlines()[-1].startswith(f"error: {option}: unknown")
 
 
 def test_cli_layers_json(tmp_path):

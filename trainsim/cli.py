@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 import trainsim
-from trainsim.errors import TrainsimError, error_record, raised_first
+from trainsim.errors import TrainsimError, error_record, raised_first, unknown_name
 
 #: click's UsageError, the base of typer.BadParameter: typer vendors click in new versions and not in old
 #: ones, so it is found from the class typer does export
@@ -510,6 +510,12 @@ def calibrate_layers(
     warmup: int = typer.Option(3, "--warmup", help="Unmeasured iterations per batch size."),
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum 0.9), adam or adamw."),
     threads: int = typer.Option(None, "--threads", help="torch.set_num_threads (default: torch's choice)."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16/fp16 under autocast."),
+    layer_timing: str = typer.Option(
+        "clock", "--layer-timing",
+        help="clock: between CUDA events (CPU: perf_counter) at each layer's hooks; kernels: the time of the "
+             "kernels launched inside them (torch.profiler), so a host-bound iteration's launch gaps are not "
+             "counted as layer time."),
     settings: list[str] = typer.Option(None, "--set", help=_MODEL_SET_HELP),
     out: str = typer.Option(None, "--out", "-o", help="Write the measured trainsim.workload/2 JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (summary and one row per layer)."),
@@ -521,16 +527,20 @@ def calibrate_layers(
     from rich.console import Console
 
     from trainsim.calibrate.measure.describe import parse_overrides
-    from trainsim.calibrate.measure.layer_profile import profile_layers
+    from trainsim.calibrate.measure.layer_profile import AUTOCAST, TIMINGS, profile_layers
     from trainsim.calibrate.measure.runner import parse_batch_sizes
     from trainsim.formats.workload import save_workload
 
     _check_outputs(("--out", out))
+    if precision not in AUTOCAST:
+        raise unknown_name("precision", precision, AUTOCAST, field="--precision")
+    if layer_timing not in TIMINGS:
+        raise unknown_name("layer timing", layer_timing, TIMINGS, field="--layer-timing")
     console = Console(stderr=True)
     with console.status("profiling") as status:
         workload = profile_layers(model, device, parse_batch_sizes(batch_sizes), repeats=repeats,
-                                  warmup=warmup, optimizer=optimizer, threads=threads,
-                                  progress=status.update, **parse_overrides(settings))
+                                  warmup=warmup, optimizer=optimizer, threads=threads, precision=precision,
+                                  timing=layer_timing, progress=status.update, **parse_overrides(settings))
     for item in workload.provenance.skipped or []:
         console.print(f"note: batch {item.batch} not measured: {item.reason}")
     path = save_workload(workload, out) if out else None

@@ -137,6 +137,57 @@ def clock_for(device: torch.device):
     return CudaClock(device) if device.type == "cuda" else CpuClock()
 
 
+#: how a layer's time is read: between clock marks at its hooks, or as the work its hooks bracket
+TIMINGS = ("clock", "kernels")
+KERNEL_TIMING = {"cuda": "CUDA kernel time (torch.profiler / CUPTI) of the kernels launched inside module "
+                         "forward hooks and autograd-node hooks",
+                 "cpu": "CPU time (torch.profiler) of the ops run inside module forward hooks and "
+                        "autograd-node hooks"}
+RANGE = "trainsim::"  # the prefix of the profiler ranges the kernel timing opens
+
+
+class _KernelSpans:
+    """LayerHooks observer for ``timing="kernels"``: a profiler range around every layer's forward and
+    backward work (``trainsim::phase::layer``), to be read after the profiler stops: on CUDA the time of the
+    kernels launched inside a range, wherever the GPU ran them, so a host-bound iteration's launch gaps are
+    not counted as the layer's (on the CPU, the ops' own time). The host's ``perf_counter`` is kept as in
+    `_Spans`."""
+
+    def __init__(self):
+        self._open: dict[tuple[str, str], tuple[torch.profiler.record_function, float]] = {}
+        self.host: dict[tuple[str, str], float] = defaultdict(float)
+
+    def start(self, phase: str, layer: str) -> None:
+        scope = torch.profiler.record_function(f"{RANGE}{phase}::{layer}")
+        scope.__enter__()
+        self._open[(phase, layer)] = (scope, time.perf_counter())
+
+    def end(self, phase: str, layer: str) -> None:
+        host_end = time.perf_counter()
+        opened = self._open.pop((phase, layer), None)
+        if opened is not None:
+            scope, host_start = opened
+            scope.__exit__(None, None, None)
+            self.host[(phase, layer)] += host_end - host_start
+
+    def output(self, layer, inputs, outputs) -> None:
+        pass
+
+
+def range_totals(events, device_type: str) -> dict[tuple[str, str], float]:
+    """Seconds per (phase, layer) of the ``trainsim::phase::layer`` ranges among profiler ``events``: their
+    kernels' time on CUDA (``device_time_total``, which sums the kernels of the ops inside), their ops' CPU
+    time on the CPU."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for event in events:
+        if not event.name.startswith(RANGE):
+            continue
+        phase, layer = event.name[len(RANGE):].split("::", 1)
+        micros = event.device_time_total if device_type == "cuda" else event.cpu_time_total
+        out[(phase, layer)] += micros * 1e-6
+    return out
+
+
 class _Spans:
     """LayerHooks observer: clock marks at the start and end of every layer's forward and backward work, and
     the host's ``perf_counter`` between them (the marks' own cost left out)."""
@@ -245,7 +296,8 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device, clock, repeats: int,
-                   warmup: int, cfg: dict, progress: Progress, precision: str = "fp32") -> BatchTimes:
+                   warmup: int, cfg: dict, progress: Progress, precision: str = "fp32",
+                   timing: str = "clock") -> BatchTimes:
     generator = torch.Generator().manual_seed(batch)
     inputs, targets = zoo.example_batch(name, batch, device, generator=generator, **cfg)
     dtype = AUTOCAST[precision]
@@ -268,6 +320,8 @@ def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device
         return clock.seconds(start, end), host_end - host_start
 
     def hooked():
+        if timing == "kernels":
+            return hooked_kernels()
         spans = _Spans(clock)
         with LayerHooks(model, [spans]):
             start = clock.mark()
@@ -278,6 +332,25 @@ def _measure_batch(model, optimizer, name: str, batch: int, device: torch.device
             end = clock.mark()
         clock.sync()
         return spans.totals(), spans.host, clock.seconds(before_step, end), clock.seconds(start, end)
+
+    def hooked_kernels():
+        # the optimizer step is read as a range too; the whole hooked iteration stays the clock's
+        spans = _KernelSpans()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            with LayerHooks(model, [spans]):
+                start = clock.mark()
+                optimizer.zero_grad(set_to_none=True)
+                loss().backward()
+                with torch.profiler.record_function(f"{RANGE}optimizer::step"):
+                    optimizer.step()
+                end = clock.mark()
+            clock.sync()
+        totals = range_totals(prof.events(), device.type)
+        step = totals.pop(("optimizer", "step"), 0.0)
+        return totals, spans.host, step, clock.seconds(start, end)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -345,7 +418,7 @@ def _check_batches(batch_sizes: Sequence[int]) -> list[int]:
 def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: Sequence[int] = (8, 16, 32),
                    repeats: int = 10, warmup: int = 3, *, optimizer: str = "sgd", threads: int | None = None,
                    prep_samples: int = 64, progress: Progress | None = None, precision: str = "fp32",
-                   **model_cfg) -> Workload:
+                   timing: str = "clock", **model_cfg) -> Workload:
     """Measure zoo model ``name`` on ``device`` at each batch size and return a measured workload.
 
     Static per-layer figures (bytes, FLOPs, shapes) come from :func:`describe`; this adds forward/backward
@@ -356,6 +429,10 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
     byte counts stay fp32's, each layer's ``autocast`` holds its activation bytes under CUDA's autocast
     (measured on ``device``; on a CPU with CUDA's fp32 ops emulated, since a 16-bit what-if is a GPU's), and
     ``provenance.precision`` says what the times were measured in.
+    ``timing`` "clock" (the default) reads a layer's time between clock marks at its hooks; "kernels" runs
+    each hooked iteration under torch.profiler and takes the time of the kernels launched inside the layer's
+    hooks (on the CPU, its ops' time), so the launch gaps of a host-bound iteration (the host slower than the
+    GPU, as hooks make a bf16 GPT-2 step) stay unattributed instead of inflating the layers.
     """
     progress = progress or (lambda text: None)
     canonical = zoo.canonical_name(name)
@@ -372,6 +449,8 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
         raise TrainsimError(f"threads must be >= 1, got {threads}", field="threads")
     if precision not in AUTOCAST:
         raise unknown_name("precision", precision, AUTOCAST, field="precision")
+    if timing not in TIMINGS:
+        raise unknown_name("timing", timing, TIMINGS, field="timing")
 
     progress("describing layers")
     static = describe_layers(canonical, **cfg)
@@ -399,7 +478,7 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
             oom = None
             try:
                 measured.append(_measure_batch(model, opt, canonical, batch, dev, clock, repeats, warmup, cfg,
-                                               progress, precision))
+                                               progress, precision, timing))
             except Exception as exc:
                 if not _is_oom(exc):
                     raise
@@ -456,7 +535,8 @@ def profile_layers(name: str, device: str | torch.device = "cpu", batch_sizes: S
     extra = {
         "device": device_name, "device_spec": device_spec, "torch_device": str(dev),
         "generator": "trainsim.calibrate.measure.layer_profile", "config": cfg,
-        "timing": clock.method, "repeats": repeats, "warmup": warmup,
+        "timing": clock.method if timing == "clock" else KERNEL_TIMING[dev.type], "repeats": repeats,
+        "warmup": warmup,
         "optimizer": {"name": optimizer.lower(), "state_copies": _OPTIMIZER_STATE_COPIES[optimizer.lower()]},
         "threads": threads_used, "cores_available": data_prep.cores_available(),
         "batch_sizes_requested": batches, "batch_sizes_measured": [bt.batch for bt in measured],
