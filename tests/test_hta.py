@@ -17,7 +17,6 @@ from trainsim.sim.replay.engine import replay_traces
 pytest.importorskip("hta")
 
 ROOT = Path(__file__).parents[1]
-SHARED_TRACE = ROOT.parent / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 H200_TRACE = Path(__file__).parent / "data" / "traces-h200" / "resnet50-fp32-step.json.gz"
 POINTS = 2.0
 
@@ -50,12 +49,9 @@ def test_data_bound_run_is_idle_for_hta_as_for_trainsim(tmp_path):
     assert all(gap <= POINTS for gap in gaps.values()), gaps
 
 
-@pytest.mark.parametrize("trace", [
-    pytest.param(SHARED_TRACE, id="a100-ddp",
-                 marks=pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")),
-    pytest.param(H200_TRACE, id="h200-resnet50"),
-])
-def test_replayed_trace(tmp_path, trace):
+@pytest.mark.parametrize("name", ["a100-ddp", "h200-resnet50"])
+def test_replayed_trace(tmp_path, shared_file, name):
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz") if name == "a100-ddp" else H200_TRACE
     report = replay_traces([trace], checks=False)
     replay_ranks.write_rank_traces(report, tmp_path / "trace")
     theirs = hta_figures(tmp_path / "trace")

@@ -11,8 +11,6 @@ from trainsim.formats import kineto
 from trainsim.formats.kineto import Collective, load_trace, load_traces
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 
-SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
-
 
 def small_trace(**kw) -> TraceBuilder:
     b = TraceBuilder(**kw)
@@ -234,9 +232,9 @@ def test_a_folder_stands_for_its_trace_files(tmp_path):
         load_traces([tmp_path / "empty"])
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
-def test_shared_a100_trace():
-    t = load_trace(SHARED_TRACE)
+def test_shared_a100_trace(shared_file):
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz")
+    t = load_trace(trace)
     assert (t.rank, t.world_size, t.rank_source) == (0, 2, "distributedInfo")
     assert [s.number for s in t.steps] == [4, 5, 6]
     assert all(0.2 < s.dur < 0.24 for s in t.steps)              # "three ProfilerSteps of about 220 ms"

@@ -19,7 +19,6 @@ from trainsim.sim.replay import kineto_ranks as replay_ranks
 from trainsim.sim.replay.engine import replay_traces
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 
-SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 HTA_RANK_RE = re.compile(r'"rank":\s+(\d+)')      # how HTA finds a file's rank (hta/common/trace_file.py)
 SMALL_DDP = ["workload=tiny-cnn", "batch_size=64", "iterations=3"]
 runner = CliRunner()
@@ -205,11 +204,11 @@ def test_external_id_ties_a_launch_to_its_operator(tmp_path):
     assert call["args"]["correlation"] == kernel["args"]["correlation"]
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
-def test_the_replayed_a100_trace_keeps_every_event(tmp_path):
-    report = replay_traces([SHARED_TRACE], checks=False)
+def test_the_replayed_a100_trace_keeps_every_event(tmp_path, shared_file):
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz")
+    report = replay_traces([trace], checks=False)
     replay_ranks.write_rank_traces(report, tmp_path / "out")
-    [measured] = load_traces([SHARED_TRACE])
+    [measured] = load_traces([trace])
     [written] = load_traces([tmp_path / "out" / "rank-0.json.gz"])
     assert (written.base_time_ns, written.origin_us) == (measured.base_time_ns, measured.origin_us)
     assert len(written.cpu_events) == len(measured.cpu_events)

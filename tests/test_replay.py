@@ -13,7 +13,6 @@ from trainsim.sim.replay.engine import breakdown, replay, write_chrome_trace
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 from trainsim.sim.replay.trace_graph import build_graph
 
-SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 MAIN, WORKER = 1, 2
 US = 1e-6
 runner = CliRunner()
@@ -142,9 +141,9 @@ def test_replay_trace_is_deterministic(tmp_path):
     assert {e["name"] for e in doc["traceEvents"] if e.get("cat") == "kernel"} == {"k1", "k2"}
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
-def test_shared_trace_replay_matches_measured_steps():
-    g = build_graph(load_trace(SHARED_TRACE))
+def test_shared_trace_replay_matches_measured_steps(shared_file):
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz")
+    g = build_graph(load_trace(trace))
     result = replay([g])
     assert [s.step for s in result.steps] == [4, 5, 6]
     for s in result.steps:
@@ -174,9 +173,9 @@ def test_cli_replay_text(tmp_path):
     assert "measured ms" in result.stdout and "error %" in result.stdout
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
-def test_cli_replay_shared_trace():
-    result = runner.invoke(app, ["replay", str(SHARED_TRACE), "--json"])
+def test_cli_replay_shared_trace(shared_file):
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz")
+    result = runner.invoke(app, ["replay", str(trace), "--json"])
     assert result.exit_code == 0
     steps = json.loads(result.stdout)["steps"]
     assert len(steps) == 3 and all(abs(s["error_pct"]) < 3 for s in steps)

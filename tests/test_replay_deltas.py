@@ -26,7 +26,6 @@ MAIN, WORKER, US = 1, 2, 1e-6
 A100, V100 = "NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-16GB"
 LL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
 SIMPLE = "ncclKernel_AllReduce_RING_SIMPLE_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
-SHARED = Path(__file__).parents[2] / "shared" / "traces"
 runner = CliRunner()
 
 
@@ -158,14 +157,15 @@ def test_kernel_names_give_algorithm_and_threads_the_protocol():
     assert kernel_algo_proto("ncclKernel_Broadcast") == ("auto", "auto")
 
 
-def test_shared_a100_trace_ran_simple_and_its_rate_is_not_dgx_a100s():
+def test_shared_a100_trace_ran_simple_and_its_rate_is_not_dgx_a100s(shared_file):
     """The shared A100 trace's all-reduces launch 544 threads (Simple) and move 13 GB/s at best: the check
     says the model of dgx-a100 moves far more, so the trace's GPUs were not linked as that machine's."""
-    g = build_graph(load_trace(SHARED / "kineto-a100-ddp2-rank0.json.gz"))
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz")
+    g = build_graph(load_trace(trace))
     split = NcclSplit([g], load_topology("dgx-a100"))
     allreduces = [m for m in split.members.values() if m.op == "allreduce"]
     assert allreduces and {(m.algo, m.proto) for m in allreduces} == {("ring", "simple")}
-    result = runner.invoke(app, ["replay", str(SHARED / "kineto-a100-ddp2-rank0.json.gz"), "--json"])
+    result = runner.invoke(app, ["replay", str(trace), "--json"])
     assert result.exit_code == 0, result.output
     rates = json.loads(result.stdout)["checks"]["collectives"]["summary"]["rates"]
     allreduce = next(r for r in rates if r["collective"] == "allreduce")
@@ -338,11 +338,10 @@ def test_a_trace_without_steps_is_one_window(tmp_path):
     assert "   0   all " in text and "the whole trace is one window" in text
 
 
-@pytest.mark.skipif(not (SHARED / "v100-ddp2-rank1-cudagraph.json.gz").exists(), reason="no shared traces")
-def test_gpu_bound_cuda_graph_step_shortens_on_a_faster_gpu():
+def test_gpu_bound_cuda_graph_step_shortens_on_a_faster_gpu(shared_file):
     """The V100 CUDA-graph trace's 166 ms steps are GPU-bound: on an H100 they save over half the compute
     saved; the identity what-if gives every step back."""
-    g = build_graph(load_trace(SHARED / "v100-ddp2-rank1-cudagraph.json.gz"))
+    g = build_graph(load_trace(shared_file("traces", "v100-ddp2-rank1-cudagraph.json.gz")))
     same = replay([g], op_time=WhatIfModel([g], WhatIf(topology="dgx1-v100", gpu="v100-16gb"))).ranks[0]
     assert all(abs(s.error_pct) < 0.5 for s in same.steps)
     base = replay([g]).ranks[0]

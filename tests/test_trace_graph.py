@@ -1,6 +1,5 @@
 """The replay graph: launches, stream order, event waits, synchronisations, thread hand-offs, steps."""
 
-from pathlib import Path
 
 import pytest
 
@@ -8,7 +7,6 @@ from trainsim.formats.kineto import load_trace
 from trainsim.sim.replay.kineto_builder import PID, TraceBuilder
 from trainsim.sim.replay.trace_graph import build_graph
 
-SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 MAIN, WORKER = 1, 2
 
 
@@ -148,9 +146,9 @@ def test_no_cycles_in_a_synthetic_graph(tmp_path):
     assert not graph_of(b, tmp_path).has_cycle()
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
-def test_shared_trace_graph():
-    g = build_graph(load_trace(SHARED_TRACE))
+def test_shared_trace_graph(shared_file):
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz")
+    g = build_graph(load_trace(trace))
     assert not g.has_cycle()
     kernels = [o for o in g.ops if o.kind in ("kernel", "collective")]
     assert len(kernels) == 2700

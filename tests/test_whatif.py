@@ -4,7 +4,6 @@ Expected values come from the models themselves (the topology's links, the devic
 simulated alone), so these tests pin down how the replay composes them, not particular numbers.
 """
 
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -22,7 +21,6 @@ from trainsim.sim.replay.trace_graph import build_graph
 from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, collective_check, compute_ratio, memcpy_check
 from trainsim.topologies import load_topology
 
-SHARED_TRACE = Path(__file__).parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 A100 = "NVIDIA A100-SXM4-40GB"
 V100 = "Tesla V100-SXM2-16GB"
 MAIN, US = 1, 1e-6
@@ -278,9 +276,9 @@ def test_checks_on_a_synthetic_trace(tmp_path):
     assert copies.summary["by_copy"]["D2D"]["count"] == 1
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared A100 trace not present")
-def test_shared_trace_whatif_on_its_own_machine_is_the_measurement():
-    report = replay_traces([SHARED_TRACE], whatif=WhatIf(topology="dgx-a100", gpu="a100-40gb"))
+def test_shared_trace_whatif_on_its_own_machine_is_the_measurement(shared_file):
+    trace = shared_file("traces", "kineto-a100-ddp2-rank0.json.gz")
+    report = replay_traces([trace], whatif=WhatIf(topology="dgx-a100", gpu="a100-40gb"))
     assert report.checks["collectives"].summary["count"] == 21
     assert report.checks["memcpys"].summary["count"] == 960
     for m, w in zip(report.replay.steps, report.whatif.steps, strict=True):
