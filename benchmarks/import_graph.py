@@ -6,7 +6,8 @@ Reads every module of the five top-level folders with ``ast`` (nothing is import
 wherever it stands (module level or inside a function), and checks the layering the design asks for:
 
 - no import cycles between packages (a package is a folder: ``trainsim.sim.core``, ``trainsim.formats``...);
-- ``sim/`` imports nothing of ``calibrate/`` and no scenario loader (it receives validated objects);
+- ``sim/`` imports nothing of ``calibrate/``, no scenario loader and not ``trainsim.resolve`` (it receives
+  a resolved `Run`);
 - ``trainsim/formats/`` imports neither ``sim/`` nor ``calibrate/``.
 
 Exit status 1 when a rule is broken, so CI-style runs can use it.
@@ -27,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"trainsim": "trainsim", "sim": "trainsim.sim", "calibrate": "trainsim.calibrate",
            "topologies": "trainsim.topologies", "scenarios": "trainsim.scenarios"}
 #: modules sim/ may not import: measurement, and anything that reads scenario files
-SIM_FORBIDDEN = ("trainsim.calibrate", "trainsim.scenarios", "trainsim.api", "trainsim.cli")
+SIM_FORBIDDEN = ("trainsim.calibrate", "trainsim.scenarios", "trainsim.api", "trainsim.cli",
+                 "trainsim.resolve")
 SCENARIO_LOADERS = ("trainsim.formats.scenario.load_scenario", "trainsim.formats.scenario.read_scenario_data")
 
 

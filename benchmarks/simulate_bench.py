@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from trainsim.formats.scenario_loader import load_scenario
+from trainsim.resolve import resolve
 from trainsim.sim.simulation import Simulation
 
 CASES = [("8 GPUs (dgx-a100)", "ddp-resnet50-dgx-a100"), ("64 GPUs (8x dgx-a100, IB)", "ddp-resnet50-64gpu")]
@@ -22,9 +22,10 @@ CASES = [("8 GPUs (dgx-a100)", "ddp-resnet50-dgx-a100"), ("64 GPUs (8x dgx-a100,
 def bench(name: str, record: bool, repeats: int = 3, overrides: tuple = ()) -> dict:
     best = None
     for _ in range(repeats):
-        scenario = load_scenario(name, list(overrides))
         t0 = time.perf_counter()
-        sim = Simulation(scenario, record=record)
+        run = resolve(name, overrides=list(overrides))
+        scenario = run.scenario
+        sim = Simulation(run, record=record)
         setup = time.perf_counter() - t0
         t1 = time.perf_counter()
         result = sim.run()

@@ -1,51 +1,41 @@
-"""The simulation of one validated scenario:
+"""The simulation of one resolved run:
 
-    from trainsim.sim.simulation import Simulation, build_machine
-    machine = build_machine("dgx-a100")              # optional: GPUs, hosts and links of a topology
-    sim = Simulation(scenario)                        # a validated Scenario (trainsim.formats.scenario)
-    result = sim.run()                                # a Result
+    from trainsim.resolve import resolve
+    from trainsim.sim.simulation import Simulation
+    result = Simulation(resolve("ddp-resnet50-dgx-a100")).run()     # a Result
 
-Loading a scenario by name or path and a calibration bundle by folder is the caller's
-(`trainsim.api.simulate` does both). A loaded calibration bundle (``bundle=``, `trainsim.formats.bundle`)
-replaces the scenario's topology and workload with the bundle's ``topology.yaml`` and
-``workload-<model>.json`` of the scenario's model, and its measured device (machine.json's ``device_spec``)
-becomes the device of the GPUs whose spec it names. On a CPU box (gloo) each call of a collective pays a
-latency from that collective's measured calls in ``collectives.json`` and every point-to-point message one
-from the measured send/recv messages (`bundle_call_latencies`): fast, or stalled until the timer tick the
-bundle found (`bundle_timer_tick`), else their mean. What such a host measured is one plug-in
-(`trainsim.sim.hosts`), chosen from the bundle's contents; without one the plain GPU model runs.
+A `Run` (sim/run.py) carries the validated scenario, the loaded topology and workload, the devices and host
+figures a calibration bundle measured, and the ranks; nothing here reads a file. On a CPU box (gloo) each
+call of a collective pays a latency from that collective's measured calls and every point-to-point message
+one from the measured send/recv messages: fast, or stalled until the timer tick the bundle found, else their
+mean. What such a host measured is one plug-in (`trainsim.sim.hosts`), chosen from the run's host figures;
+without one the plain GPU model runs.
 
-It stays one module: it composes the parts (inputs, machine, host plug-in, costs, strategy) into one
-run and turns the run into a Result.
+It stays one module: it composes the parts (machine, host plug-in, costs, strategy) into one run and turns
+the run into a Result.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from trainsim.errors import TrainsimError, raised_first
-from trainsim.formats.scenario import Scenario, cublas_workspace_config_bytes
-from trainsim.formats.workload import Workload, load_workload, parse_workload
+from trainsim.formats.scenario import cublas_workspace_config_bytes
+from trainsim.formats.workload import Workload
 from trainsim.sim.compute.costs import mixed, rank_costs
 from trainsim.sim.core.collector import fewer_collections
-from trainsim.sim.core.devices import DeviceSpec, check_topology_devices, device_from_file
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
-from trainsim.sim.hosts import call_latency, host_model_for
-from trainsim.sim.hosts.call_latency import Latency
+from trainsim.sim.hosts import host_model_for
+from trainsim.sim.run import Run, rank_names
 from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
 from trainsim.sim.symmetry import mirror_ranks
 from trainsim.topologies.machine_classes import prefix
 
-if TYPE_CHECKING:  # the bundle's file models are imported where a bundle is given
-    from trainsim.formats.bundle import Bundle, CollectivesFile
-
-__all__ = ["Simulation", "build_machine", "load_inputs"]
+__all__ = ["CountingEnvironment", "Simulation", "build_machine"]
 
 
 class CountingEnvironment(simpy.Environment):
@@ -58,166 +48,6 @@ class CountingEnvironment(simpy.Environment):
     def step(self) -> None:
         self.events_processed += 1
         super().step()
-
-
-# ---- inputs -----------------------------------------------------------------------------------------------
-
-
-def _resolve_path(text: str, base_dir: str | None) -> str:
-    if base_dir and not Path(text).is_absolute() and (Path(base_dir) / text).exists():
-        return str(Path(base_dir) / text)
-    return text
-
-
-def _load_topology(scenario):
-    from trainsim.topologies import load_topology
-
-    source = scenario.topology
-    if source == "calibrated":  # validate-cpu/-gpu: the topology is the box's calibration bundle
-        raise TrainsimError("'calibrated' is the topology of a calibration bundle (`trainsim calibrate`): "
-                            "give the bundle with --calibration DIR (simulate, validate) or its topology "
-                            "with --set topology=DIR/topology.yaml", file=scenario.source, field="topology")
-    if isinstance(source, str):
-        source = _resolve_path(source, scenario.path_base("topology"))
-    try:
-        topology = load_topology(source)
-        check_topology_devices(topology)
-        return topology
-    except TrainsimError as exc:
-        if exc.file is None:  # a field of the scenario's own topology mapping (a generator's parameter)
-            field = f"topology.{exc.field}" if exc.field else "topology"
-            raise TrainsimError(exc.reason, file=scenario.source, field=field) from None
-        raise TrainsimError(str(exc), file=scenario.source, field="topology") from None
-
-
-def load_workload_ref(ref, base_dir: str | None = None) -> Workload:
-    """A scenario's ``workload:``: a built-in name, a JSON path, or ``{name: ..., <config overrides>}``."""
-    if isinstance(ref, str):
-        return load_workload(_resolve_path(ref, base_dir))
-    overrides = ref.overrides
-    if not overrides:
-        return load_workload(_resolve_path(ref.name, base_dir))
-    from trainsim.sim.compute.analytic_models import MODELS, build_analytic
-
-    if ref.name not in MODELS:
-        from trainsim.errors import unknown_name
-
-        raise unknown_name("analytic model", ref.name, MODELS, field="workload.name")
-    return build_analytic(ref.name, **overrides)
-
-
-def _load_workload(scenario) -> Workload:
-    """The scenario's workload; an error that names no file is the scenario's, at its ``workload`` field."""
-    try:
-        return load_workload_ref(scenario.workload, scenario.path_base("workload"))
-    except TrainsimError as exc:
-        if exc.file is not None:
-            raise
-        field = exc.field if exc.field and exc.field.startswith("workload") else ".".join(
-            part for part in ("workload", exc.field) if part)
-        raise TrainsimError(exc.reason, file=scenario.source, field=field) from None
-
-
-#: collectives.json names -> the simulator's op names
-_BUNDLE_OPS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
-               "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-               "send_recv": "p2p", "exchange": "halo_exchange"}
-
-
-def _gloo(bundle: Bundle | None) -> CollectivesFile | None:
-    """The bundle's collectives where gloo measured them; None without them or on NCCL."""
-    coll = bundle.collectives if bundle is not None else None
-    return coll if coll is not None and coll.backend == "gloo" else None
-
-
-def bundle_timer_tick(bundle: Bundle | None) -> call_latency.TimerTick | None:
-    """The timer tick the bundle's stalled gloo calls returned on (calibrate/measure/timer_tick.py); None
-    without one."""
-    coll = _gloo(bundle)
-    tick = coll.timer_tick if coll is not None else None
-    if tick is None or tick.period_s is None:
-        return None
-    return call_latency.TimerTick(
-        tick.period_s, tick.offset_s or 0.0, tick.dead_time_s or 0.0, tick.together_s or 0.0,
-        tick.stall_together, tick.stall_apart, float(tick.probe_bytes or 0.0))
-
-
-def bundle_call_latencies(bundle: Bundle | None) -> dict[str, Latency]:
-    """What one gloo call costs before its bytes move, per op (``p2p``: one send/recv message), from a
-    calibration bundle's collectives.json: the measured calls less their bytes' time (`call_latency`), or
-    the fit's alpha where the bundle kept no samples; empty without one or on NCCL."""
-    coll = _gloo(bundle)
-    out = {}
-    for entry in coll.results if coll is not None else []:
-        op = _BUNDLE_OPS.get(entry.collective)
-        if op and entry.fit is not None:
-            points = [p.model_dump() for p in entry.points]
-            measured = call_latency.from_points(points, entry.fit.beta_bytes_per_s)
-            out[op] = measured or entry.fit.latency_us * 1e-6
-    return out
-
-
-def bundle_devices(bundle: Bundle | None) -> dict[str, DeviceSpec]:
-    """The devices a bundle measured, by spec name: machine.json's CPU rank (also as ``cpu``, the spec name a
-    CPU box's topology gives its ranks)."""
-    spec = bundle.device_spec if bundle is not None else None
-    if spec is None:
-        return {}
-    from trainsim.formats.bundle import MACHINE
-
-    device = device_from_file(spec, file=f"{bundle.path / MACHINE}: device_spec")
-    devices = {device.name: device}
-    if device.kind == "cpu":
-        devices.setdefault("cpu", device)
-    return devices
-
-
-def bundle_workload(bundle: Bundle, scenario) -> Workload:
-    """The bundle's workload of the scenario's model, measured in the scenario's precision where the bundle
-    has that (else in fp32, which the roofline rescales); an error naming the bundle's models if it has not
-    the model."""
-    wanted = scenario.workload if isinstance(scenario.workload, str) else scenario.workload.name
-    workload = bundle.workload_for(wanted, scenario.precision)
-    if isinstance(workload, Workload):
-        return workload
-    measured_in = scenario.precision if f"{wanted}.{scenario.precision}" in bundle.workloads else "fp32"
-    from trainsim.formats.bundle import workload_file
-
-    return parse_workload(workload, file=str(bundle.path / workload_file(wanted, measured_in)))
-
-
-def load_inputs(scenario, bundle: Bundle | None = None):
-    """(topology, workload, extra devices) for a scenario, from the bundle when one is given."""
-    if bundle is None:
-        return _load_topology(scenario), _load_workload(scenario), {}
-    if bundle.topology is None:
-        raise TrainsimError("calibration bundle has no topology.yaml", file=str(bundle.path))
-    return bundle.topology, bundle_workload(bundle, scenario), bundle_devices(bundle)
-
-
-def resolve_gpus(scenario, topology) -> list[str]:
-    """The GPU names the scenario runs on, checked against the topology."""
-    available = topology.gpus
-    spec = scenario.gpus
-    if spec is None:
-        spec = 1 if scenario.strategy.name == "single" else len(available)
-    if isinstance(spec, int):
-        if spec > len(available):
-            raise TrainsimError(
-                f"the scenario asks for {spec} GPUs but topology {topology.name!r} has {len(available)}",
-                file=scenario.source,
-                field="gpus",
-            )
-        return available[:spec]
-    bad = [i for i in spec if i >= len(available)]
-    if bad:
-        raise TrainsimError(
-            f"GPU index {bad[0]} is out of range: topology {topology.name!r} has "
-            f"{len(available)} GPUs (0..{len(available) - 1})",
-            file=scenario.source,
-            field="gpus",
-        )
-    return [available[i] for i in spec]
 
 
 # ---- the simulation ---------------------------------------------------------------------------------------
@@ -237,38 +67,25 @@ def recorded_workspace_config(workload: Workload) -> str | None:
 
 
 class Simulation:
-    """One scenario on one machine. ``machine`` defaults to the scenario's topology."""
+    """One resolved run on one machine (by default the run's topology)."""
 
     @fewer_collections()
-    def __init__(
-        self,
-        scenario: Scenario,
-        *,
-        bundle: Bundle | None = None,
-        machine: Machine | None = None,
-        record: bool = True,
-        mirror: bool = True,
-    ):
-        """``bundle``: a loaded calibration bundle (`trainsim.api.load_bundle`); its topology, its workload of
-        the scenario's model and its measured device replace the scenario's, and what validation measured for
-        this run (``bundle.run``, `RunMeasurements`) applies. ``record``: keep every op, flow, link-rate and
-        memory change (for records and traces). ``mirror``: where it is exact, simulate one machine per class
-        of identical ones and mirror it (sim/symmetry.py); False simulates every rank (to check that)."""
-        if not isinstance(scenario, Scenario):
-            raise TypeError(
-                "Simulation takes a validated Scenario (trainsim.api.load_scenario), "
-                f"not {type(scenario).__name__}"
-            )
-        measured = bundle.run if bundle is not None else None  # RunMeasurements; None: nothing measured
-
-        self.scenario = scenario
-        sc = self.scenario
-        self.bundle = bundle
-        topology, self.workload, devices = load_inputs(sc, bundle)
-        if machine is not None:
-            topology = machine.topology
+    def __init__(self, run: Run, *, machine: Machine | None = None, record: bool = True, mirror: bool = True):
+        """``run``: a resolved `Run` (`trainsim.resolve.resolve`). ``machine``: the machine to run on
+        (default: one built from the run's topology and devices). ``record``: keep every op, flow, link-rate
+        and memory change (for records and traces). ``mirror``: where it is exact, simulate one machine per
+        class of identical ones and mirror it (sim/symmetry.py); False simulates every rank (to check
+        that)."""
+        if not isinstance(run, Run):
+            raise TypeError(f"Simulation takes a resolved Run (trainsim.resolve.resolve), not "
+                            f"{type(run).__name__}")
+        measured = run.measured  # RunMeasurements; None: nothing measured
+        self.run_spec = run
+        self.scenario = sc = run.scenario
+        self.workload, devices = run.workload, dict(run.devices)
+        topology = machine.topology if machine is not None else run.topology
         self.topology = topology
-        self.ranks = resolve_gpus(sc, topology)
+        self.ranks = list(run.ranks) if machine is None else rank_names(sc, topology)
         n = len(self.ranks)
         batch_hook = rank_batch_hook(sc.strategy.name)  # pipeline: micro-batches over replicas
         if batch_hook is None and sc.batch_size % n:
@@ -287,9 +104,8 @@ class Simulation:
             record_flows=record,
             record_memory=record,
         )
-        calls = bundle_call_latencies(bundle)
-        tick = bundle_timer_tick(bundle)
-        self.host = host_model_for(calls, self.workload, devices, tick=tick)
+        calls = dict(run.host.calls)
+        self.host = host_model_for(calls, self.workload, devices, tick=run.host.tick)
         if machine is None and self.host is not None and calls:
             self.machine.latency = self.host.latency
         spatial = sc.strategy.name in ("spatial", "hybrid")
@@ -374,7 +190,7 @@ class Simulation:
 
         # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates
         # variants)
-        prepare(self.ctx, sc, rerun=lambda sub: Simulation(sub, bundle=bundle, record=False).run())
+        prepare(self.ctx, sc, rerun=lambda sub: Simulation(run.with_scenario(sub), record=False).run())
         if measured and measured.codec_s is not None and self.ctx.codec is not None:  # measured on the box
             self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
         overlap = measured.loader_overlap if measured else None

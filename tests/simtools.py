@@ -125,10 +125,10 @@ def stalls_per_call(machine) -> dict:
 
 def simulate_mirrored(scenario: dict, mirror: bool):
     """The result of a scenario dict, with symmetry mirroring on or off (sim/symmetry.py), no records."""
-    from trainsim.formats.scenario_loader import load_scenario
+    from trainsim.resolve import resolve
     from trainsim.sim.simulation import Simulation
 
-    return Simulation(load_scenario(scenario, []), record=False, mirror=mirror).run()
+    return Simulation(resolve(scenario), record=False, mirror=mirror).run()
 
 
 def assert_same_result(full, mirrored) -> None:

@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 
 from trainsim.cli import app
 from trainsim.formats.scenario import Scenario
+from trainsim.resolve import resolve
 from trainsim.sim.output.records import records
 from trainsim.sim.simulation import Simulation
 from trainsim.topologies import load_topology
@@ -41,7 +42,7 @@ def test_a_knl_rank_trains_without_a_host_to_device_copy_of_its_batch():
                      "bandwidth_gbps": 8, "latency_us": 1.0},
         "workload": {"name": "tiny-cnn"}, "strategy": {"name": "ddp"}, "batch_size": 64,
         "iterations": 1, "warmup_iterations": 0})
-    result = Simulation(scenario).run()
+    result = Simulation(resolve(scenario)).run()
     assert result.iteration_time_s > 0 and result.breakdown_s["exposed_transfer"] == 0
     assert not [r for r in records(result) if r["stream"] == "h2d"]  # the batch is already in its memory
     assert {g.device for g in result.gpus} == {"knl-7250"}

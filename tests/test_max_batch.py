@@ -8,7 +8,7 @@ from simtools import tiny_topology, tiny_workload
 from typer.testing import CliRunner
 
 from trainsim.cli import app
-from trainsim.formats.scenario_loader import load_scenario
+from trainsim.resolve import resolve
 from trainsim.sim.compute.workspaces import training_workspace_bytes
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.planning.max_batch import max_batch
@@ -34,7 +34,7 @@ def scenario_file(tmp_path):
 
 
 def test_largest_batch_follows_the_memory_model(tmp_path):
-    doc = max_batch(load_scenario(scenario_file(tmp_path)), policy=["a"])
+    doc = max_batch(resolve(scenario_file(tmp_path)), policy=["a"])
     capacity = MEMORY_GIB * 2**30
     # without offload the peak is at the turn: input + every layer's saved activations per sample
     assert doc["without_offload"]["per_gpu_batch"] == int((capacity - MODEL) // (INPUT + 350_000))

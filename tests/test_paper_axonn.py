@@ -49,8 +49,8 @@ def test_stated_setting_gives_every_figure(monkeypatch):
 
 
 def test_summit_scales_grow_model_and_batch_with_the_gpus():
+    from trainsim.resolve import load_workload_ref
     from trainsim.scenarios.papers import axonn_summit as summit
-    from trainsim.sim.simulation import load_workload_ref
     from trainsim.topologies import load_spec
 
     tokens_per_gpu = set()

@@ -166,7 +166,7 @@ def test_a_relative_path_given_with_set_is_the_working_folders(tmp_path, monkeyp
     against the folder the command runs in, even when the scenario's folder has a file of that name."""
     import yaml
 
-    from trainsim.sim.simulation import load_inputs
+    from trainsim.resolve import resolve
     from trainsim.topologies import load_spec
 
     def topology_named(folder, name):
@@ -180,5 +180,5 @@ def test_a_relative_path_given_with_set_is_the_working_folders(tmp_path, monkeyp
     scenario.write_text(yaml.safe_dump(BASE | {"topology": "box.yaml", "workload": "tiny-cnn",
                                                 "batch_size": 64}))
     monkeypatch.chdir(tmp_path / "here")
-    assert load_inputs(load_scenario(str(scenario)), None)[0].name == "the-scenarios-box"
-    assert load_inputs(load_scenario(str(scenario), ["topology=box.yaml"]), None)[0].name == "the-box-here"
+    assert resolve(str(scenario)).topology.name == "the-scenarios-box"
+    assert resolve(str(scenario), overrides=["topology=box.yaml"]).topology.name == "the-box-here"

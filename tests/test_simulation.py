@@ -12,13 +12,14 @@ from simtools import stalls_per_call, tiny_topology, tiny_workload
 from trainsim.api import load_bundle, simulate, simulation
 from trainsim.errors import TrainsimError
 from trainsim.formats.bundle import RunMeasurements
+from trainsim.resolve import bundle_call_latencies, bundle_timer_tick
 from trainsim.sim.collectives.ops import run_collective
 from trainsim.sim.compute.workspaces import training_workspace_bytes
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.flows import FlowNetwork
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
-from trainsim.sim.simulation import build_machine, bundle_call_latencies, bundle_timer_tick
+from trainsim.sim.simulation import build_machine
 from trainsim.topologies import load_topology
 
 #: the cuBLAS workspaces every training A100 holds (two matmul threads; sim/compute/workspaces.py)

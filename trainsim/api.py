@@ -1,12 +1,13 @@
-"""The library's front door: load a scenario (and a calibration bundle), then simulate.
+"""The library's front door: resolve a scenario into a `Run`, then simulate it.
 
     from trainsim import api
     result = api.simulate("ddp-resnet50-dgx-a100", overrides=["batch_size=512"])
-    result = api.simulate("validate-cpu", calibration="bundle-dir", variant="ddp")
+    result = api.simulate("validate-cpu", calibration="bundle-dir", variant="ddp-2")
+    run = api.resolve("ddp-resnet50-dgx-a100")      # the resolved Run: scenario, topology, workload, ranks
     bundle = api.load_bundle("bundle-dir")          # validated; workloads as the simulator's Workload
 
-The simulator (`trainsim.sim.simulation.Simulation`) takes only validated objects; reading files is here and
-in `trainsim.formats`.
+Reading files is `trainsim.resolve`'s (and `trainsim.formats`'); the simulator
+(`trainsim.sim.simulation.Simulation`) takes a resolved `Run` only.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from trainsim.errors import TrainsimError
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.scenario_loader import load_scenario
-from trainsim.formats.workload import parse_workload
+from trainsim.resolve import Run, load_bundle, resolve, resolve_scenario
 from trainsim.sim.core.result import Result
 from trainsim.sim.simulation import Simulation
 
 if TYPE_CHECKING:
     from trainsim.formats.bundle import Bundle, RunMeasurements
 
-__all__ = ["Bundle", "RunMeasurements", "Scenario", "load_bundle", "load_scenario", "simulation", "simulate"]
+__all__ = ["Bundle", "Run", "RunMeasurements", "Scenario", "load_bundle", "load_scenario", "resolve",
+           "resolve_scenario", "simulate", "simulation"]
 
 
 def __getattr__(name: str):
@@ -37,18 +38,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_bundle(path: str | os.PathLike | Bundle) -> Bundle:
-    """The calibration bundle in folder ``path``, every file validated (its workloads as `Workload`s); a
-    one-line TrainsimError naming the file and field if not. A Bundle is returned as it is."""
-    from trainsim.formats import bundle as bundle_format
-
-    if isinstance(path, bundle_format.Bundle):
-        return path
-    return bundle_format.load_bundle(path, read_workload=parse_workload)
-
-
 def simulation(
-    scenario: str | os.PathLike | dict | Scenario,
+    scenario: str | os.PathLike | dict | Scenario | Run,
     *,
     calibration: str | os.PathLike | Bundle | None = None,
     overrides: Sequence[str] = (),
@@ -56,30 +47,23 @@ def simulation(
     measurements: RunMeasurements | None = None,
     **options,
 ) -> Simulation:
-    """A `Simulation` of ``scenario`` (a shipped name, a YAML path, a mapping or a Scenario) with
-    ``overrides`` (``key.path=value``) and ``variant`` applied, on the calibration bundle ``calibration`` (a
-    folder or a loaded Bundle) if given, carrying ``measurements`` (what validation measured for this run;
-    they need the bundle); ``options`` are Simulation's keyword arguments."""
-    if not isinstance(scenario, Scenario) or overrides or variant is not None:
-        scenario = load_scenario(scenario, list(overrides), variant=variant)
-    bundle = load_bundle(calibration) if calibration is not None else None
-    if measurements is not None:
-        if bundle is None:
-            raise TrainsimError("measurements of a run need the calibration bundle they complete",
-                                field="calibration")
-        bundle = bundle.with_run(measurements)
-    return Simulation(scenario, bundle=bundle, **options)
+    """A `Simulation` of ``scenario`` (a resolved Run, or what `resolve` takes: a shipped name, a YAML path,
+    a mapping or a Scenario, with ``overrides``, ``variant``, ``calibration`` and ``measurements``);
+    ``options`` are Simulation's keyword arguments."""
+    run = scenario if isinstance(scenario, Run) else resolve(
+        scenario, overrides=overrides, variant=variant, calibration=calibration, measurements=measurements)
+    return Simulation(run, **options)
 
 
 def simulate(
-    scenario: str | os.PathLike | dict | Scenario,
+    scenario: str | os.PathLike | dict | Scenario | Run,
     *,
     calibration: str | os.PathLike | Bundle | None = None,
     overrides: Sequence[str] = (),
     variant: str | None = None,
     record: bool = True,
 ) -> Result:
-    """Load ``scenario`` (and the calibration bundle), simulate it, return the Result.
+    """Resolve ``scenario`` (and the calibration bundle), simulate it, return the Result.
 
     ``record``: keep every op, flow, link-rate change and memory change (what records and traces are
     written from); False keeps one record per stretch of back-to-back layers, enough for the Result, which

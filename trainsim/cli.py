@@ -807,17 +807,18 @@ def max_batch_cmd(
     samples/s at each."""
     from rich.console import Console
 
-    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.provenance import provenance
+    from trainsim.resolve import resolve
     from trainsim.sim.planning.max_batch import max_batch
 
-    sc = load_scenario(scenario, overrides, variant=variant)
+    run = resolve(scenario, overrides=overrides, variant=variant)
+    sc = run.scenario
     chosen: str | list[str] = policy if policy in ("all", "conv") else _names(policy, "--offload")
     # the policy is --offload's where the scenario has none of its own
     given = {} if sc.optimizations.offload_activations not in ("none", []) else {
         "optimizations.offload_activations": "--offload"}
     with Console(stderr=True).status(f"searching the largest batch of {sc.name}"), _options_named(given):
-        doc = max_batch(sc, policy=chosen)
+        doc = max_batch(run, policy=chosen)
     doc["provenance"] = provenance(timestamp=False, scenario=scenario, overrides=list(overrides),
                                    variant=variant, offload=policy)
     if as_json:
@@ -1183,8 +1184,8 @@ def plan_cmd(
     performance model (dynamic programming over layers), then simulate the plan and pure data parallelism."""
     from rich.console import Console
 
-    from trainsim.formats.scenario_loader import load_scenario
     from trainsim.provenance import provenance
+    from trainsim.resolve import resolve
     from trainsim.sim.planning import spatial_plan
 
     _check_outputs(("--out", out))
@@ -1200,8 +1201,8 @@ def plan_cmd(
         if precision is not None:
             overrides = [*overrides, f"precision={precision}"]
         with err.status(f"planning {scenario}"):
-            sc = load_scenario(scenario, list(overrides))
-            result = spatial_plan.plan_scenario(sc, simulate=not no_simulate)
+            result = spatial_plan.plan_scenario(resolve(scenario, overrides=list(overrides)),
+                                                simulate=not no_simulate)
     else:
         given = (("--workload", workload), ("--topology", topology), ("--batch", batch))
         missing = [name for name, value in given if value is None]

@@ -48,7 +48,7 @@ def peak_figure(variant) -> str:
 def executed_flops(scenario) -> float:
     """FLOPs one iteration executes on all GPUs: every sequence's forward and backward, plus the forward
     again where activations are recomputed."""
-    from trainsim.sim.simulation import load_workload_ref
+    from trainsim.resolve import load_workload_ref
 
     workload = load_workload_ref(scenario.workload, scenario.base_dir)
     forwards = 2 if scenario.strategy.pipeline.recompute else 1
@@ -98,7 +98,7 @@ def _row(sc, result, physics: Physics, **first) -> dict:
 
 def parameter_count(sc) -> int:
     """The model's parameters (the workload's)."""
-    from trainsim.sim.simulation import load_workload_ref
+    from trainsim.resolve import load_workload_ref
 
     return load_workload_ref(sc.workload, sc.base_dir).num_params
 

@@ -81,17 +81,19 @@ SETS = (
 
 def strong_scaling(scenario_file: str | Path) -> list[dict]:
     """One row per variant (GPU count) of a scenario: data parallel vs the planned hybrid decomposition."""
-    from trainsim.formats.scenario_loader import load_scenario, read_scenario_data
+    from trainsim.formats.scenario_loader import read_scenario_data
+    from trainsim.resolve import resolve
     from trainsim.sim.planning.spatial_plan import data_parallel_gpus, plan_scenario
 
     data, _, _ = read_scenario_data(str(scenario_file))
     rows: list[dict] = []
     dp_runs: dict[int, tuple[float, float]] = {}  # data parallel on N GPUs: (seconds, memory peak)
     for variant in sorted(data.get("variants") or {}, key=lambda v: data["variants"][v]["gpus"]):
-        sc = load_scenario(str(scenario_file), variant=variant)
+        run = resolve(str(scenario_file), variant=variant)
+        sc = run.scenario
         dp_gpus = data_parallel_gpus(sc.batch_size, sc.gpus)
         p = plan_scenario(
-            sc, symmetric=sc.strategy.collectives == "analytic", simulate_dp=dp_gpus not in dp_runs
+            run, symmetric=sc.strategy.collectives == "analytic", simulate_dp=dp_gpus not in dp_runs
         )
         if (
             dp_gpus in dp_runs
@@ -168,13 +170,12 @@ def reproduce_dryden(**_options):
 
 def _allreduce_floor(scenario_file, gpus: int) -> float:
     """Seconds of one all-reduce of all the model's gradients over ``gpus`` GPUs (analytic)."""
-    from trainsim.formats.scenario_loader import load_scenario
+    from trainsim.resolve import resolve
     from trainsim.sim.collectives.ops import collective_time
     from trainsim.sim.compute.costs import WEIGHT_BYTES
-    from trainsim.sim.simulation import load_inputs
 
-    sc = load_scenario(str(scenario_file))
-    topology, workload, _ = load_inputs(sc)
+    run = resolve(str(scenario_file))
+    sc, topology, workload = run.scenario, run.topology, run.workload
     grad_bytes = workload.num_params * WEIGHT_BYTES[sc.precision]
     return collective_time(topology, "allreduce", topology.gpus[:gpus], grad_bytes)
 

@@ -84,17 +84,23 @@ def scaled_device(device, physics: Physics):
     )
 
 
-def machine_for(scenario, physics: Physics = STATED):
-    """The Machine a Simulation of ``scenario`` runs on, with ``physics`` applied (None when stated: the
-    simulation builds its own)."""
+def _run(source):
+    """A resolved Run of ``source`` (a Run, or a Scenario to resolve)."""
+    from trainsim.resolve import Run, resolve
+
+    return source if isinstance(source, Run) else resolve(source)
+
+
+def machine_for(run, physics: Physics = STATED):
+    """The Machine a Simulation of ``run`` (a resolved Run) runs on, with ``physics`` applied (None when
+    stated: the simulation builds its own)."""
     if physics.stated:
         return None
     from trainsim.sim.core.devices import get_device
     from trainsim.sim.core.machine import Machine
-    from trainsim.sim.simulation import CountingEnvironment, load_inputs
+    from trainsim.sim.simulation import CountingEnvironment
 
-    topology, _workload, _devices = load_inputs(scenario)
-    topology = scaled_topology(topology, physics)
+    topology = scaled_topology(run.topology, physics)
     specs = {topology.gpu_spec(g) for g in topology.gpus}
     devices = {name: scaled_device(get_device(name), physics) for name in specs}
     machine = Machine(topology, CountingEnvironment(), devices=devices, record_link_rates=False,
@@ -105,11 +111,13 @@ def machine_for(scenario, physics: Physics = STATED):
     return machine
 
 
-def simulate(scenario, physics: Physics = STATED):
-    """The Result of ``scenario`` under ``physics`` (nothing recorded)."""
+def simulate(source, physics: Physics = STATED):
+    """The Result of ``source`` (a resolved Run, or a Scenario to resolve) under ``physics`` (nothing
+    recorded)."""
     from trainsim.sim.simulation import Simulation
 
-    return Simulation(scenario, machine=machine_for(scenario, physics), record=False).run()
+    run = _run(source)
+    return Simulation(run, machine=machine_for(run, physics), record=False).run()
 
 
 class RunCache:
@@ -119,10 +127,12 @@ class RunCache:
     def __init__(self):
         self._results: dict = {}
 
-    def simulate(self, scenario, physics: Physics = STATED):
+    def simulate(self, source, physics: Physics = STATED):
+        """The Result of ``source`` (a resolved Run, or a Scenario to resolve) under ``physics``."""
+        scenario = getattr(source, "scenario", source)
         key = (scenario.model_dump_json(), tuple(sorted(physics.factors.items())))
         if key not in self._results:
-            self._results[key] = simulate(scenario, physics)
+            self._results[key] = simulate(source, physics)
         return self._results[key]
 
 

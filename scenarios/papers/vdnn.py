@@ -100,8 +100,8 @@ def memory_table(setting: Setting | None = None, free=(), runs: RunCache | None 
     every-output one), with it (peak and average over the measured iterations), the savings, and the
     iteration time of each."""
     from trainsim.formats.scenario_loader import load_scenario
+    from trainsim.resolve import load_workload_ref
     from trainsim.sim.optimizations.offload import offload_stall_s
-    from trainsim.sim.simulation import load_workload_ref
 
     setting, runs = setting or Setting(), runs or RunCache()
     rows = []
@@ -143,9 +143,9 @@ def memory_table(setting: Setting | None = None, free=(), runs: RunCache | None 
 def batch_curve(gpu: str, batches, model: str = "vgg16") -> list[dict]:
     """Per-sample compute of ``model`` on ``gpu`` at each batch: the roofline's time per sample, the
     convolutions' SM-wave efficiency, and their quotient (the time per sample with the idle SMs counted)."""
+    from trainsim.resolve import load_workload_ref
     from trainsim.sim.compute.roofline import compute_time
     from trainsim.sim.compute.waves import workload_wave_efficiency
-    from trainsim.sim.simulation import load_workload_ref
 
     workload = load_workload_ref(model)
     rows = []
@@ -160,12 +160,13 @@ def batch_curve(gpu: str, batches, model: str = "vgg16") -> list[dict]:
 
 def evaluate(setting: Setting, free, runs: RunCache) -> Evaluation:
     from trainsim.formats.scenario_loader import load_scenario
+    from trainsim.resolve import resolve
     from trainsim.sim.planning.max_batch import max_batch
 
     rows = {r["model"]: r for r in memory_table(setting, free, runs)}
     vgg = rows["vgg16"]
     multi_sc = load_scenario(scenario_path(MULTI), overrides(setting, free, MULTI, None))
-    multi = max_batch(multi_sc, run=partial(runs.simulate, physics=setting.physics))
+    multi = max_batch(resolve(multi_sc), simulate=partial(runs.simulate, physics=setting.physics))
     figures = {SAVED.format(model=m): rows[m]["memory_saved_vdnn_pct"] for m in PUBLISHED_SAVED}
     figures |= {SAVED_BEFORE.format(model=m): rows[m]["memory_saved_previous_pct"] for m in PUBLISHED_SAVED}
     figures |= {

@@ -29,7 +29,7 @@ from trainsim.errors import TrainsimError, unknown_name
 from trainsim.sim.core.devices import compute_capability as device_compute_capability
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.flows import FlowNetwork
-from trainsim.topologies import Topology, load_topology
+from trainsim.topologies import Topology
 
 from . import measured
 from . import nccl_tuning as tune
@@ -506,13 +506,11 @@ def simulate_collective(topo: Topology, op: str, gpus: Sequence[str | int] | Non
             "wall_s": time.perf_counter() - start}
 
 
-def bench(topo: Topology | str, op: str, sizes: Iterable[int], *, algo: str = "auto", proto: str = "auto",
+def bench(topo: Topology, op: str, sizes: Iterable[int], *, algo: str = "auto", proto: str = "auto",
           gpus: Sequence[str | int] | None = None, methods: Sequence[str] = METHODS,
           progress: Callable[[], None] | None = None) -> list[dict]:
     """nccl-tests-style rows, one per size and method: size_bytes, time_s, algbw_gbps, busbw_gbps, method,
     algo and proto (what ran; "auto" resolves per size). ``progress`` is called after each row."""
-    if isinstance(topo, str):
-        topo = load_topology(topo)
     _check_op(op)
     _check_algo(op, algo)
     _check_proto(proto)

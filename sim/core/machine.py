@@ -13,8 +13,8 @@ Everything that moves bytes is a flow on a topology route, so transfers contend 
 - Pinned copies are DMA: a flow at whatever the links give. A pageable copy is staged by a CPU core through a
   pinned bounce buffer: the core is held for the whole copy and the flow is capped at the socket's
   ``pageable_rate`` (the topology's ``pageable_gbps``, which `trainsim calibrate` measures on the copies a
-  training loop makes; default ``PAGEABLE_COPY_RATE`` = 10.5 GB/s, REFERENCE.md's pageable figure on PCIe
-  Gen4, where the link, at 25.8 GB/s pinned, is not what limits it: the CPU memcpy is).
+  training loop makes; default ``PAGEABLE_COPY_RATE`` = 10.5 GB/s, the pageable figure on PCIe Gen4 in
+  docs/hardware-figures.md, where the link, at 25.8 GB/s pinned, is not what limits it: the CPU memcpy is).
 
 Every piece of work is recorded as an `Op` (what, where, when, how many bytes, which route) for the result,
 the flat records and the trace.
@@ -35,7 +35,7 @@ from .flows import FlowNetwork
 from .latency import CallLatencyModel, CallSite, RouteLatency
 from .memory import MemoryTracker
 
-PAGEABLE_COPY_RATE = PAGEABLE_GBPS * GB  # bytes/s: one core copying memory (REFERENCE.md, PCIe Gen4 pageable)
+PAGEABLE_COPY_RATE = PAGEABLE_GBPS * GB  # bytes/s: one core copying memory (docs/hardware-figures.md)
 STREAMS = ("compute", "h2d", "d2h", "comm")
 
 #: breakdown categories of ops (see result.py): compute > communication > host-device transfer > data
@@ -370,9 +370,5 @@ class Machine:
 
 
 def build_machine(topology, env: simpy.Environment | None = None, **kwargs) -> Machine:
-    """The machine of a topology (a `Topology`, preset name, path or mapping)."""
-    if not hasattr(topology, "gpus") or not hasattr(topology, "graph"):
-        from trainsim.topologies import load_topology
-
-        topology = load_topology(topology)
+    """The machine of a loaded `Topology` (`trainsim.topologies.load_topology` reads one)."""
     return Machine(topology, env, **kwargs)

@@ -13,6 +13,7 @@ the scenario has none; "without" switches offload off (and its prefetch/contenti
 from __future__ import annotations
 
 from trainsim.errors import TrainsimError
+from trainsim.sim.run import Run
 
 #: strategies whose ranks each take batch_size / GPUs samples (single: all of it)
 SHARDED = ("single", "ddp", "dp-gpu0", "parameter-server")
@@ -30,28 +31,21 @@ def _with(scenario, batch: int, offload, **top):
     return scenario.model_copy(update={"optimizations": opts, "batch_size": batch, **top})
 
 
-def _run(scenario, bundle, record: bool = False):
+def _simulate(run: Run):
     from trainsim.sim.simulation import Simulation
 
-    return Simulation(scenario, bundle=bundle, record=record).run()
+    return Simulation(run, record=False).run()
 
 
-def _ranks(scenario, bundle) -> int:
-    from trainsim.sim.simulation import load_inputs, resolve_gpus
-
-    topology, _workload, _devices = load_inputs(scenario, bundle)
-    return 1 if scenario.strategy.name == "single" else len(resolve_gpus(scenario, topology))
-
-
-def largest_batch(scenario, offload, bundle=None, run=None) -> int:
-    """The largest per-GPU batch whose run fits in every GPU's memory (0 if not even one sample fits).
-    ``run``: how a probe scenario is simulated (default: a plain Simulation with ``bundle``)."""
-    n = _ranks(scenario, bundle)
-    run = run or (lambda sc: _run(sc, bundle))
+def largest_batch(run: Run, offload, simulate=None) -> int:
+    """The largest per-GPU batch of ``run`` whose run fits in every GPU's memory (0 if not even one sample
+    fits). ``simulate(run) -> Result``: how a probe is simulated (default: a plain Simulation)."""
+    n = len(run.ranks)
+    simulate = simulate or _simulate
 
     def fits(per_gpu: int) -> bool:
-        probe = _with(scenario, per_gpu * n, offload, iterations=2, warmup_iterations=0)
-        return not run(probe).oom
+        probe = _with(run.scenario, per_gpu * n, offload, iterations=2, warmup_iterations=0)
+        return not simulate(run.with_scenario(probe)).oom
 
     if not fits(1):
         return 0
@@ -69,12 +63,13 @@ def largest_batch(scenario, offload, bundle=None, run=None) -> int:
     return lo
 
 
-def _figures(scenario, per_gpu: int, n: int, offload, bundle, run=None) -> dict:
+def _figures(run: Run, per_gpu: int, offload, simulate=None) -> dict:
+    n = len(run.ranks)
     out: dict = {"per_gpu_batch": per_gpu, "global_batch": per_gpu * n}
     if per_gpu == 0:
         return {**out, "samples_per_s": 0.0, "iteration_s": None, "memory_peak_gib": None}
-    run = run or (lambda sc: _run(sc, bundle))
-    result = run(_with(scenario, per_gpu * n, offload))
+    simulate = simulate or _simulate
+    result = simulate(run.with_scenario(_with(run.scenario, per_gpu * n, offload)))
     out.update(
         samples_per_s=result.samples_per_s,
         iteration_s=result.iteration_time_s,
@@ -91,11 +86,11 @@ def _figures(scenario, per_gpu: int, n: int, offload, bundle, run=None) -> dict:
     return out
 
 
-def max_batch(scenario, *, policy: str | list[str] = "all", bundle=None, run=None) -> dict:
-    """The largest per-GPU batch of ``scenario`` (a validated Scenario; ``bundle``: a loaded calibration
-    bundle or None) without and with offload, and the samples/s at each (see the module). ``run``: how a
-    scenario is simulated (default: a plain Simulation with ``bundle``; a reproduction's sweep passes one on
-    a machine with scaled physics)."""
+def max_batch(run: Run, *, policy: str | list[str] = "all", simulate=None) -> dict:
+    """The largest per-GPU batch of the resolved ``run`` without and with offload, and the samples/s at each
+    (see the module). ``simulate(run) -> Result``: how a probe is simulated (default: a plain Simulation; a
+    reproduction's sweep passes one on a machine with scaled physics)."""
+    scenario = run.scenario
     if scenario.strategy.name not in SHARDED:
         raise TrainsimError(
             f"max-batch searches the per-GPU batch of strategies {', '.join(SHARDED)}, "
@@ -105,9 +100,9 @@ def max_batch(scenario, *, policy: str | list[str] = "all", bundle=None, run=Non
         )
     current = scenario.optimizations.offload_activations
     offload = current if current not in ("none", []) else policy
-    n = _ranks(scenario, bundle)
-    without = _figures(scenario, largest_batch(scenario, None, bundle, run), n, None, bundle, run)
-    with_ = _figures(scenario, largest_batch(scenario, offload, bundle, run), n, offload, bundle, run)
+    n = len(run.ranks)
+    without = _figures(run, largest_batch(run, None, simulate), None, simulate)
+    with_ = _figures(run, largest_batch(run, offload, simulate), offload, simulate)
 
     def gain(key):
         return with_[key] / without[key] if without[key] else None

@@ -432,11 +432,17 @@ def choose(
     )
 
 
-def _scenario(base: dict, strategy: dict, gpus: int, batch: int):
+def _simulate(base: dict, strategy: dict, gpus: int, batch: int, workload: Workload, topology):
+    """The Result of ``base`` with ``strategy`` on the first ``gpus`` GPUs of ``topology`` at ``batch``."""
     from trainsim.formats.scenario import validate_scenario
+    from trainsim.sim.run import Run, rank_names
+    from trainsim.sim.simulation import Simulation
 
     data = {**base, "strategy": {**base.get("strategy", {}), **strategy}, "gpus": gpus, "batch_size": batch}
-    return validate_scenario(data)
+    data.pop("batch_per_gpu", None)
+    sc = validate_scenario(data)
+    run = Run(scenario=sc, topology=topology, workload=workload, ranks=rank_names(sc, topology))
+    return Simulation(run).run()
 
 
 def plan(
@@ -460,8 +466,6 @@ def plan(
     (``strategy.symmetric_ranks``), data parallelism as the equivalent ``hybrid`` grid ``[GPUs, 1, 1]``; for
     large GPU counts.
     """
-    from trainsim.sim.simulation import Simulation
-
     result = choose(workload, topology, batch, gpus, precision, optimizer)
     if not simulate:
         return result
@@ -477,7 +481,7 @@ def plan(
     base.setdefault("warmup_iterations", 1)
     common = {"collectives": collectives, "symmetric_ranks": symmetric, "grid": None, "layer_grids": None}
     hybrid = {**common, "name": "hybrid", "layer_grids": result.layer_grids}
-    res = Simulation(_scenario(base, hybrid, result.gpus, batch)).run()
+    res = _simulate(base, hybrid, result.gpus, batch, workload, topology)
     result.simulated_s = res.iteration_time_s
     result.memory_peak_bytes = max(g.memory_peak_bytes for g in res.gpus)
     result.memory_capacity_bytes = min(g.memory_capacity_bytes for g in res.gpus)
@@ -490,7 +494,7 @@ def plan(
         ddp = (
             {**common, "name": "hybrid", "grid": [dp_gpus, 1, 1]} if symmetric else {**common, "name": "ddp"}
         )
-        res = Simulation(_scenario(base, ddp, dp_gpus, batch)).run()
+        res = _simulate(base, ddp, dp_gpus, batch, workload, topology)
         result.simulated_dp_s = res.iteration_time_s
         result.memory_dp_peak_bytes = max(g.memory_peak_bytes for g in res.gpus)
     result.notes.append(
@@ -506,18 +510,13 @@ def data_parallel_gpus(batch: int, gpus: int) -> int:
 
 
 def plan_scenario(
-    sc, *, simulate: bool = True, symmetric: bool = False, simulate_dp: bool = True
+    run, *, simulate: bool = True, symmetric: bool = False, simulate_dp: bool = True
 ) -> Plan:
-    """:func:`plan` for a validated Scenario: its topology, workload, batch, GPU count, precision, optimizer
-    and collectives; the GPUs are the first ``gpus`` of the topology."""
-    from trainsim.sim.simulation import load_inputs
-
-    topology, workload, _ = load_inputs(sc)
+    """:func:`plan` for a resolved Run: its topology, workload, batch, GPU count, precision, optimizer and
+    collectives; the GPUs are the first ``gpus`` of the topology."""
+    sc, topology, workload = run.scenario, run.topology, run.workload
     gpus = sc.gpus if isinstance(sc.gpus, int) else (len(sc.gpus) if sc.gpus else None)
     base = sc.model_dump(by_alias=True, exclude={"variants"})
-    # relative topology/workload paths resolve against the scenario's folder
-    base["topology"] = _resolvable(base["topology"], sc.path_base("topology"))
-    base["workload"] = _resolvable(base["workload"], sc.path_base("workload"))
     try:
         return plan(
             workload,
@@ -538,15 +537,6 @@ def plan_scenario(
                 str(exc).removeprefix(f"{exc.field}: " if exc.field else ""), file=sc.source, field=exc.field
             ) from None
         raise
-
-
-def _resolvable(ref, base_dir: str | None):
-    """A scenario's topology/workload reference that still resolves outside its file's folder."""
-    from pathlib import Path
-
-    if isinstance(ref, str) and base_dir and (Path(base_dir) / ref).exists():
-        return str(Path(base_dir) / ref)
-    return ref
 
 
 def plan_lines(p: Plan) -> list[str]:
