@@ -17,8 +17,11 @@ class DeviceFile(BaseModel):
     schema_: Literal["trainsim.device/1"] = Field(default="trainsim.device/1", alias="schema")
     name: str = Field(min_length=1)
     kind: Literal["gpu", "cpu"] = "gpu"
-    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16"], float]
+    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8"], float]
     memory_bandwidth_gbps: float = Field(gt=0)
     memory_bytes: int = Field(gt=0)
     sm_count: int | None = Field(default=None, ge=1)
     source: str | None = None
+    # the GPU's generation (`trainsim.sim.core.devices.ARCHITECTURES`); absent where unknown
+    architecture: Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper",
+                          "blackwell"] | None = None
