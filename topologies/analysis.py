@@ -4,16 +4,17 @@ the kind of path between GPU pairs (in `nvidia-smi topo -m` words), and a drawin
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import networkx as nx
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.files import write_atomic
 
 from .topology import Topology, natural_key
 
@@ -288,14 +289,10 @@ def draw_png(topo: Topology, path: str | os.PathLike) -> Path:
     ax.legend(handles=legend, loc="upper right", fontsize=8)
     ax.set_title(f"{topo.name}: {topo.description}", fontsize=9)
     ax.axis("off")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
+    write_atomic(path, buffer.getvalue())  # a symbolic link is written through, as every output
     return path

@@ -8,7 +8,6 @@ socket's DRAM bandwidth, so host-memory traffic contends there.
 from __future__ import annotations
 
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -212,16 +211,11 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
 
 def save_topology(spec: TopologySpec, path: str | os.PathLike) -> Path:
     """Write a spec as a topology YAML file, atomically (temp file + rename)."""
+    from trainsim.files import write_atomic  # a symbolic link is written through, as every output
+
     path = Path(path)
-    text = yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False, default_flow_style=None, width=110)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False, default_flow_style=None,
+                                      width=110))
     return path
 
 

@@ -37,8 +37,11 @@ class _OneLineErrors(TyperGroup):
         return name, command, _optional_values(rest, OPTIONAL_VALUES.get(name, {}))
 
     def invoke(self, ctx: typer.Context):
+        from trainsim.files import watching_inputs
+
         try:
-            return super().invoke(ctx)
+            with watching_inputs():  # every file a command reads is one its outputs must not overwrite
+                return super().invoke(ctx)
         except TrainsimError as exc:
             exc = raised_first(exc)  # inside a simulation: its file and field, not SimPy's copy's
             if _wants_json(ctx):
@@ -103,13 +106,35 @@ def _check_png(option: str, path: str | None) -> None:
 
 
 def _check_outputs(*options: tuple[str, str | None]) -> None:
-    """Check every output file a command was asked for before it does any work (`trainsim.files`)."""
+    """Check every output file a command was asked for before it does any work (`trainsim.files`): none
+    may be one of its inputs (`_inputs`)."""
     from trainsim.files import check_output
 
+    inputs = _inputs() if any(path for _, path in options) else []
     for option, path in options:
         _not_empty(path, option)
         if path:
-            check_output(path, option)
+            check_output(path, option, inputs)
+
+
+#: the parameters that name a command's outputs (every other path it is given is an input)
+OUTPUT_PARAMS = ("out", "trace_out", "records_out", "png", "plot", "report_dir", "profile")
+
+
+def _inputs() -> list[tuple[str, str]]:
+    """The running command's input files and folders (`trainsim.inputs`): what no output may overwrite."""
+    import importlib
+
+    from trainsim.inputs import command_inputs
+
+    core = next(c.__module__ for c in typer.Context.__mro__ if c.__module__.endswith(".core"))  # click's
+    ctx = importlib.import_module(core.removesuffix("core") + "globals").get_current_context(silent=True)
+    if ctx is None:
+        return []
+    names = {p.name: (max(p.opts, key=len) if p.param_type_name == "option"
+                      else (getattr(p, "metavar", None) or p.name.upper()).removesuffix("..."))
+             for p in ctx.command.params}
+    return command_inputs(ctx.params, names, OUTPUT_PARAMS)
 
 
 def _distinct_outputs(*options: tuple[str, str | None]) -> None:
@@ -143,7 +168,7 @@ def _check_trace_output(path: str | None) -> None:
     if path:
         from trainsim.formats.kineto_writer import check_trace_output
 
-        check_trace_output(path, "--trace")
+        check_trace_output(path, "--trace", _inputs())
 
 
 @contextlib.contextmanager
@@ -991,7 +1016,7 @@ def execute_cmd(
     if profile:
         from trainsim.files import check_output_folder
 
-        check_output_folder(profile, "--profile")
+        check_output_folder(profile, "--profile", _inputs())
     data = load_scenario_dict(scenario)
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     err = Console(stderr=True)
@@ -1111,7 +1136,7 @@ def validate_cmd(
     if report_dir:
         from trainsim.files import check_output_folder
 
-        check_output_folder(report_dir, "--report")
+        check_output_folder(report_dir, "--report", _inputs())
     names = _split_variants(variants)
     overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
     result = _run_validation(

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from trainsim.calibrate.measure.bundle import write_atomic
@@ -116,10 +117,10 @@ def write_chart(result: ValidationResult, path: Path) -> Path:
     ax.set_title(f"{result.scenario}: predicted vs measured")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
+    write_atomic(path, buffer.getvalue())  # a symbolic link is written through, as every output
     return path
 
 

@@ -213,21 +213,24 @@ class RankTrace:
 
 # ---------------------------------------------------------------- the folder
 
-def check_trace_output(path: str | os.PathLike, option: str | None = "--trace") -> Path:
+def check_trace_output(path: str | os.PathLike, option: str | None = "--trace", inputs=()) -> Path:
     """Check ``--trace PATH`` before any work: a writable file where PATH names one (`is_single_file`),
-    else a folder `check_trace_folder` accepts."""
+    else a folder `check_trace_folder` accepts; neither one of the command's ``inputs``
+    (`trainsim.files.check_not_input`)."""
     from trainsim.files import check_output
 
-    return check_output(path, option) if is_single_file(path) else check_trace_folder(path, option)
+    return (check_output(path, option, inputs) if is_single_file(path)
+            else check_trace_folder(path, option, inputs))
 
 
-def check_trace_folder(path: str | os.PathLike, option: str | None = None) -> Path:
+def check_trace_folder(path: str | os.PathLike, option: str | None = None, inputs=()) -> Path:
     """Refuse a trace folder that cannot be written, before any work: a file in the way, a missing or
-    read-only parent, or a folder holding anything but ``rank-<N>.json.gz`` files (a trace folder is
-    replaced as a whole, so it must not hold other files). Nothing is created."""
+    read-only parent, a folder that is or holds one of the command's ``inputs``, or a folder holding
+    anything but ``rank-<N>.json.gz`` files (a trace folder is replaced as a whole, so it must not hold
+    other files). Nothing is created."""
     from trainsim.files import check_output_folder
 
-    path = check_output_folder(path, option)
+    path = check_output_folder(path, option, inputs, whole=True)
     if path.is_dir():
         foreign = sorted(p.name for p in path.iterdir() if not RANK_FILE_RE.match(p.name))
         if foreign:
@@ -239,8 +242,9 @@ def check_trace_folder(path: str | os.PathLike, option: str | None = None) -> Pa
 
 def write_rank_folder(folder: str | os.PathLike, files: dict[int, bytes]) -> None:
     """Write ``rank-<N>.json.gz`` for each rank into ``folder``, replacing what a previous trace left
-    there; the folder is complete or unchanged, never half-written."""
-    folder = Path(folder)
+    there; the folder is complete or unchanged, never half-written. A symbolic link to a folder is written
+    through: the folder it names is replaced, the link stays."""
+    folder = Path(os.path.realpath(folder))
     check_trace_folder(folder)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)

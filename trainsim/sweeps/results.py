@@ -125,7 +125,7 @@ class ResultsFile:
             return {}
         from trainsim.files import read_text
 
-        text = read_text(self.path, what="results file")
+        text = read_text(self.path, what="results file", note=False)  # this run's own output
         if text and not text.endswith("\n"):  # a run stopped in the middle of a row
             text = text[: text.rfind("\n") + 1]
             write_atomic(self.path, text.encode())
