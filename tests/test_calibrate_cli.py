@@ -31,6 +31,7 @@ def calibrate(*args):
     )
 
 
+@pytest.mark.slow
 def test_quick_run_interrupted_then_resumed(tmp_path, monkeypatch):
     out = tmp_path / "bundle"
 

@@ -90,6 +90,7 @@ def test_send_recv_fit_recovered_from_a_synthetic_ping_pong():
     assert result.to_json()["bus_factor"] == 1.0  # one message: bus bandwidth is the algorithm bandwidth
 
 
+@pytest.mark.slow
 def test_calls_met_after_a_training_step():
     step = TrainingStep("tiny-cnn", 4)
     results = measure_collectives("cpu", 2, [4096], repeats=2, collectives=("all_reduce", "send_recv"),

@@ -220,6 +220,7 @@ def test_grouping_ring_steps_keeps_the_time(presets):
     assert grouped == pytest.approx(exact, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_every_collective_runs_on_every_preset(presets):
     for name, topo in presets.items():
         if len(topo.gpus) < 2:  # one device (a KNL node): a collective over one rank takes no time

@@ -18,6 +18,8 @@ from trainsim.scenarios.papers.axonn import (
 from trainsim.scenarios.papers.physics import RunCache
 from trainsim.scenarios.papers.ranges import Setting, free_assumptions
 
+pytestmark = pytest.mark.slow  # a paper reproduction: whole scenarios at the paper's scale
+
 
 def test_scenario_states_its_assumptions():
     sc = load_scenario(scenario_path(), variant="offload")

@@ -2,10 +2,14 @@
 
 import math
 
+import pytest
+
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.formats.workload import dumps_workload, load_workload
 from trainsim.scenarios.papers.dryden import SETS, mesh_cnn, papers_dir
 from trainsim.scenarios.papers.reproduce import list_papers, reproduce
+
+pytestmark = pytest.mark.slow  # a paper reproduction: whole scenarios at the paper's scale
 
 
 def test_shipped_mesh_workload_is_what_the_generator_makes():

@@ -9,6 +9,8 @@ from trainsim.scenarios.papers import easgd_knl
 from trainsim.scenarios.papers.easgd import scenario_path
 from trainsim.scenarios.papers.reproduce import list_papers, reproduce
 
+pytestmark = pytest.mark.slow  # a paper reproduction: whole scenarios at the paper's scale
+
 
 def test_scenario_states_its_assumptions_and_both_variants_load():
     for variant in ("original", "sync-codesign"):

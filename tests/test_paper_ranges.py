@@ -141,6 +141,7 @@ def test_scaled_physics_scales_the_links_and_the_time():
         Physics({"flops": 1.1})
 
 
+@pytest.mark.slow
 def test_cli_reproduce_json_gives_each_figure_its_range_and_each_assumption_its_reason():
     result = runner.invoke(app, ["reproduce", "easgd", "--json"])
     assert result.exit_code == 0, result.output

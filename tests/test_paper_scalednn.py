@@ -16,6 +16,8 @@ from trainsim.scenarios.papers.scalednn import (
     scenario_path,
 )
 
+pytestmark = pytest.mark.slow  # a paper reproduction: whole scenarios at the paper's scale
+
 
 def test_scenarios_state_assumptions_and_variants_switch_the_three_techniques():
     for system in SYSTEMS:

@@ -2,10 +2,14 @@
 
 import math
 
+import pytest
+
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.scenarios.papers.physics import RunCache
 from trainsim.scenarios.papers.ranges import Setting, free_assumptions
 from trainsim.scenarios.papers.vdnn import MODELS, MULTI, PER_SAMPLE, SAVED, SINGLE, evaluate, scenario_path
+
+pytestmark = pytest.mark.slow  # a paper reproduction: whole scenarios at the paper's scale
 
 
 def test_scenarios_state_their_assumptions_on_the_papers_gpu():

@@ -43,6 +43,7 @@ def test_a_rank_s_own_spread_leaves_out_what_the_ranks_share_and_a_slower_core()
     assert rank_spread([0.01 * host * own[0], 0.01 * host * own[1]]) == pytest.approx(0.01, rel=0.15)
 
 
+@pytest.mark.slow
 def test_two_pinned_ranks_measure_alone_and_together_round_after_round():
     pytest.importorskip("torch")
     from trainsim.calibrate.execute.rank_step import measure_rank_step
@@ -70,6 +71,7 @@ def _calibrate(out, batch: int, rank_step: bool = True, collectives: bool = Fals
     return out
 
 
+@pytest.mark.slow
 def test_the_calibration_step_records_it_and_the_simulator_scales_the_ranks_by_it(tmp_path):
     pytest.importorskip("torch")
     from trainsim.api import simulation
@@ -111,6 +113,7 @@ def test_log_spread_is_the_iqr_of_each_ranks_log_deviations():
     assert log_spread([[0.01] * 5]) == 0.0
 
 
+@pytest.mark.slow
 def test_a_round_of_validation_can_measure_the_rank_step_and_gloo_calls_again_in_a_copy(tmp_path):
     pytest.importorskip("torch")
     from trainsim.calibrate.measure import bundle as bf
@@ -135,6 +138,7 @@ def test_a_round_of_validation_can_measure_the_rank_step_and_gloo_calls_again_in
     assert refresh_bundle(str(no_record), tmp_path / "nothing") is None
 
 
+@pytest.mark.slow
 def test_a_loader_thread_beside_the_step_is_measured_both_ways():
     pytest.importorskip("torch")
     import os

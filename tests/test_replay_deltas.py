@@ -338,6 +338,7 @@ def test_a_trace_without_steps_is_one_window(tmp_path):
     assert "   0   all " in text and "the whole trace is one window" in text
 
 
+@pytest.mark.slow
 def test_gpu_bound_cuda_graph_step_shortens_on_a_faster_gpu(shared_file):
     """The V100 CUDA-graph trace's 166 ms steps are GPU-bound: on an H100 they save over half the compute
     saved; the identity what-if gives every step back."""
