@@ -27,9 +27,9 @@ _USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usag
 
 
 class _OneLineErrors(TyperGroup):
-    """Print a TrainsimError, or an OSError from the file system, as one line on stderr and exit 2,
-    instead of a traceback; with ``--json`` also print it as a JSON object on stdout
-    (`trainsim.errors.error_record`)."""
+    """Print a TrainsimError, an OSError from the file system, or a command's need of torch where it is not
+    installed, as one line on stderr and exit 2, instead of a traceback; with ``--json`` also print it as a
+    JSON object on stdout (`trainsim.errors.error_record`)."""
 
     def resolve_command(self, ctx, args):
         ctx.meta.setdefault("trainsim.args", []).extend(args)  # to see --json if a command fails
@@ -67,6 +67,16 @@ class _OneLineErrors(TyperGroup):
             message = " ".join(exc.format_message().split())  # one line, as every other error
             typer.echo(f"error: {message} (see `{command} --help`)", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except ModuleNotFoundError as exc:  # a command that measures, on an install without torch
+            if exc.name != "torch":
+                raise
+            command = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))  # none: a callback
+            error = TrainsimError(f"`{command}` needs torch (the calibrate extra): pip install torch, or "
+                                  "pip install 'trainsim[calibrate]'")
+            if _wants_json(ctx):
+                print_json(error_record(error, 2))
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:  # Ctrl-C where the command has no partial result of its own to report
             error = TrainsimError("interrupted (Ctrl-C)")
             if _wants_json(ctx):
