@@ -41,6 +41,11 @@ def read_yaml(path: Path, label: str) -> dict:
     return parse_yaml_mapping(read_text(path, label, "topology file"), label, "topology file")
 
 
+#: the real paths of the topology files being read, outermost first (a cluster's node file is read inside
+#: the cluster's): one named again would recurse without end
+_reading: list[str] = []
+
+
 def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, str | None]:
     """A preset name, YAML path, mapping or TopologySpec -> (explicit spec, label for error messages)."""
     if isinstance(source, TopologySpec):
@@ -56,8 +61,16 @@ def load_spec(source, *, base_dir: Path | None = None) -> tuple[TopologySpec, st
         if base_dir is not None and not path.is_absolute():  # a file named inside another file
             path = base_dir / path
             text = str(path)
-        if path.exists():  # a file, or a folder given by mistake (read_yaml says which)
-            return spec_from_dict(read_yaml(path, text), file=text, base_dir=path.parent), text
+        if os.path.lexists(path):  # a file, a folder given by mistake or a link loop (read_yaml says which)
+            real = os.path.realpath(path)
+            if real in _reading:  # a cluster's node that names a file being read: it would contain itself
+                raise TrainsimError(f"names {text}, which is being read already: a topology cannot contain "
+                                    "itself (a cluster's node is one machine)")
+            _reading.append(real)
+            try:
+                return spec_from_dict(read_yaml(path, text), file=text, base_dir=path.parent), text
+            finally:
+                _reading.pop()
         if text.endswith((".yaml", ".yml")) or os.sep in text:
             raise TrainsimError("file not found", file=text)
         raise unknown_name("topology", text, list_presets())

@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainsim.errors import TrainsimError, from_validation_error
-from trainsim.yamlio import load_yaml
+from trainsim.yamlio import load_yaml, parse_json
 
 from .device import DeviceFile
 
@@ -194,7 +194,7 @@ def read_file(path: Path, model: type[BaseModel] | None = None):
         raise TrainsimError("missing from the bundle", file=label)
     try:
         text = path.read_text(encoding="utf-8")
-        data = load_yaml(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        data = load_yaml(text) if path.suffix in (".yaml", ".yml") else parse_json(text, label)
     except UnicodeDecodeError as exc:
         raise TrainsimError(f"not a text file (byte {exc.start} is not UTF-8)", file=label) from None
     except OSError as exc:

@@ -75,8 +75,8 @@ def read_scenario_data(source: str | os.PathLike) -> tuple[dict, str, Path | Non
         label = label if label.endswith((".yaml", ".yml")) else f"{label}.yaml"
         base = Path(str(entry)).parent if label.count("/") else None
         return _read_yaml(entry.read_text(), label), label, base
-    if path.exists():
-        read_text(path, text, "scenario file")  # a folder: says so
+    if os.path.lexists(path):
+        read_text(path, text, "scenario file")  # a folder or a symbolic link loop: says so
         raise TrainsimError("is not a regular file (a device, pipe or socket)", file=text)
     names = list_scenarios()
     if text.endswith((".yaml", ".yml")) or os.sep in text:

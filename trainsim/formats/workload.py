@@ -41,6 +41,7 @@ from pydantic import (
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 from trainsim.files import read_text
+from trainsim.yamlio import parse_json
 
 from .provenance import IterationRecord, LayerHostTimes, RankStepRecord, SkippedBatch
 
@@ -453,7 +454,7 @@ def load_workload(name_or_path: str | os.PathLike) -> Workload:
     path = Path(text_name)
     if path.suffix == ".json" or path.exists() or os.sep in text_name:
         file = text_name
-        if not path.exists():
+        if not os.path.lexists(path):  # a link loop is read_text's to name
             raise TrainsimError("no such workload file", file=file)
         text = read_text(path, file, "workload file")
     else:
@@ -462,10 +463,7 @@ def load_workload(name_or_path: str | os.PathLike) -> Workload:
             raise unknown_name("workload", text_name, names)
         file = f"{text_name}.json"
         text = (builtin_dir() / file).read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TrainsimError(f"not valid JSON ({exc.msg} at line {exc.lineno})", file=file) from None
+    data = parse_json(text, file, "workload file")
     workload = parse_workload(data, file=file)
     workload._source = file
     return workload

@@ -77,7 +77,7 @@ def typed(column: str, text: str) -> Any:
         return int(text)
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON (or nested past the decoder): the text as it is
         return text
 
 

@@ -131,7 +131,8 @@ def load_spec(source: str | os.PathLike) -> Sweep:
     text = os.fspath(source)
     path = Path(text)
     if path.exists() or text.endswith((".yaml", ".yml")) or os.sep in text:
-        label, folder, raw = text, path.resolve().parent, read_text(path, text, "sweep file")
+        raw = read_text(path, text, "sweep file")  # first: it names a missing file or a link loop
+        label, folder = text, path.resolve().parent
     elif (entry := _shipped_spec(text)) is not None:
         label, folder, raw = f"sweeps/{entry.name}", None, entry.read_text()
     else:
