@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")  # the prediction goes through calibrate.validate.predict
-
 MAKER = Path(__file__).parent / "pinned" / "make_predictions.py"
 
 
