@@ -276,6 +276,7 @@ def test_cli_help_names_the_options():
 
 
 def test_rows_on_the_default_pipeline_leave_its_in_loop_cost_to_the_bundle():
+    pytest.importorskip("torch")  # the other pipeline is timed here, with torch
     from trainsim.calibrate.execute.config import DataConfig, ExecConfig
     from trainsim.calibrate.validate.run import _measured_costs
 
