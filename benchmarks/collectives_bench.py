@@ -3,16 +3,17 @@
 (a benchmark, not a test) Run: python benchmarks/collectives_bench.py
 
 1. All-reduce busbw at 1 GiB on dgx-a100, dgx-h100 (ring and NVLS), dgx1-v100 and pcie-8gpu-2socket, from
-   the flow simulation and the analytic model, next to the figure REFERENCE.md gives. For dgx1-v100 and the
-   PCIe server REFERENCE has link figures only, so the comparison is with what those links allow a ring:
-   6 NVLinks x NCCL's effective 20 GB/s per V100 GPU, and the Skylake UPI figure (10 GB/s) that a ring
-   over both sockets must cross.
+   the flow simulation and the analytic model, next to the figure docs/hardware-figures.md gives. For
+   dgx1-v100 and the PCIe server it has link figures only, so the comparison is with what those links
+   allow a ring: 6 NVLinks x NCCL's effective 20 GB/s per V100 GPU, and the Skylake UPI figure (10 GB/s)
+   that a ring over both sockets must cross.
 2. The largest flow-vs-analytic difference over 1 KiB .. 1 GiB (factor 2) per preset and algorithm, over
    all sizes and over sizes >= 1 MiB.
 3. A 64-GPU all-reduce (8 x DGX A100 on one HDR InfiniBand switch) decomposed into flows: wall time,
    flows/s and the time per fair-share recompute, for the ring and the tree.
 
-Nothing here is tuned: the link bandwidths are the topology library's (REFERENCE's link-level figures).
+Nothing here is tuned: the link bandwidths are the topology library's (the link-level figures of
+docs/hardware-figures.md).
 
 What sets these figures (every preset now within 2 % of its published or link-derived figure at 1 GiB):
 
@@ -46,7 +47,7 @@ from trainsim.topologies import list_presets, load_topology
 
 GIB, MIB = 2**30, 2**20
 
-PUBLISHED = [  # preset, algo, (low, high) GB/s, what REFERENCE says
+PUBLISHED = [  # preset, algo, (low, high) GB/s, what docs/hardware-figures.md says
     ("dgx-a100", "ring", (230.0, 235.0), "A100 all-reduce busbw tops out near 230-235 GB/s"),
     ("dgx-h100", "ring", (365.0, 370.0), "8x H100 ring all-reduce busbw ~365-370 GB/s"),
     ("dgx-h100", "nvls", (480.0, 480.0), "8x H100 NVLS all-reduce busbw ~480 GB/s"),

@@ -20,33 +20,33 @@ where the efficiency is the protocol overhead explained below. All figures per d
 | ethernet | speed in Gb/s          | speed / 8                        | 0.980 | RoCEv2 4096 B vs 82 B    |
 | dram     | channels x MT/s        | channels x MT/s x 8 B            | 0.78  | STREAM ~160 of 204.8     |
 
-Sources: REFERENCE.md (shared with the project; NVLink, PCIe, IB and DRAM figures), NCCL src/graph/topo.h
-(per-link NVLink and inter-socket figures), the PCI Express Base Specification (encodings, TLP format),
-the InfiniBand Architecture Specification (packet headers).
+Sources: docs/hardware-figures.md (NVLink, PCIe, IB and DRAM figures, with where each comes from), NCCL
+src/graph/topo.h (per-link NVLink and inter-socket figures), the PCI Express Base Specification (encodings,
+TLP format), the InfiniBand Architecture Specification (packet headers).
 
 PCIe: a DMA read of host memory (an H2D copy) returns as completion TLPs of at most 128 B of payload on
 common root complexes. Each TLP carries ~20 B of overhead (Gen3+: 4 B framing token with the sequence
 number, 12 B completion header, 4 B LCRC; Gen1/2: 1+2+12+4+1 B) and the Ack / flow-control DLLPs (8 B
 each, about one per two TLPs) add ~4 B per TLP: 128 / (128 + 24) = 0.842. That gives Gen3 x16 13.3,
-Gen4 x16 26.5 and Gen5 x16 53.0 GB/s against REFERENCE's pinned copies (Gen3 9.6-12.5 on cloud VMs, Gen4
-25.8, Gen5 55); calibration replaces these with what the box really reaches.
+Gen4 x16 26.5 and Gen5 x16 53.0 GB/s against the pinned copies of docs/hardware-figures.md (Gen3 9.6-12.5
+on cloud VMs, Gen4 25.8, Gen5 55); calibration replaces these with what the box really reaches.
 
 NVLink: the figure is what NCCL's SM-driven kernels move per link (NCCL's per-architecture constants),
 not the copy-engine peer-to-peer rate (A100 ~274 of 300 GB/s, H100 ~376-393 of 450). Nearly all
 GPU-to-GPU traffic of training goes through NCCL (DDP's all-reduce, DataParallel's broadcast and
 reduce, pipeline send/recv), and NCCL's kernels store through the SMs in protocol-sized chunks, which
 reach less than the DMA engines do: all-reduce bus bandwidth tops out near 235 GB/s on A100 and
-365-370 on H100 (REFERENCE), in line with 12 x 20 and 18 x 20.6 GB/s. Plain ``.to(device)`` copies
-between GPUs are ~14 % faster than this model says.
+365-370 on H100 (docs/hardware-figures.md), in line with 12 x 20 and 18 x 20.6 GB/s. Plain
+``.to(device)`` copies between GPUs are ~14 % faster than this model says.
 
 Inter-socket links (QPI/UPI/Infinity Fabric) carry GPU peer traffic far below their signalling rate (the
 coherence protocol and the host bridge limit it), so their bandwidth is NCCL's figure for the socket pair,
 whatever the number of links; the raw rate is per link times ``count``.
 
 Latencies are per hop of hardware (switch traversal, serialisation, DRAM access): PCIe ~0.5 us, NVLink
-~0.5 us, UPI ~0.2 us, IB 0.3 us per hop (HDR port to port ~0.6 us, REFERENCE), Ethernet ~1 us, DRAM 0.1 us.
-The end-to-end copy latencies of REFERENCE (NVLink P2P 2-3 us, through the host 13-19 us) also include
-the copy-engine launch, which belongs to the device model, not to the links.
+~0.5 us, UPI ~0.2 us, IB 0.3 us per hop (HDR port to port ~0.6 us, docs/hardware-figures.md), Ethernet
+~1 us, DRAM 0.1 us. The end-to-end copy latencies there (NVLink P2P 2-3 us, through the host 13-19 us)
+also include the copy-engine launch, which belongs to the device model, not to the links.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ DRAM_EFFICIENCY = 160.0 / 204.8
 
 DEFAULT_LATENCY_US = {"pcie": 0.5, "nvlink": 0.5, "upi": 0.2, "ib": 0.3, "ethernet": 1.0, "dram": 0.1}
 #: GB/s of a pageable copy between host memory and a GPU where the cpu node gives no ``pageable_gbps``: one
-#: core stages it through a pinned bounce buffer, so the memcpy limits it, not the link (REFERENCE.md: PCIe
-#: Gen4 pageable ~10-11 GB/s against ~25.8 pinned)
+#: core stages it through a pinned bounce buffer, so the memcpy limits it, not the link
+#: (docs/hardware-figures.md: PCIe Gen4 pageable ~10-11 GB/s against ~25.8 pinned)
 PAGEABLE_GBPS = 10.5
 
 

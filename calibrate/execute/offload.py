@@ -1,5 +1,5 @@
 """Activation offloading for the executor: saved activations go to host memory in forward and come back for
-backward (vDNN and its multi-GPU, prefetching successors; TECHNIQUES.md section 2).
+backward (vDNN and its multi-GPU, prefetching successors; docs/techniques.md, section 2).
 
 Two modes, both `torch.autograd.graph.saved_tensors_hooks`:
 

@@ -1,4 +1,5 @@
-"""Optimizer state offloaded to host memory and streamed through the GPU in chunks (AxoNN; TECHNIQUES.md 4).
+"""Optimizer state offloaded to host memory and streamed through the GPU in chunks (AxoNN;
+docs/techniques.md, section 4).
 
 `StreamedOptimizer` keeps the optimizer's state (momentum, Adam's moments) in host memory, pinned on CUDA.
 Each step streams it to the device one chunk of parameters at a time, steps that chunk there with the

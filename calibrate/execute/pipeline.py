@@ -1,4 +1,5 @@
-"""Pipeline parallelism for the executor with point-to-point ``isend``/``irecv`` (Myelin/AxoNN, TECHNIQUES 4).
+"""Pipeline parallelism for the executor with point-to-point ``isend``/``irecv`` (Myelin/AxoNN,
+docs/techniques.md, section 4).
 
 The model is cut into ``stages`` consecutive stages (ranks ``r`` with ``r % stages == s`` hold stage s;
 ``ranks / stages`` replicas of the pipeline do data parallelism, each stage all-reducing its gradients with

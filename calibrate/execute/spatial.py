@@ -1,5 +1,5 @@
 """Spatial parallelism for the executor: every sample's rows split over the ranks, with halo exchange
-(Dryden et al., IPDPS 2019; TECHNIQUES.md 3).
+(Dryden et al., IPDPS 2019; docs/techniques.md, section 3).
 
 Rank r holds rows [r H / P, (r + 1) H / P) of every activation of the model's convolutional front (the
 leading convolutions, ReLUs and max-pools of `exec_pipeline.sequential_parts`). Before a convolution or

@@ -79,7 +79,8 @@ class Tuning:
     route_latency: bool = False
 
 
-# The Simple figures the simulator had before NCCL's full model (NCCL's older ring/Simple values, REFERENCE):
+# The Simple figures the simulator had before NCCL's full model (NCCL's older ring/Simple values,
+# docs/hardware-figures.md, "Collectives"):
 # kept for CPU ranks (gloo) and unknown devices, with the route's link latency on top.
 LEGACY_HOP = {"nvlink": 3.4 * US, "pcie": 5.7 * US, "network": 9.6 * US}
 LEGACY = Tuning("any", "simple", 8.4 * US, LEGACY_HOP, route_latency=True)

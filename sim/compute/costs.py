@@ -5,11 +5,11 @@ roofline estimate elsewhere); the host's time to dispatch each layer from `dispa
 calibration recorded it. Bytes follow the precision:
 
 - fp32/tf32: weights 4 B/param, gradients 4 B/param, optimizer state: momentum 4, Adam 8 (m and v);
-- fp16/bf16 (mixed precision, REFERENCE "Memory accounting"), ``mixed_precision="master"`` (Megatron,
-  DeepSpeed): weights 2, gradients 2, and the optimizer keeps an fp32 master copy (4) plus its moments, so
-  Adam totals 2 + 2 + 12 = 16 B/param. ``"autocast"`` (torch.autocast, what `validate` executes): weights 4
-  and gradients 4 (the weights are the master), the moments, and autocast's 16-bit copies of the weights
-  held from each layer's forward to its backward (measured, `AutocastBytes.weight_copies`, or 2 B per
+- fp16/bf16 (mixed precision, docs/hardware-figures.md, "Memory accounting"), ``mixed_precision="master"``
+  (Megatron, DeepSpeed): weights 2, gradients 2, and the optimizer keeps an fp32 master copy (4) plus its
+  moments, so Adam totals 2 + 2 + 12 = 16 B/param. ``"autocast"`` (torch.autocast, what `validate` executes):
+  weights 4 and gradients 4 (the weights are the master), the moments, and autocast's 16-bit copies of the
+  weights held from each layer's forward to its backward (measured, `AutocastBytes.weight_copies`, or 2 B per
   parameter of the convolutions and linear layers): Adam 4 + 4 + 8 + 2 = 18 B/param at the peak.
 - Activations under ``autocast`` are the workload's bytes under autocast where it has them (`Layer.autocast`,
   measured by a calibration or, for the built-in workloads, from CUDA autocast's op lists: autocast keeps

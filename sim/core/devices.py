@@ -1,9 +1,9 @@
 """Device specs: peak FLOP/s per precision, memory bandwidth and capacity of the GPUs the simulator knows.
 
-Figures are dense (no structured sparsity) peaks at boost clock, per GPU. Where REFERENCE.md (the project's
-hardware table) has them they come from there; the rest are NVIDIA's datasheets / architecture whitepapers,
-cited next to each entry. ``fp16``/``bf16``/``tf32`` are tensor-core peaks with fp32 accumulation (what
-PyTorch's matmuls and cuDNN convolutions use); a precision a device lacks is simply absent.
+Figures are dense (no structured sparsity) peaks at boost clock, per GPU. Where docs/hardware-figures.md (the
+project's hardware table) has them they come from there; the rest are NVIDIA's datasheets / architecture
+whitepapers, cited next to each entry. ``fp16``/``bf16``/``tf32`` are tensor-core peaks with fp32 accumulation
+(what PyTorch's matmuls and cuDNN convolutions use); a precision a device lacks is simply absent.
 
 A calibrated box's CPU is a device too (:func:`cpu_device`), filled from measurement and stored as JSON
 (``"schema": "trainsim.device/1"``) inside the calibration bundle.
@@ -160,7 +160,7 @@ def _gpu(name, fp32, bandwidth_gbps, memory_gib, sm_count, source, *, aliases=()
                       aliases=tuple(aliases), architecture=architecture)
 
 
-_REF = "REFERENCE.md"
+_REF = "docs/hardware-figures.md"
 _SPECS = [
     # K80 is two GK210s on one board; one GK210 is one CUDA device: 4.37 TFLOP/s boost, 240 GB/s, 12 GB
     # (NVIDIA Tesla K80 datasheet: 8.73 TFLOP/s, 480 GB/s, 24 GB per board). No fast fp16.

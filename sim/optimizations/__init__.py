@@ -1,1 +1,1 @@
-"""The data-movement optimizations of TECHNIQUES.md: preload, offload, compression, max-batch."""
+"""The data-movement optimizations of docs/techniques.md: preload, offload, compression, max-batch."""
