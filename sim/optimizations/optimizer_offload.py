@@ -1,4 +1,5 @@
-"""Optimizer state in pinned host memory, streamed through the GPU at every step (AxoNN; TECHNIQUES.md 4).
+"""Optimizer state in pinned host memory, streamed through the GPU at every step (AxoNN;
+docs/techniques.md, section 4).
 
 ``optimizations.offload_optimizer_state`` keeps a rank's ``state_bytes`` (the optimizer's moments and, in
 16-bit training, the fp32 master weights) in host memory. At each step the state crosses to the GPU in

@@ -27,11 +27,11 @@ the measurement back.
   `op_work`) scales by the ratio of the roofline times of that op's FLOPs and bytes on the two GPUs, so a
   matrix-vector product stays memory-bound; one without shapes by the ratio of peak FLOP/s. The precision
   is the one the name shows (tf32 / s1688 / fp16 / bf16), else the op's dtype, else fp32.
-- **Compression** (``compression=fp16|bf16``, TECHNIQUES.md's parameter compression as DDP's
-  ``fp16_compress_hook``): 4-byte-float all-reduce and reduce-scatter messages are halved (the transfer
+- **Compression** (``compression=fp16|bf16``, the parameter compression of docs/techniques.md, section 1, as
+  DDP's ``fp16_compress_hook``): 4-byte-float all-reduce and reduce-scatter messages are halved (the transfer
   part shrinks with the bytes at the kernel's own rate; latency stays); the casts cost 6 bytes of memory
-  traffic per element each way (read 4 + write 2) at the GPU's memory bandwidth. Where the trace carries
-  no sizes they are inferred (`nccl_split`) and the report says so.
+  traffic per element each way (read 4 + write 2) at the GPU's memory bandwidth. Where the trace carries no
+  sizes they are inferred (`nccl_split`) and the report says so.
 
 The checks compare, op by op, the simulation on the topology the trace ran on with the measurement: every
 NCCL kernel of known size, simulated alone, against its latency + transfer (the measured kernel less its
