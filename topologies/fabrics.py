@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.units import GBps, Microseconds
 
 from .machines import Meta, copy_machines, make_spec, network_link
 from .schema import TopologySpec
@@ -38,8 +39,8 @@ class ClusterParams(Meta):
     nodes: int = Field(gt=0, description="number of machines")
     network: Literal["ib", "ethernet"] = "ib"
     generation: int | str | None = Field(default=None, description="default: each NIC's own generation")
-    bandwidth_gbps: float | None = Field(default=None, gt=0, description="per port")
-    latency_us: float | None = Field(default=None, ge=0)
+    bandwidth_gbps: GBps | None = Field(default=None, gt=0, description="per port")
+    latency_us: Microseconds | None = Field(default=None, ge=0)
 
 
 class FatTreeParams(ClusterParams):

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.formats.units import GBps, GiB, MTps
 
 from .fabrics import ClusterParams, FatTreeParams, RailParams, build_cluster, build_fat_tree, build_rail
 from .links import INTER_SOCKET, PcieLanes
@@ -33,16 +34,16 @@ class PcieTreeParams(Meta):
     generator: Literal["pcie_tree"] = "pcie_tree"
     gpus: int = Field(gt=0)
     gpu: str = Field(default="V100", min_length=1, description="device spec name")
-    memory_gib: float | None = Field(default=None, gt=0)
+    memory_gib: GiB | None = Field(default=None, gt=0)
     gpus_per_switch: int = Field(default=2, ge=0, description="0: GPUs on the sockets' root ports")
     generation: int = Field(default=3, ge=1, le=6, description="PCIe generation")
     lanes: PcieLanes = Field(default=16, description="lanes of each GPU's link")
     uplink_lanes: PcieLanes = Field(default=16, description="lanes of each switch's link to its socket")
     sockets: int = Field(default=1, gt=0)
     cores: int = Field(default=16, gt=0, description="cores per socket")
-    dram_bandwidth_gbps: float | None = Field(default=None, gt=0)
+    dram_bandwidth_gbps: GBps | None = Field(default=None, gt=0)
     dram_channels: int = Field(default=8, gt=0)
-    dram_mt_s: float = Field(default=3200, gt=0)
+    dram_mt_s: MTps = Field(default=3200, gt=0)
     inter_socket: str = Field(default="skl", description="qpi, skl, spr, emr, amd or xbus")
     nics_per_switch: int = Field(default=0, ge=0)
     nic_network: Literal["ib", "ethernet"] = "ib"
@@ -89,7 +90,7 @@ class NvswitchParams(PcieTreeParams):
     switches: int | None = Field(default=None, gt=0, description="NVSwitch chips per board")
     boards: int = Field(default=1, gt=0, description="fabrics joined by non-blocking cross-board links")
     reduce: bool | None = None
-    nvls_gbps: float | None = Field(default=None, gt=0, description="each fabric's NVLS engine throughput")
+    nvls_gbps: GBps | None = Field(default=None, gt=0, description="each fabric's NVLS engine throughput")
 
     @model_validator(mode="after")
     def _boards_divide(self):

@@ -20,6 +20,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainsim.formats.units import GBps, GiB, Microseconds, MTps
+
 from .links import PcieLanes
 
 SCHEMA = "trainsim.topology/1"
@@ -44,20 +46,20 @@ class _Node(_Strict):
 class GpuNode(_Node):
     kind: Literal["gpu"]
     spec: str = Field(min_length=1, description='device spec name, e.g. "V100", "A100", "H100"')
-    memory_gib: float | None = Field(default=None, gt=0)
+    memory_gib: GiB | None = Field(default=None, gt=0)
 
 
 class CpuNode(_Node):
     kind: Literal["cpu"]
     cores: int = Field(gt=0)
     model: str | None = None
-    dram_bandwidth_gbps: float | None = Field(default=None, gt=0, description="what copies reach")
-    pageable_gbps: float | None = Field(
+    dram_bandwidth_gbps: GBps | None = Field(default=None, gt=0, description="what copies reach")
+    pageable_gbps: GBps | None = Field(
         default=None, gt=0,
         description="what a copy of an input batch from pageable memory to a GPU reaches (a core stages it); "
                     "default 10.5; `trainsim calibrate --device cuda` measures it")
     dram_channels: int | None = Field(default=None, gt=0)
-    dram_mt_s: float | None = Field(default=None, gt=0)
+    dram_mt_s: MTps | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _dram_given(self):
@@ -76,7 +78,7 @@ class NvswitchNode(_Node):
     nvlink_generation: int = Field(ge=1)
     chips: int = Field(default=1, gt=0)
     reduce: bool | None = Field(default=None, description="in-network reduction (NVLS); default: NVLink 4+")
-    nvls_gbps: float | None = Field(default=None, gt=0, description="NVLS engines' throughput, GB/s of NVLS "
+    nvls_gbps: GBps | None = Field(default=None, gt=0, description="NVLS engines' throughput, GB/s of NVLS "
                                     "traffic taken in from all GPUs; default: not a limit (the ports bind)")
 
 
@@ -102,10 +104,10 @@ class LinkSpec(_Strict):
     generation: int | str | None = None
     lanes: PcieLanes | None = None
     count: int = Field(default=1, gt=0, description="bonded links (NVLink sets, inter-socket links)")
-    bandwidth_gbps: float | None = Field(default=None, gt=0,
+    bandwidth_gbps: GBps | None = Field(default=None, gt=0,
                                          description="per direction, what transfers reach")
-    raw_bandwidth_gbps: float | None = Field(default=None, gt=0)
-    latency_us: float | None = Field(default=None, ge=0)
+    raw_bandwidth_gbps: GBps | None = Field(default=None, gt=0)
+    latency_us: Microseconds | None = Field(default=None, ge=0)
 
 
 class NcclFigure(_Strict):
@@ -115,8 +117,8 @@ class NcclFigure(_Strict):
     collective: Literal["allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"]
     algo: Literal["ring", "tree", "nvls"]
     proto: Literal["ll", "ll128", "simple"]
-    latency_us: float = Field(ge=0)
-    busbw_gbps: float = Field(gt=0)
+    latency_us: Microseconds = Field(ge=0)
+    busbw_gbps: GBps = Field(gt=0)
     rel_rms: float | None = Field(default=None, ge=0, description="the fit's relative RMS error")
 
 

@@ -12,8 +12,11 @@ The per-iteration means are reported, so the five add up to the mean iteration t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainsim.errors import TrainsimError
 
 from .machine import COMM, COMPUTE, DATA, TRANSFER, Op
 from .memory import GIB
@@ -142,6 +145,18 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
     # asked to stop (Simulation.request_stop): covers the iterations finished by then, not all asked for
     stopped_early: bool = False
+
+    def __post_init__(self):
+        # a time that is inf or nan is no result (it printed "iteration nan ms"): the inputs are bounded
+        # (trainsim.formats.units), so this is a figure no bound foresaw, refused rather than reported
+        times = {"iteration_times_s": self.iteration_times_s, **{f"breakdown_s.{k}": [v]
+                                                                for k, v in self.breakdown_s.items()}}
+        for name, values in times.items():
+            bad = next((v for v in values if not math.isfinite(v)), None)
+            if bad is not None:
+                raise TrainsimError(f"the simulation of {self.scenario!r} gave a time of {bad} s, not a "
+                                    "finite number: a figure of its topology, workload or device is out of "
+                                    "range", field=name)
 
     @property
     def iteration_time_s(self) -> float:

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainsim.formats.units import GBps
+
 
 class DeviceFile(BaseModel):
     """The JSON form of a :class:`DeviceSpec` (``"schema": "trainsim.device/1"``)."""
@@ -18,7 +20,7 @@ class DeviceFile(BaseModel):
     name: str = Field(min_length=1)
     kind: Literal["gpu", "cpu"] = "gpu"
     peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8"], float]
-    memory_bandwidth_gbps: float = Field(gt=0)
+    memory_bandwidth_gbps: GBps = Field(gt=0)
     memory_bytes: int = Field(gt=0)
     sm_count: int | None = Field(default=None, ge=1)
     source: str | None = None

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from trainsim.errors import TrainsimError, from_validation_error
+from trainsim.formats.units import GiB, MiB, Seconds
 
 from .scenario_options import (
     CompressionSpec,
@@ -83,8 +84,8 @@ class StrategySpec(_Strict):
     """The parallel strategy and its options (an option another strategy ignores is harmless)."""
 
     name: Literal["single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd"]
-    bucket_cap_mb: float = Field(default=25.0, gt=0, description="DDP gradient bucket size (MiB, as PyTorch)")
-    first_bucket_cap_mb: float | None = Field(
+    bucket_cap_mb: MiB = Field(default=25.0, gt=0, description="DDP gradient bucket size (MiB, as PyTorch)")
+    first_bucket_cap_mb: MiB | None = Field(
         default=None, gt=0, description="DDP's first bucket (PyTorch: 1 MiB); default bucket_cap_mb"
     )
     collectives: Literal["flow", "analytic"] = Field(
@@ -172,7 +173,7 @@ class HostSpec(_Strict):
         description="worker processes per DataLoader (per rank, or per machine with loader: shared); 0: the "
         "training loop prepares each batch itself, between iterations (PyTorch num_workers=0)",
     )
-    memory_gib: float | None = Field(
+    memory_gib: GiB | None = Field(
         default=None, ge=0, description="host memory per socket free for pinned buffers (default: no limit)"
     )
     loader: Literal["per-gpu", "shared"] = Field(
@@ -182,7 +183,7 @@ class HostSpec(_Strict):
         "torch.nn.DataParallel has) whose data_workers prepare every rank's batch, handed out to the ranks "
         "in turn",
     )
-    prep_s_per_sample: float | None = Field(
+    prep_s_per_sample: Seconds | None = Field(
         default=None, ge=0,
         description="CPU seconds one core spends preparing one sample (decode, augment); default: the "
         "workload's (measured by calibrate), none for analytic workloads",
@@ -214,7 +215,7 @@ class Optimizations(_Strict):
         description="single, ddp, pipeline: optimizer state (and 16-bit training's fp32 master weights) in "
         "pinned host memory, streamed through the GPU in chunks at every step (AxoNN)",
     )
-    offload_chunk_mb: float = Field(
+    offload_chunk_mb: MiB = Field(
         default=64.0, gt=0, description="offload_optimizer_state: chunk size (MiB)"
     )
     # ScaleDNN (sim/strategies/dp_gpu0.py, sim/optimizations/preload.py, sim/optimizations/compression.py)

@@ -41,6 +41,15 @@ from pydantic import (
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 from trainsim.files import read_text
+from trainsim.formats.units import (
+    COUNT_UNIT,
+    SECONDS_UNIT,
+    Bytes,
+    ByteTraffic,
+    Dimension,
+    Flops,
+    Seconds,
+)
 from trainsim.yamlio import parse_json
 
 from .provenance import IterationRecord, LayerHostTimes, RankStepRecord, SkippedBatch
@@ -51,6 +60,9 @@ SCHEMAS = ("trainsim.workload/1", SCHEMA)
 
 #: bytes per element of the float dtypes a workload may be recorded at
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+#: the largest exponent a power fit may have (t = a + b * batch**c): beyond it batch**c overflows
+FIT_EXPONENT_MOST = 4.0
 
 #: TimeModel.fit models: name -> (parameter names, function of (params, batch))
 FIT_MODELS = {
@@ -80,12 +92,14 @@ class TimeModel(_Strict):
     @classmethod
     def _check_points(cls, points):
         for batch, median, spread in points:
-            if batch < 1:
-                raise ValueError(f"batch must be >= 1, got {batch}")
-            if not (median > 0 and math.isfinite(median)):
-                raise ValueError(f"time must be > 0 seconds, got {median} at batch {batch}")
-            if not (spread >= 0 and math.isfinite(spread)):
-                raise ValueError(f"spread must be >= 0 seconds, got {spread} at batch {batch}")
+            if not 1 <= batch <= COUNT_UNIT.most:
+                raise ValueError(f"batch must be >= 1 and at most {COUNT_UNIT.shown}, got {batch}")
+            if not (0 < median <= SECONDS_UNIT.most):
+                raise ValueError(f"time must be > 0 seconds and at most {SECONDS_UNIT.shown}, got {median} "
+                                 f"at batch {batch}")
+            if not (0 <= spread <= SECONDS_UNIT.most):
+                raise ValueError(f"spread must be >= 0 seconds and at most {SECONDS_UNIT.shown}, got "
+                                 f"{spread} at batch {batch}")
         points = sorted(points)
         batches = [p[0] for p in points]
         if len(set(batches)) != len(batches):
@@ -104,6 +118,9 @@ class TimeModel(_Strict):
             value = fit.get(name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
                 raise ValueError(f"fit.{name} must be a finite number")
+            most = FIT_EXPONENT_MOST if name == "c" else SECONDS_UNIT.most  # a, b: seconds, per sample for b
+            if abs(value) > most:
+                raise ValueError(f"fit.{name} must be within +-{most:g}, got {value:.6g}")
         return fit
 
     @model_validator(mode="after")
@@ -184,18 +201,18 @@ def fit_time(points, model: str = "affine") -> dict[str, Any]:
 class SpatialShape(_Strict):
     """The geometry of a 2-D convolution (square stride/padding/dilation, as in the zoo's models)."""
 
-    in_h: int = Field(strict=True, ge=1)
-    in_w: int = Field(strict=True, ge=1)
-    in_c: int = Field(strict=True, ge=1)
-    out_c: int = Field(strict=True, ge=1)
-    kernel_h: int = Field(strict=True, ge=1)
-    kernel_w: int = Field(strict=True, ge=1)
-    stride: int = Field(strict=True, default=1, ge=1)
-    padding: int = Field(strict=True, default=0, ge=0)
-    dilation: int = Field(strict=True, default=1, ge=1)
-    groups: int = Field(strict=True, default=1, ge=1)
-    out_h: int = Field(strict=True, ge=1)
-    out_w: int = Field(strict=True, ge=1)
+    in_h: Dimension = Field(strict=True, ge=1)
+    in_w: Dimension = Field(strict=True, ge=1)
+    in_c: Dimension = Field(strict=True, ge=1)
+    out_c: Dimension = Field(strict=True, ge=1)
+    kernel_h: Dimension = Field(strict=True, ge=1)
+    kernel_w: Dimension = Field(strict=True, ge=1)
+    stride: Dimension = Field(strict=True, default=1, ge=1)
+    padding: Dimension = Field(strict=True, default=0, ge=0)
+    dilation: Dimension = Field(strict=True, default=1, ge=1)
+    groups: Dimension = Field(strict=True, default=1, ge=1)
+    out_h: Dimension = Field(strict=True, ge=1)
+    out_w: Dimension = Field(strict=True, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -218,14 +235,14 @@ class AutocastBytes(_Strict):
     under ``master`` its 16-bit weights stand for them); ``packed_*`` counts every packed tensor, those
     copies too, as torch's ``save_on_cpu`` copies them."""
 
-    saved_per_sample: int = Field(strict=True, ge=0)
-    saved_fixed: int = Field(strict=True, default=0, ge=0)
-    packed_per_sample: int = Field(strict=True, ge=0)
-    packed_fixed: int = Field(strict=True, default=0, ge=0)
-    output_per_sample: int = Field(strict=True, ge=0)
+    saved_per_sample: Bytes = Field(strict=True, ge=0)
+    saved_fixed: Bytes = Field(strict=True, default=0, ge=0)
+    packed_per_sample: Bytes = Field(strict=True, ge=0)
+    packed_fixed: Bytes = Field(strict=True, default=0, ge=0)
+    output_per_sample: Bytes = Field(strict=True, ge=0)
     # autocast's 16-bit copies of the parameters this layer computes with, kept from its forward to its
     # backward (a weight's copy counts once, with its first user)
-    weight_copies: int = Field(strict=True, default=0, ge=0)
+    weight_copies: Bytes = Field(strict=True, default=0, ge=0)
 
 
 class Layer(_Strict):
@@ -233,21 +250,21 @@ class Layer(_Strict):
 
     name: str = Field(min_length=1)
     kind: str = Field(min_length=1)  # conv2d|linear|batchnorm|relu|maxpool|avgpool|dropout|embedding|...
-    param_bytes: int = Field(strict=True, ge=0)
+    param_bytes: Bytes = Field(strict=True, ge=0)
     # parameters this layer uses but another layer owns (tied weights): traffic, not model size
-    shared_param_bytes: int = Field(strict=True, default=0, ge=0)
-    saved_activation_bytes_per_sample: int = Field(strict=True, ge=0)
+    shared_param_bytes: Bytes = Field(strict=True, default=0, ge=0)
+    saved_activation_bytes_per_sample: Bytes = Field(strict=True, ge=0)
     # saved for backward once per batch, whatever its size (batchnorm mean/invstd, position indices)
-    saved_activation_bytes_fixed: int = Field(strict=True, default=0, ge=0)
+    saved_activation_bytes_fixed: Bytes = Field(strict=True, default=0, ge=0)
     # every tensor autograd packs, each time, parameters too (what torch's save_on_cpu copies); None: not
     # described (analytic workloads), taken as the saved bytes
-    saved_packed_bytes_per_sample: int | None = Field(strict=True, default=None, ge=0)
-    saved_packed_bytes_fixed: int | None = Field(strict=True, default=None, ge=0)
-    output_bytes_per_sample: int = Field(strict=True, ge=0)
-    flops_forward_per_sample: float = Field(strict=True, ge=0)
-    flops_backward_per_sample: float = Field(strict=True, ge=0)
-    memory_bytes_forward_per_sample: float = Field(strict=True, ge=0)
-    memory_bytes_backward_per_sample: float = Field(strict=True, ge=0)
+    saved_packed_bytes_per_sample: Bytes | None = Field(strict=True, default=None, ge=0)
+    saved_packed_bytes_fixed: Bytes | None = Field(strict=True, default=None, ge=0)
+    output_bytes_per_sample: Bytes = Field(strict=True, ge=0)
+    flops_forward_per_sample: Flops = Field(strict=True, ge=0)
+    flops_backward_per_sample: Flops = Field(strict=True, ge=0)
+    memory_bytes_forward_per_sample: ByteTraffic = Field(strict=True, ge=0)
+    memory_bytes_backward_per_sample: ByteTraffic = Field(strict=True, ge=0)
     spatial: SpatialShape | None = None
     # the activation bytes under CUDA's 16-bit autocast (`calibrate --precisions bf16`, the built-ins); used
     # under mixed_precision autocast; without them, and under master, the bytes above scale by element size
@@ -263,10 +280,10 @@ class Layer(_Strict):
 class InputSpec(_Strict):
     """The host-side input of one sample, as it crosses PCIe, and the CPU time to prepare it."""
 
-    shape: list[int] = Field(min_length=1)
+    shape: list[Dimension] = Field(min_length=1)
     dtype: Literal["uint8", "int64", "float32", "float16", "bfloat16"]
-    bytes_per_sample: int = Field(strict=True, ge=0)
-    prep_s_per_sample: float | None = Field(strict=True, default=None, ge=0)
+    bytes_per_sample: Bytes = Field(strict=True, ge=0)
+    prep_s_per_sample: Seconds | None = Field(strict=True, default=None, ge=0)
 
     @field_validator("shape")
     @classmethod
