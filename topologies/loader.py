@@ -22,7 +22,7 @@ from trainsim.yamlio import parse_yaml_mapping
 from . import links as phys
 from .schema import DEFAULT_GPU_MEMORY_GIB, TopologySpec
 from .topology import Topology
-from .validation import validation_error
+from .validation import check_pcie_trees, validation_error
 
 GIB = 2**30
 
@@ -214,6 +214,7 @@ def build_graph(spec: TopologySpec, *, file: str | None = None) -> nx.DiGraph:
                                          "raw_bandwidth": made.raw_bandwidth, "latency": made.latency,
                                          "count": link.count, "generation": link.generation, "lanes": lanes}
         edges[a, b] = edges[b, a] = figures
+    check_pcie_trees(spec, file=file)  # after the links' ends are known nodes
     graph = nx.DiGraph(name=spec.name)
     graph.add_nodes_from(node_attrs.items())  # in one call each: per-node and per-edge calls cost more
     # each direction gets its own attribute dict: add_edges_from copies the one it is given

@@ -42,3 +42,35 @@ def validation_error(exc: ValidationError, *, file: str | None = None) -> Trains
     if kind == "extra_forbidden":
         return TrainsimError("unknown field", file=file, field=field)
     return TrainsimError(pydantic_message(first), file=file, field=field)
+
+
+def check_pcie_trees(spec, *, file: str | None = None) -> None:
+    """A machine's PCIe fabric is a tree under each CPU socket (its root complex): a PCIe link that closes a
+    cycle, or that joins the trees of two sockets (a device with two upstream ports), is refused, naming the
+    link. Sockets meet by ``upi``, machines by ``ib`` or ``ethernet``. One pass over the links
+    (union-find), so it costs nothing next to building the graph of a 100k-GPU cluster."""
+    parent: dict[str, str] = {}
+    socket: dict[str, str] = {node.name: node.name for node in spec.nodes if node.kind == "cpu"}
+
+    def root(name: str) -> str:
+        parent.setdefault(name, name)
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for i, link in enumerate(spec.links):
+        if link.kind != "pcie":
+            continue
+        a, b = root(link.a), root(link.b)
+        if a == b:
+            raise TrainsimError(f"the PCIe link {link.a} - {link.b} closes a cycle: PCIe links form a tree "
+                                "under each CPU socket (a device has one upstream port)", file=file,
+                                field=f"links[{i}]")
+        if a in socket and b in socket:
+            raise TrainsimError(f"the PCIe link {link.a} - {link.b} joins the PCIe trees of {socket[a]} and "
+                                f"{socket[b]}: a device hangs under one socket (sockets meet by upi)",
+                                file=file, field=f"links[{i}]")
+        parent[b] = a
+        if b in socket:
+            socket[a] = socket.pop(b)
