@@ -4,7 +4,7 @@ A scenario names what to simulate: a topology (preset, file or generator mapping
 JSON path, or ``{name: resnet50, image_size: 32}`` for an analytic model with config overrides), a parallel
 strategy with its options, the global batch size, which GPUs, how many iterations (warm-up excluded from the
 figures), the optimizer, the precision, the host's data pipeline, an ``optimizations:`` block (the
-switches of TECHNIQUES.md) and optional named ``variants`` (partial scenarios merged over this one).
+switches of docs/techniques.md) and optional named ``variants`` (partial scenarios merged over this one).
 
 Reading a file, overrides and variants: `trainsim.formats.scenario_loader`.
 """
@@ -208,7 +208,7 @@ class HostSpec(_Strict):
 
 
 class Optimizations(_Strict):
-    """Data-movement optimizations (TECHNIQUES.md); unknown keys are rejected."""
+    """Data-movement optimizations (docs/techniques.md); unknown keys are rejected."""
 
     offload_optimizer_state: bool = Field(
         default=False,
