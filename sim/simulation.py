@@ -25,13 +25,18 @@ import simpy
 from trainsim.errors import TrainsimError, raised_first
 from trainsim.formats.scenario import cublas_workspace_config_bytes
 from trainsim.formats.workload import Workload
-from trainsim.sim.compute.costs import mixed, rank_costs
+from trainsim.sim.compute.costs import rank_costs
 from trainsim.sim.core.collector import fewer_collections
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
+from trainsim.sim.core.window import MeasuredWindow
 from trainsim.sim.hosts import host_model_for
+from trainsim.sim.optimizations.data_movement import plugins_for
+from trainsim.sim.planning.prefetch import auto_prefetch_distance
 from trainsim.sim.run import Run, rank_names
-from trainsim.sim.strategies.base import Context, get_strategy, rank_batch_hook
+from trainsim.sim.strategies.context import Context
+from trainsim.sim.strategies.registry import get_strategy
+from trainsim.sim.strategies.settings import RunSettings
 from trainsim.sim.symmetry import mirror_ranks
 from trainsim.topologies.machine_classes import prefix
 
@@ -79,50 +84,66 @@ class Simulation:
         if not isinstance(run, Run):
             raise TypeError(f"Simulation takes a resolved Run (trainsim.resolve.resolve), not "
                             f"{type(run).__name__}")
-        measured = run.measured  # RunMeasurements; None: nothing measured
-        self.run_spec = run
         self.scenario = sc = run.scenario
         self.workload, devices = run.workload, dict(run.devices)
-        topology = machine.topology if machine is not None else run.topology
-        self.topology = topology
+        self.topology = topology = machine.topology if machine is not None else run.topology
         self.ranks = list(run.ranks) if machine is None else rank_names(sc, topology)
-        n = len(self.ranks)
-        batch_hook = rank_batch_hook(sc.strategy.name)  # pipeline: micro-batches over replicas
-        if batch_hook is None and sc.batch_size % n:
-            raise TrainsimError(
-                f"batch_size {sc.batch_size} does not divide over {n} GPUs",
-                file=sc.source,
-                field="batch_size",
-            )
+        if machine is not None:
+            run = run.with_topology(topology)
         self.strategy = get_strategy(sc.strategy.name)
+        self.strategy.check(run)
+        per_gpu = self.strategy.rank_batch(run)
+        # an auto prefetch distance: the run simulated at fixed distances, nothing recorded
+        prefetch = auto_prefetch_distance(run, lambda probe: Simulation(probe, record=False).run())
         self.env = CountingEnvironment() if machine is None else machine.env
-        self.machine = machine or Machine(
-            topology,
-            self.env,
-            devices=devices,
-            record_link_rates=record,
-            record_flows=record,
-            record_memory=record,
-        )
+        self.machine = machine or Machine(topology, self.env, devices=devices, record_link_rates=record,
+                                          record_flows=record, record_memory=record)
         calls = dict(run.host.calls)
         self.host = host_model_for(calls, self.workload, devices, tick=run.host.tick)
         if machine is None and self.host is not None and calls:
             self.machine.latency = self.host.latency
-        spatial = sc.strategy.name in ("spatial", "hybrid")
-        if spatial and sc.mixed_precision == "autocast" and mixed(sc.precision):
-            raise TrainsimError("autocast is not modelled for spatial decomposition; valid "
-                                "there: master", file=sc.source, field="mixed_precision")
-        per_gpu = sc.batch_size if sc.strategy.name == "single" else sc.batch_size // n
-        if batch_hook is not None:
-            per_gpu = batch_hook(sc, self.ranks, self.workload)
-        measured_on = None
-        spec = self.workload.provenance.device_spec
-        if spec is not None and spec in devices:
-            measured_on = devices[spec]
+        measured_on = devices.get(self.workload.provenance.device_spec)
         sharing = self.machine.host_sharing(self.ranks)
+        costs_for = self._cost_table(sharing, measured_on)
+        costs = {gpu: costs_for(gpu, per_gpu) for gpu in self.ranks}
+        rank_devices = {g: self.machine.gpus[g].device for g in self.ranks}
+        prep = self._prep_s_per_sample(run, self.strategy.loaded_batch(run, per_gpu), max(sharing.values()))
+        jitter = sc.strategy.jitter
+        if jitter is None and self.host is not None:  # the spread the host plug-in measured
+            jitter = self.host.jitter(list(rank_devices.values()), per_gpu)
+        self.mirror = None
+        if mirror:
+            self.mirror = mirror_ranks(sc, topology, self.ranks, costs, detail=record, host=self.host,
+                                       jitter=jitter)
+        measured = run.measured  # RunMeasurements; None: nothing measured
+        overlap = measured.loader_overlap if measured else None
+        if overlap and self.host is not None and sc.optimizations.preload and sc.host.data_workers:
+            prep, costs = self.host.share_process_with_loader(prep, costs, rank_devices, overlap)
+        extra = {}
+        first = costs[self.ranks[0]]
+        if first.forward_host_s:  # the host's dispatch is modelled (`sim/compute/dispatch.py`)
+            extra["host_dispatch"] = {
+                "rank": self.ranks[0],
+                "forward_s": sum(first.forward_host_s), "backward_s": sum(first.backward_host_s),
+                "gpu_forward_s": sum(first.forward_s), "gpu_backward_s": sum(first.backward_s)}
+        self.ctx = Context(
+            machine=self.machine, ranks=self.ranks, costs=costs,
+            total_iterations=sc.warmup_iterations + sc.iterations,
+            settings=RunSettings.of(sc, prep_s_per_sample=prep, jitter_spec=jitter, detail=record),
+            workload=self.workload, costs_for=costs_for, measured_on=measured_on,
+            mirrors=self.mirror.stands_for if self.mirror is not None else None,
+            loop_holds_output=self.strategy.loop_holds_output, extra=extra,
+            plugins=plugins_for(sc, host=self.host, codec_s=measured.codec_s if measured else None,
+                                prefetch_distance=prefetch))
+        self.window = MeasuredWindow(self.machine, sc.warmup_iterations, self.ctx.total_iterations,
+                                     lambda: self.ctx.simulated)
+        self.ctx.on_iteration_end.append(self.window)
+
+    def _cost_table(self, sharing: dict[str, int], measured_on):
+        """``costs_for(gpu, batch)``: a rank's costs at a batch, computed once per device, batch and number of
+        ranks sharing its host."""
+        sc, cache = self.scenario, {}
         workspace_config = sc.host.cublas_workspace_config or recorded_workspace_config(self.workload)
-        cache: dict = {}
-        costs = {}
 
         def costs_for(gpu: str, batch: int):
             device = self.machine.gpus[gpu].device
@@ -134,135 +155,32 @@ class Simulation:
                                         mixed_precision=sc.mixed_precision, workspace_config=workspace_config)
             return cache[key]
 
-        for gpu in self.ranks:
-            costs[gpu] = costs_for(gpu, per_gpu)
+        return costs_for
 
-        # a cost the scenario states wins over the bundle's measured pipeline and the workload's
-        stated = sc.host.prep_s_per_sample
+    def _prep_s_per_sample(self, run: Run, loaded: int, sharing: int) -> float:
+        """The input pipeline's cost per sample: the scenario's stated cost, else another pipeline than the
+        default measured back to back for this run, else the workload's; a host plug-in's measured loop
+        where there is one (its ranks each preparing ``loaded`` samples at once)."""
+        stated = self.scenario.host.prep_s_per_sample
+        measured = run.measured
         given = stated if stated is not None else measured.prep_s_per_sample if measured else None
-        prep = self._prep_s_per_sample(given, per_gpu, max(sharing.values()))
-        st = sc.strategy
-        self.ctx = Context(
-            machine=self.machine,
-            ranks=self.ranks,
-            costs=costs,
-            total_iterations=sc.warmup_iterations + sc.iterations,
-            precision=sc.precision,
-            mixed_precision=sc.mixed_precision,
-            optimizer=sc.optimizer.name,
-            pinned=sc.host.pinned,
-            data_workers=sc.host.data_workers,
-            loader_layout=sc.host.loader,
-            prep_s_per_sample=prep,
-            bucket_cap_bytes=st.bucket_cap_mb * 2**20,
-            first_bucket_cap_bytes=(
-                st.first_bucket_cap_mb * 2**20
-                if st.first_bucket_cap_mb is not None
-                else st.bucket_cap_mb * 2**20
-            ),
-            collectives=st.collectives,
-            collective_algo=st.collective_algo,
-            ps_cores=st.ps_cores,
-            ps_socket=st.ps_socket,
-            detail=record,
-            workload=self.workload,
-            spec=sc.strategy,
-            optimizations=sc.optimizations,
-            batch_size=sc.batch_size,
-            costs_for=costs_for,
-            measured_on=measured_on,
-            jitter_spec=st.jitter if st.jitter is not None else self._measured_jitter(per_gpu),
-            host=self.host,
-        )
-        first = costs[self.ranks[0]]
-        if first.forward_host_s:  # the host's dispatch is modelled (`sim/compute/dispatch.py`)
-            self.ctx.extra["host_dispatch"] = {
-                "rank": self.ranks[0],
-                "forward_s": sum(first.forward_host_s), "backward_s": sum(first.backward_host_s),
-                "gpu_forward_s": sum(first.forward_s), "gpu_backward_s": sum(first.backward_s)}
-        self.mirror = None
-        if mirror:
-            self.mirror = mirror_ranks(sc, topology, self.ranks, costs, detail=record, host=self.host,
-                                       jitter=self.ctx.jitter_spec)
-        if self.mirror is not None:
-            self.ctx.mirrors = self.mirror.stands_for
-        from trainsim.sim.optimizations.data_movement import prepare
-
-        # ScaleDNN / vDNN switches: codec, preload, offload plan (an auto prefetch distance simulates
-        # variants)
-        prepare(self.ctx, sc, rerun=lambda sub: Simulation(run.with_scenario(sub), record=False).run())
-        if measured and measured.codec_s is not None and self.ctx.codec is not None:  # measured on the box
-            self.ctx.codec.fit_to(measured.codec_s, self.ctx.costs[self.ranks[0]].grad_bytes_per_layer)
-        overlap = measured.loader_overlap if measured else None
-        if overlap and self.host is not None and self.ctx.preload_depth and self.ctx.data_workers:
-            self.host.share_process_with_loader(self.ctx, overlap)
-        self._link_snapshot = None
-        self._memory_area: dict[int, dict[str, float]] = {}
-        self._stop_requested = False
-        self._last_iteration = self.ctx.total_iterations - 1  # the last one the result covers
-
-    def _prep_s_per_sample(self, given: float | None, per_gpu: int, sharing: int) -> float:
-        """The input pipeline's cost per sample: ``given`` (another pipeline than the default, measured back
-        to back), else the workload's; a host plug-in's measured loop where there is one."""
-        sc = self.scenario
         if self.host is None:
             return given if given is not None else self.workload.input.prep_s_per_sample or 0.0
-        # a pipeline's first stage prepares the replica's whole batch at once, then splits it
-        loaded = per_gpu
-        if sc.strategy.name == "pipeline":
-            from trainsim.sim.strategies.pipeline import options as pipeline_options
-
-            loaded *= pipeline_options(sc.strategy).micro_batches
         return self.host.prep_s_per_sample(given, [self.machine.gpus[g].device for g in self.ranks], loaded,
                                            sharing)
-
-    def _measured_jitter(self, batch: int):
-        """The spread a host plug-in measured (None without one)."""
-        if self.host is None:
-            return None
-        return self.host.jitter([self.machine.gpus[g].device for g in self.ranks], batch)
 
     def request_stop(self) -> None:
         """Ask a running ``run()`` to stop when the next iteration has finished on every rank (the first
         measured one at the earliest) and to return the Result of the iterations done so far, with
         ``stopped_early`` set. Safe to call from a signal handler: it only sets a flag."""
-        self._stop_requested = True
-
-    def _stop_here(self, iteration: int) -> None:
-        if self._stop_requested and self.scenario.warmup_iterations <= iteration < self._last_iteration:
-            self._last_iteration = iteration
-            stop = self.env.event()  # processed by env.step, outside any process: ends env.run()
-            stop.callbacks.append(simpy.core.StopSimulation.callback)
-            stop.succeed()
-
-    def _on_finish(self, iteration: int) -> None:
-        self._stop_here(iteration)
-        # each GPU's byte-seconds at the measured window's ends (its average memory use)
-        if iteration in (self.scenario.warmup_iterations - 1, self._last_iteration):
-            now = self.env.now
-            self._memory_area[iteration] = {g: self.machine.gpus[g].memory.byte_seconds(now)
-                                            for g in self.ctx.simulated}
-        if iteration == self.scenario.warmup_iterations - 1:
-            net = self.machine.net
-            net.drain()
-            self._link_snapshot = net.link_bytes.copy()
-            self._snapshot_credited = net.credited.copy()
+        self.window.request_stop()
 
     @fewer_collections()
     def run(self) -> Result:
         sc, ctx, env = self.scenario, self.ctx, self.env
         wall = time.perf_counter()
-        finished = set()
-
-        def watch(iteration: int, gpu: str, _finish=ctx.finish):
-            _finish(iteration, gpu)
-            if len(ctx.iteration_end[iteration]) == ctx.n and iteration not in finished:
-                finished.add(iteration)
-                self._on_finish(iteration)
-
-        ctx.finish = watch  # type: ignore[method-assign]
         try:
-            self.strategy(ctx)
+            self.strategy.start(ctx)
             env.run()
         except TrainsimError as exc:  # a strategy field the machine cannot satisfy: the scenario's error
             exc = raised_first(exc)
@@ -271,7 +189,7 @@ class Simulation:
             field = "strategy.collective_algo" if exc.field == "algo" else exc.field  # the collectives' word
             raise TrainsimError(exc.reason, file=sc.source, field=field) from None
         wall = time.perf_counter() - wall
-        total = self._last_iteration + 1
+        total = self.window.last + 1
         missing = [i for i in range(total) if len(ctx.iteration_end.get(i, {})) < ctx.n]
         if missing:
             raise RuntimeError(f"the simulation stopped before iteration {missing[0]} finished (a deadlock)")
@@ -319,12 +237,12 @@ class Simulation:
                 by_gpu[op.resource].append((op.start, op.end))
         out = {}
         length = span[1] - span[0]
-        w, last = self.scenario.warmup_iterations, self._last_iteration
+        w, last = self.scenario.warmup_iterations, self.window.last
         for g in self.ctx.simulated:
             gpu = self.machine.gpus[g]
             util = busy_time(by_gpu[g], *span) / length if length > 0 else 0.0
-            start = self._memory_area[w - 1][g] if w > 0 else 0.0
-            average = (self._memory_area[last][g] - start) / length if length > 0 else gpu.memory.in_use
+            start = self.window.memory_area[w - 1][g] if w > 0 else 0.0
+            average = (self.window.memory_area[last][g] - start) / length if length > 0 else gpu.memory.in_use
             for copy in self.ctx.mirrors.get(g, [g]) if self.ctx.mirrors is not None else [g]:
                 out[copy] = GpuResult(
                     copy,
@@ -345,8 +263,8 @@ class Simulation:
         snapshot scales the same way and drops out."""
         net, topo = self.machine.net, self.topology
         flows = net.link_bytes - net.credited
-        if self._link_snapshot is not None:
-            flows = flows - (self._link_snapshot - self._snapshot_credited)
+        if self.window.link_snapshot is not None:
+            flows = flows - (self.window.link_snapshot - self.window.snapshot_credited)
         moved = moved.copy()
         copies = self.mirror.machines
         machine = dict(topo.graph.nodes(data="machine"))
@@ -370,7 +288,8 @@ class Simulation:
     def _link_results(self, span) -> list[LinkResult]:
         net = self.machine.net
         net.drain()
-        moved = net.link_bytes - (self._link_snapshot if self._link_snapshot is not None else 0.0)
+        snapshot = self.window.link_snapshot
+        moved = net.link_bytes - (snapshot if snapshot is not None else 0.0)
         if self.mirror is not None:
             moved = self._mirrored_bytes(moved)
         length = span[1] - span[0]

@@ -28,17 +28,17 @@ def _bundle_scenario(strategy: str = "ddp") -> dict:
 
 def test_chosen_where_the_bundle_measured_gloo_calls():
     sim = simulation(_bundle_scenario(), calibration=str(BUNDLE))
-    assert isinstance(sim.host, GlooVmHost) and sim.ctx.host is sim.host
+    assert isinstance(sim.host, GlooVmHost) and sim.ctx.plugins.host is sim.host
     assert sim.machine.latency is sim.host.latency and isinstance(sim.machine.latency, GlooCallLatency)
     assert {"allreduce", "p2p"} <= set(sim.machine.latency.calls) and sim.machine.latency.tick is not None
     assert sim.machine.latency.blocking_calls
-    assert sim.ctx.jitter_spec is not None  # the measured spread of the rank step
+    assert sim.ctx.settings.jitter_spec is not None  # the measured spread of the rank step
     assert sim.run().iteration_time_s > 0
 
 
 def test_not_chosen_for_a_gpu_scenario_whose_machine_has_the_route_latency():
     sim = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8))
-    assert sim.host is None and sim.ctx.host is None
+    assert sim.host is None and sim.ctx.plugins.host is None
     assert isinstance(sim.machine.latency, RouteLatency) and not sim.machine.latency.blocking_calls
     assert host_model_for({}, load_workload("tiny-cnn"), {"a100": get_device("a100")}) is None
     legs = sim.machine.topology.gpu_copy_legs(*sim.ranks)
@@ -103,10 +103,10 @@ def test_run_measurements_travel_with_the_bundle():
     carried = load_bundle(str(BUNDLE)).with_run(measured)
     assert carried.run == measured
     by_bundle = simulation(scenario, calibration=carried)
-    assert through_api.ctx.prep_s_per_sample == pytest.approx(by_bundle.ctx.prep_s_per_sample)
-    assert by_bundle.ctx.prep_s_per_sample > 2.5e-4  # the loop's cold start and sharing on top
+    assert through_api.ctx.settings.prep_s_per_sample == pytest.approx(by_bundle.ctx.settings.prep_s_per_sample)
+    assert by_bundle.ctx.settings.prep_s_per_sample > 2.5e-4  # the loop's cold start and sharing on top
     plain = simulation(scenario, calibration=str(BUNDLE))
-    assert plain.ctx.prep_s_per_sample != pytest.approx(by_bundle.ctx.prep_s_per_sample)
+    assert plain.ctx.settings.prep_s_per_sample != pytest.approx(by_bundle.ctx.settings.prep_s_per_sample)
     with pytest.raises(TrainsimError, match="calibration bundle"):
         simulation(scenario, measurements=measured)
     with pytest.raises(ValueError):

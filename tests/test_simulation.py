@@ -538,7 +538,7 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
         return sim, sim.run()
 
     sim, jittered = run("ddp", 2, noisy)
-    assert sim.ctx.jitter_spec.sigma == pytest.approx(0.2) and sim.ctx.jitter_spec.centre == "median"
+    assert sim.ctx.settings.jitter_spec.sigma == pytest.approx(0.2) and sim.ctx.settings.jitter_spec.centre == "median"
     spread = max(jittered.iteration_times_s) - min(jittered.iteration_times_s)
     assert spread > 0.01 * jittered.iteration_time_s  # every iteration draws its passes afresh
     _, nominal = run("ddp", 2, steady)
@@ -548,7 +548,7 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
     # the same spread, shared by the ranks (the host's speed): they move together and nobody waits
     shared = bundle("shared", {"ranks": 2, "points": [[4, 0.01, 0.01, 0.2, None, None, None, 0.0]]})
     sim, together = run("ddp", 2, shared)
-    assert (sim.ctx.jitter_spec.sigma, sim.ctx.jitter_spec.common_sigma) == pytest.approx((0.0, 0.2))
+    assert (sim.ctx.settings.jitter_spec.sigma, sim.ctx.settings.jitter_spec.common_sigma) == pytest.approx((0.0, 0.2))
     steps = together.iteration_times_s
     assert max(steps) - min(steps) > 0.01 * together.iteration_time_s
     ends = {}
@@ -557,19 +557,19 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
             ends.setdefault((op.iteration, op.layer), []).append(op.end)
     assert all(len(e) == 2 and max(e) - min(e) < 1e-12 for e in ends.values())  # both ranks' layers at once
     one, alone = run("single", 1, noisy)
-    assert one.ctx.jitter_spec is None  # one rank has nobody to wait for
+    assert one.ctx.settings.jitter_spec is None  # one rank has nobody to wait for
     # a batch of 4 takes 0.4 ms longer in the loop than back to back, and x1.5 beside the other rank
     slow_data = bundle("data", {"ranks": 2, "points": [[4, 0.01, 0.01, 0.0, 0.002, 0.003, 0.0016]]})
     two = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
                      calibration=slow_data, measurements=RunMeasurements(prep_s_per_sample=1e-4))
-    assert two.ctx.prep_s_per_sample == pytest.approx((1e-4 + 1e-4) * 1.5)
+    assert two.ctx.settings.prep_s_per_sample == pytest.approx((1e-4 + 1e-4) * 1.5)
     single = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "single", 4, gpus=1),
                         calibration=slow_data, measurements=RunMeasurements(prep_s_per_sample=1e-4))
-    assert single.ctx.prep_s_per_sample == pytest.approx(2e-4)
+    assert single.ctx.settings.prep_s_per_sample == pytest.approx(2e-4)
     # no pipeline given: the default one, as the rank's loop prepared it (2 ms per batch of 4 alone)
     default = simulation(make_scenario(tiny_topology(gpus=2), "tiny-cnn", "ddp", 8, gpus=2),
                          calibration=slow_data)
-    assert default.ctx.prep_s_per_sample == pytest.approx(0.002 / 4 * 1.5)
+    assert default.ctx.settings.prep_s_per_sample == pytest.approx(0.002 / 4 * 1.5)
     assert max(alone.iteration_times_s) - min(alone.iteration_times_s) < 1e-9
 
 
@@ -584,8 +584,8 @@ def test_a_loader_thread_in_the_ranks_process_slows_both_as_measured(tmp_path):
                           measurements=RunMeasurements(prep_s_per_sample=1e-4, loader_overlap=overlap))
 
     plain, preloading = sim(), sim(optimizations={"preload": True})
-    assert plain.ctx.prep_s_per_sample == pytest.approx(1e-4)  # no loader thread beside the loop
-    assert preloading.ctx.prep_s_per_sample == pytest.approx(1.5e-4)
+    assert plain.ctx.settings.prep_s_per_sample == pytest.approx(1e-4)  # no loader thread beside the loop
+    assert preloading.ctx.settings.prep_s_per_sample == pytest.approx(1.5e-4)
     gpu = preloading.ranks[0]
     slowed, nominal = preloading.ctx.costs[gpu], plain.ctx.costs[gpu]
     assert slowed.forward_s == pytest.approx([f * 1.25 for f in nominal.forward_s])

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from trainsim.sim.core.collector import YOUNG_THRESHOLD, fewer_collections
-from trainsim.sim.strategies.base import MODULES, get_strategy, rank_batch_hook, strategies
+from trainsim.sim.strategies.registry import MODULES, get_strategy, strategies
 
 PROBE = """
 import contextlib, io, json, runpy, sys
@@ -42,8 +42,8 @@ def test_an_8_gpu_simulate_imports_only_what_it_uses():
 
 def test_the_registry_imports_a_strategy_when_asked():
     assert set(MODULES) <= set(strategies())
-    assert get_strategy("pipeline").__module__ == "trainsim.sim.strategies.pipeline"
-    assert rank_batch_hook("hybrid") is not None and rank_batch_hook("ddp") is None
+    assert get_strategy("pipeline").starts.__module__ == "trainsim.sim.strategies.pipeline"
+    assert get_strategy("hybrid").rank_batch_of is not None and get_strategy("ddp").rank_batch_of is None
 
 
 def test_fewer_collections_puts_the_threshold_back():

@@ -3,7 +3,7 @@
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.strategies.base import get_strategy, strategies
+from trainsim.sim.strategies.registry import get_strategy, strategies
 from trainsim.sim.strategies.ddp import assign_buckets
 
 

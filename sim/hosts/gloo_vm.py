@@ -76,14 +76,18 @@ class GlooVmHost:
             return None
         return JitterSpec(distribution="lognormal", sigma=own, common_sigma=shared, centre="median")
 
-    def share_process_with_loader(self, ctx, overlap: LoaderOverlap) -> None:
-        """A CPU rank whose batches a thread of its own process prepares ahead shares the interpreter's GIL
-        and the socket's cache with it: while both run the step takes ``overlap.step`` times longer and a
-        batch ``overlap.prep`` times longer (calibrate.execute.rank_step.measure_loader_overlap)."""
-        step, prep = overlap.step, overlap.prep
-        ctx.prep_s_per_sample *= prep
-        for gpu, c in ctx.costs.items():
-            if ctx.machine.gpus[gpu].device.kind == "cpu":
-                ctx.costs[gpu] = dataclasses.replace(c, forward_s=[f * step for f in c.forward_s],
-                                                     backward_s=[b * step for b in c.backward_s],
-                                                     step_s=c.step_s * step)
+    @staticmethod
+    def share_process_with_loader(prep_s_per_sample: float, costs: dict, devices: dict[str, DeviceSpec],
+                                  overlap: LoaderOverlap) -> tuple[float, dict]:
+        """(prep, costs) of CPU ranks whose batches a thread of their own process prepares ahead: it shares
+        the interpreter's GIL and the socket's cache with the step, so while both run the step takes
+        ``overlap.step`` times longer and a batch ``overlap.prep`` times longer
+        (calibrate.execute.rank_step.measure_loader_overlap). ``costs`` and ``devices`` are by rank."""
+        step = overlap.step
+        shared = dict(costs)
+        for gpu, c in costs.items():
+            if devices[gpu].kind == "cpu":
+                shared[gpu] = dataclasses.replace(c, forward_s=[f * step for f in c.forward_s],
+                                                  backward_s=[b * step for b in c.backward_s],
+                                                  step_s=c.step_s * step)
+        return prep_s_per_sample * overlap.prep, shared

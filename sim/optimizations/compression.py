@@ -197,8 +197,9 @@ def layer_matrices(workload) -> list[WeightMatrix | None]:
 
 def make_codec(ctx) -> Codec | None:
     """The run's codec, or None without ``param_compression``."""
-    spec = getattr(ctx.optimizations, "param_compression", None)
+    spec = getattr(ctx.settings.optimizations, "param_compression", None)
     if spec is None:
         return None
     device = ctx.machine.gpus[ctx.ranks[0]].device
-    return Codec(spec, ctx.precision, layer_matrices(ctx.workload), device, ctx.mixed_precision)
+    settings = ctx.settings
+    return Codec(spec, settings.precision, layer_matrices(ctx.workload), device, settings.mixed_precision)

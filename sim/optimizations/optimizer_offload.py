@@ -45,7 +45,7 @@ class StateStreamer:
                 if before_step is not None:
                     yield before_step
                 yield from machine.run(gpu, "compute", step_s / n_chunks, op="optimizer", iteration=it,
-                                       optimizer=ctx.optimizer, chunk=c)
+                                       optimizer=ctx.settings.optimizer, chunk=c)
                 yield from machine.d2h(gpu, nbytes, iteration=it, op="d2h_optimizer_state")
 
         yield ctx.env.all_of([ctx.env.process(chunk(c)) for c in range(n_chunks)])

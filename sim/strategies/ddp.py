@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from trainsim.sim.core.latency import CallSite
 
-from .base import Context, register
+from .context import Context
+from .registry import register
 
 
 def assign_buckets(
@@ -69,7 +70,7 @@ def _reducer(ctx: Context, buckets: list[list[int]], ready, done, bucket_bytes: 
         for b in range(len(buckets)):
             yield ready(it, b)
             skew = skews.pop((it, b))
-            if ctx.codec is None:
+            if ctx.plugins.codec is None:
                 yield from ctx.collective("allreduce", bucket_bytes[b], it, label=f":bucket{b}",
                                           call=_met(skew))
             else:
@@ -87,7 +88,7 @@ def _codec_pass(ctx: Context, op: str, seconds: float, it: int, b: int):
     env = ctx.env
     yield env.all_of([
         env.process(ctx.machine.run(g, "compute", seconds, op=op, iteration=it, layer=f"bucket{b}",
-                                    codec=ctx.codec.spec.label()))
+                                    codec=ctx.plugins.codec.spec.label()))
         for g in ctx.ranks
     ])
 
@@ -97,7 +98,7 @@ def _compressed_allreduce(ctx: Context, layers: list[int], it: int, b: int, skew
     (sim/optimizations/compression.py); PowerSGD
     is three chained all-reduces instead. Each rank encodes as soon as its bucket is ready, so the ranks
     meet the first all-reduce as far apart as they filled the bucket (``skew_s``)."""
-    codec = ctx.codec
+    codec = ctx.plugins.codec
     grads = ctx.costs[ctx.ranks[0]].grad_bytes_per_layer
     if codec.spec.method == "powersgd":
         yield from _powersgd_allreduce(ctx, layers, it, b, skew_s)
@@ -112,7 +113,7 @@ def _powersgd_allreduce(ctx: Context, layers: list[int], it: int, b: int, skew_s
     """PyTorch's ``powerSGD_hook`` on one bucket: three all-reduces, each chained on the previous one's future
     (a collective of 0 bytes, e.g. no uncompressed tensor, is skipped). The ranks meet the first as far
     apart as they filled the bucket; the previous all-reduce released them together for the others."""
-    phases = ctx.codec.powersgd_phases(ctx.costs[ctx.ranks[0]].grad_bytes_per_layer, layers)
+    phases = ctx.plugins.codec.powersgd_phases(ctx.costs[ctx.ranks[0]].grad_bytes_per_layer, layers)
     # error feedback, then P = M Q: the hook computes the Ps before it launches the first all-reduce
     yield from _codec_pass(ctx, "encode_grads", phases.error_feedback_s + phases.matmul_s, it, b)
     yield from ctx.collective("allreduce", phases.uncompressed_bytes, it, label=f":bucket{b}:uncompressed",
@@ -141,7 +142,8 @@ def run_ddp(ctx: Context) -> None:
     first = ctx.ranks[0]
     costs = ctx.costs[first]
     buckets = (
-        assign_buckets(costs.grad_bytes_per_layer, ctx.bucket_cap_bytes, ctx.first_bucket_cap_bytes)
+        assign_buckets(costs.grad_bytes_per_layer, ctx.settings.bucket_cap_bytes,
+                       ctx.settings.first_bucket_cap_bytes)
         if ctx.n > 1
         else []
     )

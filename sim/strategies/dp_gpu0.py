@@ -26,7 +26,8 @@ from trainsim.sim.compute.roofline import streaming_seconds
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMPUTE
 
-from .base import Context, register
+from .context import Context
+from .registry import register
 
 LABEL_BYTES = 8  # one int64 class label per sample
 
@@ -48,22 +49,22 @@ def _compressed_copy(ctx: Context, src: str, dst: str, full: float, it: int, op:
     """A peer copy of parameters or gradients; with ``param_compression`` the wire carries the compressed
     bytes and ``dst`` decodes them on its compute stream (the sender encoded them, see `_iteration`)."""
     engine = dst if stream == "h2d" else src
-    if ctx.codec is None:
+    if ctx.plugins.codec is None:
         yield from ctx.machine.peer_copy(src, dst, full, iteration=it, op=op, engine_gpu=engine,
                                          stream=stream, call=CallSite(call))
         return
     grads, layers = ctx.costs[src].grad_bytes_per_layer, _all_layers(ctx, src)
-    wire = ctx.codec.wire_bytes(grads, layers)
+    wire = ctx.plugins.codec.wire_bytes(grads, layers)
     yield from ctx.machine.peer_copy(src, dst, wire, iteration=it, op=op, engine_gpu=engine, stream=stream,
                                      call=CallSite(call))
-    yield from ctx.machine.run(dst, "compute", ctx.codec.decode_s(grads, layers), op=f"decode_{op}",
-                               iteration=it, codec=ctx.codec.spec.label())
+    yield from ctx.machine.run(dst, "compute", ctx.plugins.codec.decode_s(grads, layers), op=f"decode_{op}",
+                               iteration=it, codec=ctx.plugins.codec.spec.label())
 
 
 def _encode(ctx: Context, gpu: str, it: int, what: str):
     grads, layers = ctx.costs[gpu].grad_bytes_per_layer, _all_layers(ctx, gpu)
-    yield from ctx.machine.run(gpu, "compute", ctx.codec.encode_s(grads, layers), op=f"encode_{what}",
-                               iteration=it, codec=ctx.codec.spec.label())
+    yield from ctx.machine.run(gpu, "compute", ctx.plugins.codec.encode_s(grads, layers), op=f"encode_{what}",
+                               iteration=it, codec=ctx.plugins.codec.spec.label())
 
 
 def _iteration(ctx: Context, it: int):
@@ -71,7 +72,7 @@ def _iteration(ctx: Context, it: int):
     root, others = ctx.ranks[0], ctx.ranks[1:]
     costs = ctx.costs
     total_input = sum(costs[g].input_bytes for g in ctx.ranks)
-    if ctx.cpu_batch_split:
+    if ctx.settings.cpu_batch_split:
         # ScaleDNN: the host splits the batch; every GPU copies its shard from its own socket's memory
         yield _all(ctx, [_own_shard(ctx, g, it) for g in ctx.ranks])
         # the loss of the whole batch is computed on GPU0, which needs every shard's labels
@@ -93,7 +94,7 @@ def _iteration(ctx: Context, it: int):
         ]
         for g in others:
             machine.gpus[g].memory.alloc(ctx.env.now, costs[g].input_bytes, "input")
-    if ctx.codec is not None and others:
+    if ctx.plugins.codec is not None and others:
         yield from _encode(ctx, root, it, "params")
     replicate = [
         _compressed_copy(ctx, root, g, costs[g].param_bytes, it, "broadcast_params", "h2d", "broadcast")
@@ -137,7 +138,7 @@ def _iteration(ctx: Context, it: int):
     yield _all(ctx, [ctx.backward(g, it) for g in ctx.ranks])
     grads = costs[root].grad_bytes
     machine.gpus[root].memory.alloc(ctx.env.now, grads * len(others), "buffers")
-    if ctx.codec is not None:
+    if ctx.plugins.codec is not None:
         yield _all(ctx, [_encode(ctx, g, it, "grads") for g in others])
     yield _all(
         ctx,
@@ -160,13 +161,14 @@ def _driver(ctx: Context):
         yield from _iteration(ctx, it)
 
 
-@register("dp-gpu0")
+# the loop does not hold the model's output through backward: the root's gathered output is accounted in
+# `_iteration` (``gathered``)
+@register("dp-gpu0", loop_holds_output=False)
 def run_dp_gpu0(ctx: Context) -> None:
     root = ctx.ranks[0]
-    ctx.loop_holds_output = False  # the root's gathered output is accounted below (``gathered``)
     for g in ctx.ranks:
         ctx.hold_model(g, grads="backward", state=(g == root))
     # one loader, on GPU0's socket, prepares the whole batch (cpu_batch_split: each GPU's loader its shard)
-    if not ctx.cpu_batch_split:
+    if not ctx.settings.cpu_batch_split:
         ctx.loader(root).batch = sum(ctx.costs[g].batch for g in ctx.ranks)
     ctx.env.process(_driver(ctx))

@@ -40,13 +40,14 @@ from trainsim.sim.compute.roofline import streaming_seconds
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE
 
-from .base import Context, register
+from .context import Context
+from .registry import register
 
 
 class _Easgd:
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.opts = opts = getattr(ctx.spec, "easgd", None) or EasgdOptions()
+        self.opts = opts = getattr(ctx.settings.strategy, "easgd", None) or EasgdOptions()
         machine = ctx.machine
         cpus = machine.topology.cpus
         if opts.centre == "gpu" and opts.centre_gpu >= ctx.n:

@@ -20,7 +20,8 @@ from trainsim.sim.compute.costs import STATE_BYTES
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM
 
-from .base import Context, register
+from .context import Context
+from .registry import register
 
 
 def _rank(ctx: Context, gpu: str, dram: str, pushed, pulled):
@@ -51,14 +52,14 @@ def _server(ctx: Context, host, pushed, pulled):
     costs = ctx.costs[ctx.ranks[0]]
     # fp32 on the CPU: weights and state read and written, every rank's gradients read
     num_params = costs.grad_bytes / _grad_itemsize(ctx)
-    weights_and_state = num_params * (4 + STATE_BYTES[ctx.optimizer])
+    weights_and_state = num_params * (4 + STATE_BYTES[ctx.settings.optimizer])
     reads = ctx.n * costs.grad_bytes + weights_and_state
     writes = weights_and_state
-    cores = ctx.ps_cores or host.num_cores
+    cores = ctx.settings.ps_cores or host.num_cores
     for it in range(ctx.total_iterations):
         yield env.all_of([pushed(it, r) for r in range(ctx.n)])
         yield from machine.host_update(host, reads, writes, cores=cores, op="ps_update", iteration=it,
-                                       optimizer=ctx.optimizer)
+                                       optimizer=ctx.settings.optimizer)
         pulled(it).succeed()
 
 
@@ -70,16 +71,17 @@ def _grad_itemsize(ctx: Context) -> int:
 def run_ps(ctx: Context) -> None:
     machine, env = ctx.machine, ctx.env
     cpus = machine.topology.cpus
-    if ctx.ps_socket >= len(cpus):
+    if ctx.settings.ps_socket >= len(cpus):
         raise TrainsimError(
             f"the topology has {len(cpus)} CPU socket{'s' if len(cpus) != 1 else ''} (0..{len(cpus) - 1}), "
-            f"no socket {ctx.ps_socket}",
+            f"no socket {ctx.settings.ps_socket}",
             field="strategy.ps_socket",
         )
-    host = machine.hosts[cpus[ctx.ps_socket]]
-    if ctx.ps_cores is not None and ctx.ps_cores > host.num_cores:
-        raise TrainsimError(f"socket {ctx.ps_socket} ({cpus[ctx.ps_socket]}) has {host.num_cores} cores, "
-                            f"fewer than {ctx.ps_cores}", field="strategy.ps_cores")
+    host = machine.hosts[cpus[ctx.settings.ps_socket]]
+    if ctx.settings.ps_cores is not None and ctx.settings.ps_cores > host.num_cores:
+        socket = ctx.settings.ps_socket
+        raise TrainsimError(f"socket {socket} ({cpus[socket]}) has {host.num_cores} cores, "
+                            f"fewer than {ctx.settings.ps_cores}", field="strategy.ps_cores")
     push_events: dict = {}
     pull_events: dict = {}
 

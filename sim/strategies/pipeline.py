@@ -64,14 +64,14 @@ from trainsim.sim.compute.costs import RankCosts
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.machine import COMM, COMPUTE
 
-from .base import Context, register, register_rank_batch
+from .context import Context
+from .registry import register
 
 
 def options(spec) -> PipelineOptions:
     return getattr(spec, "pipeline", None) or PipelineOptions()
 
 
-@register_rank_batch("pipeline")
 def micro_batch_size(scenario, ranks: list[str], workload) -> int:
     """Check the pipeline's shape against the GPUs, the workload and the batch; the micro-batch size."""
     opts = options(scenario.strategy)
@@ -248,12 +248,12 @@ class Inbox:
 class _Pipeline:
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        self.opts = opts = options(ctx.spec)
+        self.opts = opts = options(ctx.settings.strategy)
         self.S, self.M = opts.stages, opts.micro_batches
         self.dp = ctx.n // self.S
-        self.mb = ctx.batch_size // (self.dp * self.M)
-        self.jitter = Jitter(ctx.jitter_spec)
-        self.offload = ctx.state_streamer is not None
+        self.mb = ctx.settings.batch_size // (self.dp * self.M)
+        self.jitter = Jitter(ctx.settings.jitter_spec)
+        self.offload = ctx.plugins.state_stream is not None
         first = ctx.ranks[0]
         counts = opts.stage_layers or balance(self._layer_times(ctx.costs_for(first, self.mb)), self.S)
         self.counts = counts
@@ -340,7 +340,8 @@ class _Pipeline:
             if s == 0 and stage.input_bytes > 0:
                 memory.alloc(ctx.env.now, stage.input_bytes, "input")
                 if ctx.machine.gpus[gpu].device.kind != "cpu":  # a CPU rank's batch is in its own memory
-                    yield from ctx.machine.h2d(gpu, stage.input_bytes, iteration=it, pinned=ctx.pinned)
+                    yield from ctx.machine.h2d(gpu, stage.input_bytes, iteration=it,
+                                               pinned=ctx.settings.pinned)
             memory.alloc(ctx.env.now, self._kept(stage), "activations")
         if self.opts.recompute:  # a forward (the first or the rerun) builds this micro-batch's activations
             memory.alloc(ctx.env.now, stage.saved_bytes, "activations")
@@ -422,7 +423,8 @@ class _Pipeline:
                     yield self.reduced[it, s]
                 stage = self.stages[gpu]
                 yield from ctx.machine.run(
-                    gpu, "compute", stage.step_s, op="optimizer", iteration=it, optimizer=ctx.optimizer
+                    gpu, "compute", stage.step_s, op="optimizer", iteration=it,
+                    optimizer=ctx.settings.optimizer
                 )
             self.grads_live.discard(gpu)  # zero_grad(set_to_none=True)
             ctx.machine.gpus[gpu].memory.free(ctx.env.now, self.stages[gpu].param_bytes, "grads")
@@ -433,7 +435,8 @@ class _Pipeline:
         overlaps the stage's all-reduce, their steps wait for it."""
         stage = self.stages[gpu]
         before = self.reduced[it, stage.index] if self.dp > 1 else None
-        yield from self.ctx.state_streamer.step(gpu, it, stage.state_bytes, stage.step_s, before_step=before)
+        yield from self.ctx.plugins.state_stream.step(gpu, it, stage.state_bytes, stage.step_s,
+                                                      before_step=before)
 
     def reducer(self, s: int):
         ctx = self.ctx
@@ -453,7 +456,7 @@ class _Pipeline:
             memory.alloc(ctx.env.now, stage.param_bytes, "params")
             memory.alloc(ctx.env.now, ctx.costs[g].workspace_bytes, "workspaces")
             if self.offload:
-                ctx.state_streamer.hold(g, stage.state_bytes)
+                ctx.plugins.state_stream.hold(g, stage.state_bytes)
             else:
                 memory.alloc(ctx.env.now, stage.state_bytes, "optimizer_state")
             ctx.env.process(self.stage_process(g))
@@ -475,6 +478,11 @@ class _Pipeline:
         }
 
 
-@register("pipeline")
+def _loaded_batch(scenario, per_rank: int) -> int:
+    """A first stage prepares its replica's whole batch at once (every micro-batch), then splits it."""
+    return per_rank * options(scenario.strategy).micro_batches
+
+
+@register("pipeline", rank_batch=micro_batch_size, loaded_batch=_loaded_batch)
 def run_pipeline(ctx: Context) -> None:
     _Pipeline(ctx).start()

@@ -17,8 +17,9 @@ from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM
 from trainsim.sim.spatial.decomposition import SpatialLayout, check_scenario, prepare_layout
 
-from .base import Context, gradients_in, gradients_out, register, register_rank_batch
+from .context import Context, gradients_in, gradients_out
 from .ddp import assign_buckets
+from .registry import register
 
 
 class _Events:
@@ -97,7 +98,7 @@ def _pass(
         return
     # a halo goes out while the neighbour's comes in: where the swap was measured (gloo), each pays it
     _start_sends(ctx, events, halos, kind, it, i, rank, kind, name, call="halo_exchange")
-    overlap = ctx.spec.halo_overlap
+    overlap = ctx.settings.strategy.halo_overlap
     boundary = layout.boundary(i, rank, direction)
     if overlap:
         yield from machine.run(
@@ -123,7 +124,7 @@ def _pass_then_return(ctx: Context, layout: SpatialLayout, events: _Events, gpu:
     machine = ctx.machine
     name = layout.workload.layers[i].name
     kind = "halo_backward"
-    if ctx.spec.halo_overlap:
+    if ctx.settings.strategy.halo_overlap:
         edge = layout.boundary(i, rank, "backward")
         yield from machine.run(
             gpu, "compute", seconds * edge, op="backward", layer=name, iteration=it, part="boundary"
@@ -264,16 +265,34 @@ def symmetric_block(layout: SpatialLayout, topology, ranks: list[str]) -> int:
     return block
 
 
-@register("spatial")
-@register("hybrid")
+def _rank_batch(scenario, ranks, workload) -> int:
+    """Checks the grids against the model and the GPUs (one line naming the layer and fields); the batch of
+    the first layer's sample group, which the per-rank costs the simulator prepares are computed at."""
+    return check_scenario(scenario, workload, len(ranks))
+
+
+def _check(run) -> None:
+    """Autocast keeps fp32 weights beside their 16-bit copies; a spatial split of that is not modelled."""
+    from trainsim.errors import TrainsimError
+    from trainsim.sim.compute.costs import mixed
+
+    sc = run.scenario
+    if sc.mixed_precision == "autocast" and mixed(sc.precision):
+        raise TrainsimError("autocast is not modelled for spatial decomposition; valid there: master",
+                            file=sc.source, field="mixed_precision")
+
+
+@register("spatial", rank_batch=_rank_batch, check=_check)
+@register("hybrid", rank_batch=_rank_batch, check=_check)
 def run_spatial(ctx: Context) -> None:
+    settings = ctx.settings
     layout = prepare_layout(
-        ctx.spec, ctx.workload, ctx.batch_size, ctx.ranks, ctx.machine, ctx.precision, ctx.optimizer,
-        measured_on=ctx.measured_on, host=ctx.host,
+        settings.strategy, ctx.workload, settings.batch_size, ctx.ranks, ctx.machine, settings.precision,
+        settings.optimizer, measured_on=ctx.measured_on, host=ctx.plugins.host,
     )
     base = layout.base
     buckets = (
-        assign_buckets(base.grad_bytes_per_layer, ctx.bucket_cap_bytes, ctx.first_bucket_cap_bytes)
+        assign_buckets(base.grad_bytes_per_layer, settings.bucket_cap_bytes, settings.first_bucket_cap_bytes)
         if ctx.n > 1
         else []
     )
@@ -281,7 +300,8 @@ def run_spatial(ctx: Context) -> None:
     ready, done, events = _Events(ctx.env), _Events(ctx.env), _Events(ctx.env)
     counts: dict[tuple[int, int], int] = {}
     block = ctx.n
-    if getattr(ctx.spec, "symmetric_ranks", False):  # checked with collectives: analytic by check_scenario
+    # symmetric ranks need collectives: analytic (check_scenario says so)
+    if getattr(settings.strategy, "symmetric_ranks", False):
         block = symmetric_block(layout, ctx.machine.topology, ctx.ranks)
     for rank, gpu in enumerate(ctx.ranks):
         ctx.costs[gpu] = base
@@ -291,11 +311,3 @@ def run_spatial(ctx: Context) -> None:
     if buckets:
         ctx.env.process(_reducer(ctx, buckets, ready, done, bucket_bytes))
     ctx.extra["spatial"] = {**layout.summary(), "simulated_ranks": block}
-
-
-@register_rank_batch("spatial")
-@register_rank_batch("hybrid")
-def _rank_batch(scenario, ranks, workload) -> int:
-    """Checks the grids against the model and the GPUs (one line naming the layer and fields); the batch of
-    the first layer's sample group, which the per-rank costs the simulator prepares are computed at."""
-    return check_scenario(scenario, workload, len(ranks))

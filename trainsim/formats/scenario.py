@@ -218,7 +218,7 @@ class Optimizations(_Strict):
     offload_chunk_mb: MiB = Field(
         default=64.0, gt=0, description="offload_optimizer_state: chunk size (MiB)"
     )
-    # ScaleDNN (sim/strategies/dp_gpu0.py, sim/optimizations/preload.py, sim/optimizations/compression.py)
+    # ScaleDNN (sim/strategies/dp_gpu0.py, sim/strategies/loaders.py, sim/optimizations/compression.py)
     cpu_batch_split: bool = Field(
         default=False, description="the host splits the batch and copies each GPU its shard (vs GPU0 scatter)"
     )

@@ -160,7 +160,7 @@ class CompressionSpec(BaseModel):
 
 # ---- combinations of optimizations -------------------------------------------------------------------------
 
-#: strategies whose ranks run the shared input copy / forward / backward of sim/strategies/base.py
+#: strategies whose ranks run the shared input copy / forward / backward of sim/strategies/context.py
 INPUT_COPY_STRATEGIES = ("single", "ddp", "dp-gpu0", "parameter-server", "spatial", "hybrid")
 PASS_STRATEGIES = ("single", "ddp", "dp-gpu0", "parameter-server")
 COMPRESSION_STRATEGIES = ("dp-gpu0", "ddp")
