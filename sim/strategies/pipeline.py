@@ -33,8 +33,8 @@ stage in every replica), then the optimizer steps. ``optimizations.offload_optim
 master weights and optimizer state in pinned host memory: they stream to the GPU in chunks of
 ``offload_chunk_mb`` (two chunk buffers on the GPU, H2D engine) while the all-reduce runs, each chunk is
 stepped on the GPU and streamed back (D2H engine; sim/optimizations/optimizer_offload.py). The GPU then
-holds only the 16-bit weights and gradients (mixed-precision Adam: 16 -> 4 bytes per parameter, REFERENCE
-"Memory accounting") plus the two buffers.
+holds only the 16-bit weights and gradients (mixed-precision Adam: 16 -> 4 bytes per parameter,
+docs/hardware-figures.md, "Memory accounting") plus the two buffers.
 
 ``strategy.pipeline.recompute`` checkpoints activations at stage granularity (Megatron/DeepSpeed-style
 recomputation, as AxoNN's large runs need on 16 GB GPUs): a forward builds its micro-batch's activations and
