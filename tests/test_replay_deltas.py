@@ -199,7 +199,7 @@ def test_size_missing_from_one_kernel_comes_from_the_trace_fit(tmp_path):
     split = NcclSplit([g], load_topology("dgx-a100"))
     unsized = split.split(0, max(g.ops, key=lambda o: o.event.ts))
     rate = 16 * 2**20 / (1000 * US - ll_latency())
-    assert unsized.size_source == "inferred from the trace's fit"
+    assert unsized.size_source == "inferred from the trace's rates"
     assert unsized.nbytes == pytest.approx((500 * US - ll_latency()) * rate)
 
 

@@ -16,7 +16,8 @@ collective's peers, doing the same work, are taken to share; a collective before
 peers ran too, so it does not say when they arrive).
 
 Times are compared per ``ProfilerStep#N`` span; a trace that marks no step is compared as one window,
-from its first CPU point or GPU op to its last (step ``None``, shown as ``all``).
+from its first CPU point or GPU op to its last (step ``None``, shown as ``all``). Beside that CPU-side span
+each step has its GPU side: from the first GPU op launched in the step to the last one's end.
 
 It stays one module: the CPU-thread and GPU-stream processes and the bookkeeping that compares their
 times with the measurement are one loop.
@@ -58,6 +59,9 @@ class StepReport:
     replayed_s: float
     measured_breakdown: dict
     replayed_breakdown: dict
+    # the step's GPU side: first GPU op launched in the step to the end of its last (None: no GPU op)
+    gpu_measured_s: float | None = None
+    gpu_replayed_s: float | None = None
 
     @property
     def error_pct(self) -> float:
@@ -66,6 +70,7 @@ class StepReport:
     def to_dict(self) -> dict:
         return {"rank": self.rank, "step": self.step, "measured_s": self.measured_s,
                 "replayed_s": self.replayed_s, "error_pct": self.error_pct,
+                "gpu_measured_s": self.gpu_measured_s, "gpu_replayed_s": self.gpu_replayed_s,
                 "measured_breakdown": self.measured_breakdown, "replayed_breakdown": self.replayed_breakdown}
 
 
@@ -346,6 +351,12 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
             rr.message_bytes = model.message_bytes(rr.graph.rank)
         report.notes = model.notes()
         report.nccl = model.nccl.summary()
+        report.retimed = model.retimed
+        if model.sizes_matter():
+            if progress:
+                progress("replaying the what-if at the low end of the inferred message sizes")
+            low = WhatIfModel(graphs, whatif, size_bound="low")
+            report.whatif_low = replay(graphs, op_time=low, untraced_event_s=whatif.untraced_event_s)
     if checks:
         ran_on = (whatif.ran_on if whatif is not None else None) or home_topology(graphs)
         if progress:
@@ -367,19 +378,43 @@ class ReplayReport:
     checks: dict = field(default_factory=dict)          # name -> whatif.CheckResult
     notes: list[str] = field(default_factory=list)      # what the what-if inferred or kept as measured
     nccl: dict = field(default_factory=dict)            # how the NCCL kernels were split (nccl_split)
+    # the what-if with every inferred message size at the low end of its range (the what-if itself runs at
+    # the high end): the two give the range of its answer; None when no inferred size changes it
+    whatif_low: ReplayResult | None = None
+    retimed: dict = field(default_factory=dict)         # (rank, op) -> re-timed collective and its bounds
+
+    def predicted_range(self, i: int) -> tuple[float, float] | None:
+        """(low, high) step time of the what-if's i-th step over the inferred sizes' ranges, if any."""
+        if self.whatif_low is None or self.whatif is None:
+            return None
+        a, b = self.whatif.steps[i].replayed_s, self.whatif_low.steps[i].replayed_s
+        return min(a, b), max(a, b)
+
+    def retimed_summary(self) -> dict:
+        """How many NCCL kernels the what-if re-timed, and how many it held to the wires' floor or to the
+        ceiling their measured rate sets (`WhatIfModel._bounds`)."""
+        rows = self.retimed.values()
+        return {"collectives": len(rows),
+                "held_to_floor": sum(1 for r in rows if r["held"] and r["core_s"] < r["floor_s"]),
+                "held_to_ceiling": sum(1 for r in rows if r["held"] and r["core_s"] > r["ceiling_s"])}
 
     def to_dict(self, *, provenance: dict | None = None) -> dict:
         doc = self.replay.to_dict(provenance=provenance)
         if self.whatif is not None:
             steps = []
-            for m, w in zip(self.replay.steps, self.whatif.steps, strict=True):
-                steps.append({"rank": m.rank, "step": m.step, "measured_s": m.measured_s,
-                              "predicted_s": w.replayed_s,
-                              "change_pct": 100.0 * (w.replayed_s - m.measured_s) / m.measured_s,
-                              "breakdown": w.replayed_breakdown})
+            for i, (m, w) in enumerate(zip(self.replay.steps, self.whatif.steps, strict=True)):
+                row = {"rank": m.rank, "step": m.step, "measured_s": m.measured_s,
+                       "predicted_s": w.replayed_s,
+                       "change_pct": 100.0 * (w.replayed_s - m.measured_s) / m.measured_s,
+                       "gpu_measured_s": m.gpu_measured_s, "gpu_predicted_s": w.gpu_replayed_s,
+                       "breakdown": w.replayed_breakdown}
+                span = self.predicted_range(i)
+                if span is not None:
+                    row["predicted_low_s"], row["predicted_high_s"] = span
+                steps.append(row)
             doc["whatif"] = {"config": self.whatif_config.to_dict(), "steps": steps,
                              "mean_predicted_s": _mean([s["predicted_s"] for s in steps]),
-                             "notes": self.notes, "nccl": self.nccl}
+                             "notes": self.notes, "nccl": self.nccl, "retimed": self.retimed_summary()}
         doc["checks"] = {name: check.to_dict() for name, check in self.checks.items()}
         return doc
 
@@ -389,20 +424,33 @@ class ReplayReport:
             return f"{x * 1e3:10.2f}"
 
         wi = self.whatif
-        head = f"{'rank':>4} {'step':>5} {'measured ms':>12} {'replayed ms':>12} {'error %':>8}"
+        head = (f"{'rank':>4} {'step':>5} {'measured ms':>12} {'GPU step ms':>12} {'replayed ms':>12} "
+                f"{'error %':>8}")
         if wi is not None:
-            head += f" {'what-if ms':>11} {'change %':>9}"
+            head += f" {'what-if ms':>11} {'change %':>9} {'GPU step ms':>12}"
+            if self.whatif_low is not None:
+                head += f" {'range ms':>19}"
         lines = [head]
         if any(s.step is None for s in self.replay.steps):
             lines.append("(no ProfilerStep#N spans in the trace: the whole trace is one window, 'all'; "
                          "torch.profiler's schedule and prof.step() mark steps)")
+        def gpu(x: float | None) -> str:
+            return "-" if x is None else ms(x)
+
         for i, s in enumerate(self.replay.steps):
             step = "all" if s.step is None else s.step
-            row = f"{s.rank:>4} {step:>5} {ms(s.measured_s):>12} {ms(s.replayed_s):>12} {s.error_pct:>8.2f}"
+            row = (f"{s.rank:>4} {step:>5} {ms(s.measured_s):>12} {gpu(s.gpu_measured_s):>12} "
+                   f"{ms(s.replayed_s):>12} {s.error_pct:>8.2f}")
             if wi is not None:
                 w = wi.steps[i]
-                row += f" {ms(w.replayed_s):>11} {100 * (w.replayed_s - s.measured_s) / s.measured_s:>9.1f}"
+                row += (f" {ms(w.replayed_s):>11} {100 * (w.replayed_s - s.measured_s) / s.measured_s:>9.1f}"
+                        f" {gpu(w.gpu_replayed_s):>12}")
+                span = self.predicted_range(i)
+                if span is not None:
+                    row += f" {ms(span[0]).strip():>9}-{ms(span[1]).strip():<9}"
             lines.append(row)
+        lines.append("(measured: the CPU-side ProfilerStep span; GPU step: its first GPU op to the end of "
+                     "its last)")
         lines.append("")
         lines.append(f"GPU time per step, ms (mean over steps){'':4}{'compute':>10}{'comm':>10}"
                      f"{'comm exp':>10}{'copy exp':>10}{'gpu idle':>10}")
@@ -420,6 +468,11 @@ class ReplayReport:
             cfg = {k: v for k, v in self.whatif_config.to_dict().items() if v not in (None, False, "none")}
             lines.append("what-if: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
             lines.extend(f"  note: {note}" for note in self.notes)
+            held = self.retimed_summary()
+            if held["held_to_floor"] or held["held_to_ceiling"]:
+                lines.append(f"  note: of {held['collectives']} re-timed NCCL kernels, "
+                             f"{held['held_to_floor']} were held to what the wires allow and "
+                             f"{held['held_to_ceiling']} to what their measured rate allows")
         for name, check in self.checks.items():
             sm = check.summary
             where = f" on {check.topology}" if check.topology else ""
@@ -522,18 +575,31 @@ def _step_reports(rr: RankReplay) -> list[StepReport]:
             return []
         m0, m1 = _whole_trace([p.t for p in g.points], measured_start, measured_end)
         r0, r1 = _whole_trace(rr.point_time, rr.op_start, rr.op_end)
+        every = [o.index for o in g.ops]
         return [StepReport(rank=g.rank, step=None, measured_s=m1 - m0, replayed_s=r1 - r0,
                            measured_breakdown=breakdown(g.ops, measured_start, measured_end, (m0, m1)),
-                           replayed_breakdown=breakdown(g.ops, rr.op_start, rr.op_end, (r0, r1)))]
+                           replayed_breakdown=breakdown(g.ops, rr.op_start, rr.op_end, (r0, r1)),
+                           gpu_measured_s=_gpu_span(every, measured_start, measured_end),
+                           gpu_replayed_s=_gpu_span(every, rr.op_start, rr.op_end))]
     reports = []
     for s in g.steps:
         m0, m1 = g.points[s.start].t, g.points[s.end].t
         r0, r1 = rr.point_time[s.start], rr.point_time[s.end]
+        ops = [o.index for o in g.ops if o.step == s.number]
         reports.append(StepReport(
             rank=g.rank, step=s.number, measured_s=s.measured_s, replayed_s=r1 - r0,
             measured_breakdown=breakdown(g.ops, measured_start, measured_end, (m0, m1)),
-            replayed_breakdown=breakdown(g.ops, rr.op_start, rr.op_end, (r0, r1))))
+            replayed_breakdown=breakdown(g.ops, rr.op_start, rr.op_end, (r0, r1)),
+            gpu_measured_s=_gpu_span(ops, measured_start, measured_end),
+            gpu_replayed_s=_gpu_span(ops, rr.op_start, rr.op_end)))
     return reports
+
+
+def _gpu_span(ops: list[int], starts: list[float], ends: list[float]) -> float | None:
+    """From the first of ``ops`` to start to the last to end (None when there are none)."""
+    if not ops:
+        return None
+    return max(ends[i] for i in ops) - min(starts[i] for i in ops)
 
 
 def _whole_trace(points: list[float], op_start: list[float], op_end: list[float]) -> tuple[float, float]:

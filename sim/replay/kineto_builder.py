@@ -34,9 +34,9 @@ class TraceBuilder:
         self.events.append(ev)
         return ev
 
-    def annotation(self, tid: int, name: str, ts: float, dur: float) -> dict:
+    def annotation(self, tid: int, name: str, ts: float, dur: float, **args) -> dict:
         ev = {"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
-              "args": {}}
+              "args": dict(args)}
         self.events.append(ev)
         return ev
 

@@ -9,7 +9,8 @@ Two kinds of nodes:
   thread's point (fork/join hand-offs), each with a measured slack.
 - **GPU ops**: kernels, NCCL collectives, memcpys, memsets, in order on their stream, each launched by
   a CPU point (correlation id, else the ``ac2g`` flow) and possibly waiting for ops on other streams
-  (``cudaStreamWaitEvent``).
+  (``cudaStreamWaitEvent``). An NCCL kernel's collective (kind, size, element type, group) is what the
+  calls around its launch say, its own name only where they say nothing (`trainsim.formats.collectives`).
 
 Every wait carries two numbers taken from the measurement, chosen so that replaying with the measured
 durations reproduces the measured times exactly, and what-if replays move things for physical reasons:
@@ -51,6 +52,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import NamedTuple
 
+from trainsim.formats.collectives import merge as merge_collective
 from trainsim.formats.kineto import Collective, CpuEvent, GpuEvent, KinetoTrace
 from trainsim.sim.replay.op_work import OpWork, op_work
 
@@ -111,7 +113,7 @@ class _Caller(NamedTuple):
 
     outer: str | None               # the outermost cpu op
     module: str | None              # the innermost nn.Module
-    comm: Collective | None         # the enclosing c10d collective
+    comms: tuple[Collective, ...]   # the enclosing calls that name a collective, innermost first
     work: OpWork | None             # the innermost matmul, convolution or attention op recorded with shapes
 
 
@@ -246,7 +248,7 @@ class _Builder:
                 yield e, _Caller(
                     outer=next((s.name for s in stack if s.kind == "cpu_op"), None),
                     module=next((s.name for s in reversed(stack) if s.name.startswith("nn.Module:")), None),
-                    comm=next((s.collective for s in reversed(stack) if s.collective is not None), None),
+                    comms=tuple(s.collective for s in reversed(stack) if s.collective is not None),
                     work=next((w for s in reversed(stack) if (w := self._work(s)) is not None), None))
             stack.append(e)
 
@@ -345,10 +347,8 @@ class _Builder:
         op.layer = caller.module or caller.outer
         if op.kind == "kernel":
             op.work = caller.work
-        if caller.comm is not None and op.kind == "collective":
-            own = op.event.collective
-            if own is None or own.nelems is None:       # older traces: sizes only on the c10d op
-                op.event.collective = caller.comm
+        if caller.comms and op.kind == "collective":     # the launching call says what the kernel runs
+            op.event.collective = merge_collective(op.event.collective, caller.comms)
 
     def _stream_order(self, idxs: list[int], ops: list[GpuOp]) -> None:
         """Each op follows the latest earlier op of its stream that had ended when it started.

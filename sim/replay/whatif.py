@@ -244,8 +244,11 @@ def load_checked_topology(source: str, option: str):
 class WhatIfModel:
     """The ``op_time`` hook of a what-if replay of ``graphs``."""
 
-    def __init__(self, graphs: list[TraceGraph], whatif: WhatIf):
-        self.graphs, self.whatif = graphs, whatif
+    def __init__(self, graphs: list[TraceGraph], whatif: WhatIf, *, size_bound: str | None = None):
+        """``size_bound``: "low" or "high" runs each inferred message size at that end of its range
+        (`nccl_split.Split.size_range`); None at the size the split took (its high end)."""
+        self.graphs, self.whatif, self.size_bound = graphs, whatif, size_bound
+        self.graphs_by_rank = {g.rank: g for g in graphs}
         home = whatif.ran_on or home_topology(graphs)
         self.home = load_checked_topology(home, "--set ran_on") if home else None
         self.topology = load_checked_topology(whatif.topology, "--topology") if whatif.topology else None
@@ -270,20 +273,50 @@ class WhatIfModel:
         self._env: simpy.Environment | None = None
         self._net = None
         self._alone: dict[tuple, float] = {}           # model times by (topology, op, ranks, bytes)
+        self._wires: dict[tuple, float | None] = {}    # wire bus bandwidth by (topology, op, ranks)
+        # (rank, op) -> the re-timed latency + transfer, its bounds and whether it was held to one of them
+        self.retimed: dict[tuple[int, int], dict] = {}
         self._joins: dict[tuple, list] = {}
         self._keys: dict[tuple[int, int], tuple] = {}
         self._present: dict[tuple, int] = defaultdict(int)
-        for g in graphs:
+        self.unjoined: set[tuple] = set()               # (group, step) whose ranks' collectives disagree
+        self._join_keys()
+
+    def _join_keys(self) -> None:
+        """Which NCCL kernels of the replayed ranks are one collective: the k-th of each kind in a group and a
+        step. Where the ranks' collectives of a group and step do not line up (another kind, another size
+        of a collective whose size every rank shares, or another order: traces of different iterations, or
+        sampled ones), none of them is joined: each rank keeps its peers as measured."""
+        per_rank: dict[tuple, dict[int, list[tuple]]] = defaultdict(lambda: defaultdict(list))
+        for g in self.graphs:
             counters: dict[tuple, int] = defaultdict(int)
             for o in sorted((o for o in g.ops if o.kind == "collective"), key=lambda o: o.event.ts):
                 c = o.collective
-                base = (c.group, c.op, o.step)
-                if c.ranks is None and COLLECTIVE_OPS.get(c.op) == "sendrecv":
+                op = COLLECTIVE_OPS.get(c.op, c.op)
+                base = (c.group, op, o.step)
+                if c.ranks is None and op == "sendrecv":
                     base = (*base, g.rank)      # peers unknown: no join with the other replayed ranks
                 key = (*base, counters[base])
                 counters[base] += 1
                 self._keys[(g.rank, o.index)] = key
-                self._present[key] += 1
+                size = c.array_bytes if op not in ("alltoall", "sendrecv") else None
+                per_rank[(c.group, o.step)][g.rank].append((key, size, o.index))
+        for where, ranks in per_rank.items():
+            sequences = list(ranks.values())
+            shared = set.intersection(*({k for k, *_ in seq} for seq in sequences))
+            sizes: dict[tuple, set] = defaultdict(set)
+            for seq in sequences:
+                for k, size, _ in seq:
+                    if size is not None:
+                        sizes[k].add(size)
+            orders = {tuple(k for k, *_ in seq if k in shared) for seq in sequences}
+            if len(sequences) > 1 and (len(orders) > 1 or any(len(v) > 1 for v in sizes.values())):
+                self.unjoined.add(where)
+                for rank, seq in ranks.items():
+                    for key, _, index in seq:
+                        self._keys[(rank, index)] = (*key, "rank", rank)
+        for key in self._keys.values():
+            self._present[key] += 1
 
     def _home_device(self, rank: int) -> DeviceSpec | None:
         """The GPU of the machine named by ran_on, for traces that do not name theirs."""
@@ -322,22 +355,63 @@ class WhatIfModel:
             out.append(f"untraced: CPU threads less {stalls * 1e3:.2f} ms of profiler stalls (CUPTI buffer "
                        f"requests they waited on) and {self.whatif.profiler_event_us:g} us per recorded host "
                        f"event ({recorded} events) over the whole trace")
-        inferred: dict[str, int] = defaultdict(int)
-        for s in self.nccl.splits.values():
-            if s.inferred:
-                inferred[s.size_source] += 1
-        for source, n in sorted(inferred.items()):
-            out.append(f"{n} NCCL kernels carry no message size: sizes {source} (upper bounds: as much as "
-                       "their time allows, so a wait for a peer may count as transfer)")
-        unsplit = len(self.nccl.members) - len(self.nccl.splits)
-        if unsplit:
-            out.append(f"{unsplit} NCCL kernels of unknown size keep their measured time")
+        out.extend(self._collective_notes())
+        if self.unjoined:
+            out.append(f"the replayed ranks' collectives do not line up in {len(self.unjoined)} (group, "
+                       "step) pairs (another kind, size or order: traces of different iterations, or sampled "
+                       "ones): there each rank keeps its peers as measured instead of waiting for the others")
         kept = sum(split.wait_s for (rank, index), split in self.nccl.splits.items()
                    if self._present[self._keys[(rank, index)]] == 1)
         if kept > 0:
             out.append(f"{kept * 1e3:.2f} ms of NCCL kernels waiting for peers that are not replayed: they "
                        "are taken to move as this rank's own work does (replay every rank's trace together "
                        "to simulate them)")
+        return out
+
+    def _collective_notes(self) -> list[str]:
+        """One note per way a collective's kind, size or group was guessed (each kernel is listed in the
+        JSON's ``nccl.guessed``), and the kernels named for another collective than their call ran."""
+        out = []
+        rows = self.nccl.guessed()
+
+        def where(selected: list[dict]) -> str:
+            shown = ", ".join(f"rank {r['rank']} step {'-' if r['step'] is None else r['step']} op {r['op']}"
+                              for r in selected[:3])
+            return shown + (f" and {len(selected) - 3} more" if len(selected) > 3 else "")
+
+        by_name = [r for r in rows if r["kind_from"] == "kernel name"]
+        if by_name:
+            kinds = ", ".join(sorted({r["collective"] for r in by_name}))
+            out.append(f"{len(by_name)} NCCL kernels: kind ({kinds}) read from the kernel name only, no "
+                       f"launching call in the trace says which collective ran ({where(by_name)})")
+        inferred: dict[str, list[dict]] = defaultdict(list)
+        for r in rows:
+            if r["size"] != "unknown" and r["size"] != "trace":
+                inferred[r["size"]].append(r)
+        for source, selected in sorted(inferred.items()):
+            low = min(r["bytes_low"] for r in selected)
+            high = max(r["bytes_high"] for r in selected)
+            out.append(f"{len(selected)} NCCL kernels carry no message size: sizes {source}, each a range "
+                       f"(all {_mb(low)} to {_mb(high)}): the what-if runs at the high end, as much as the "
+                       f"time allows (a wait for a peer may count as transfer); the low end gives the "
+                       f"range of its answer ({where(selected)})")
+        unknown = [r for r in rows if r["size"] == "unknown"]
+        if unknown:
+            out.append(f"{len(unknown)} NCCL kernels of unknown size keep their measured time "
+                       f"({where(unknown)})")
+        groups = [r for r in rows if r.get("group") == "guessed: the whole world"]
+        if groups:
+            out.append(f"{len(groups)} NCCL kernels name no process group: taken as the whole world of "
+                       f"{self.nccl.world} ranks ({where(groups)})")
+        renamed: dict[tuple[str, str], int] = defaultdict(int)
+        for (rank, index), m in self.nccl.members.items():
+            c = self.graphs_by_rank[rank].ops[index].collective
+            named = COLLECTIVE_OPS.get(c.kernel_op) if c.kernel_op else None
+            if named and named != m.op:
+                renamed[(c.kernel_op, m.op)] += 1
+        for (kernel, op), n in sorted(renamed.items()):
+            out.append(f"{n} NCCL kernels named {kernel} ran {op} (their launching calls say so): taken as "
+                       f"{op}")
         return out
 
     def _matrix_notes(self) -> list[str]:
@@ -369,17 +443,32 @@ class WhatIfModel:
         for (r, index), split in self.nccl.splits.items():
             if r != rank:
                 continue
+            split = self._sized(split)
             m = self.nccl.members[(r, index)]
             compress = (self.whatif.compression != "none" and m.op in COMPRESSIBLE
                         and split.element_bytes == 4)
             out[index] = split.nbytes / 2 if compress else split.nbytes
         return out
 
+    def sizes_matter(self) -> bool:
+        """Whether an inferred message size changes this what-if: compression or another topology, and a
+        kernel whose size the trace does not give."""
+        changes = self.whatif.compression != "none" or self.topology is not None
+        return changes and any(s.inferred for s in self.nccl.splits.values())
+
+    def _sized(self, split: Split) -> Split:
+        """The split at the end of its size range this model runs at (`size_bound`)."""
+        if self.size_bound is None or not split.inferred:
+            return split
+        low, high = split.size_range
+        return split.with_size(low if self.size_bound == "low" else high)
+
     # -- the hook ---------------------------------------------------------------------------------
 
     def __call__(self, env: simpy.Environment, rank: int, op: GpuOp, ready_shift: float = 0.0):
         if env is not self._env:
             self._env, self._joins = env, {}
+            self.retimed = {}
             self._net = None
             if self.topology is not None and self.whatif.network == "shared":
                 from trainsim.sim.core.flows import FlowNetwork
@@ -421,9 +510,10 @@ class WhatIfModel:
         return self.whatif.algo if self.whatif.algo in feasible_algorithms(topology, m.op, gpus) else "auto"
 
     def _retimed(self, rank: int, op: GpuOp, m: Member | None, split: Split | None):
-        """(wait, latency + transfer on the what-if, casts, message bytes) of one NCCL kernel."""
+        """(wait, latency + transfer on the what-if, casts, message bytes, bounds) of one NCCL kernel."""
         if split is None:                    # nothing known to re-time: all of it counts as waiting
-            return op.event.dur, 0.0, 0.0, None
+            return op.event.dur, 0.0, 0.0, None, (0.0, math.inf)
+        split = self._sized(split)
         nbytes, casts = split.nbytes, 0.0
         if (self.whatif.compression != "none" and m.op in COMPRESSIBLE and split.element_bytes == 4
                 and nbytes > 0):
@@ -431,17 +521,71 @@ class WhatIfModel:
             casts = 2 * (split.nbytes / 4) * 6 / self._bandwidth(rank)      # encode before, decode after
         core = split.core_at(nbytes)
         if self.topology is not None and self._net is None and nbytes > 0:
-            old = self._model(self.home, m, nbytes)
+            old = self._model(self._home_for(m), m, nbytes)
             core *= self._model(self.topology, m, nbytes) / old if old > 0 else 1.0
-        return split.wait_s, core, casts, nbytes
+        return split.wait_s, core, casts, nbytes, self._bounds(op, m, split, nbytes)
+
+    def _home_for(self, m: Member):
+        """The machine the trace ran on, which must hold the collective's group to compare with."""
+        if not self.nccl.fits(self.home, m):
+            raise TrainsimError(f"the machine the trace ran on ({self.home.name}, {len(self.home.gpus)} "
+                                f"GPUs) cannot hold its {len(m.ranks)}-rank {m.op} groups, so a re-timing on "
+                                "another topology has nothing to compare with: name a machine that can with "
+                                "--set ran_on=TOPOLOGY", field="--set ran_on")
+        return self.home
+
+    def wire_busbw(self, topology, m: Member) -> float | None:
+        """The largest bus bandwidth the wires of ``topology`` allow ``m``'s collective over its group, any
+        algorithm it can run as there (`limits.busbw_limit`; the slowest GPU's injection for collectives
+        that module does not bound); None when the group does not fit the topology."""
+        from trainsim.sim.collectives.limits import busbw_limit, raw_injection
+        from trainsim.sim.collectives.ops import feasible_algorithms
+
+        if topology is None or not self.nccl.fits(topology, m):
+            return None
+        key = (topology.name, m.op, m.ranks)
+        if key not in self._wires:
+            gpus = self.nccl.gpus(topology, m.ranks)
+            limits = [x for algo in feasible_algorithms(topology, m.op, gpus)
+                      if (x := busbw_limit(topology, m.op, gpus, algo)) is not None]
+            self._wires[key] = max(limits) if limits else min(raw_injection(topology, g) for g in gpus)
+        return self._wires[key]
+
+    def _bounds(self, op: GpuOp, m: Member, split: Split, nbytes: float) -> tuple[float, float]:
+        """(floor, ceiling) of the re-timed latency + transfer of ``nbytes``: no faster than the wires of the
+        what-if's machine carry the bytes (its wire bus bandwidth; as much faster as the kernel was measured
+        beating the wires of the machine it ran on, whose description it then proves short), no slower than
+        the kernel's own measured rate moves them (all of its measured time after the latency as transfer),
+        slowed only by as much as the new machine's wires are slower than the old one's, after the new
+        machine's latency."""
+        from trainsim.sim.collectives.ops import bus_factor
+
+        if nbytes <= 0:
+            return 0.0, math.inf
+        factor = bus_factor(m.op, len(m.ranks))
+        wires, old = self.wire_busbw(self.topology or self.home, m), self.wire_busbw(self.home, m)
+        moving = op.event.dur - split.latency_s
+        slower, latency = 1.0, split.latency_s
+        if self.topology is not None:
+            slower = max(1.0, old / wires) if old and wires else math.inf
+            latency = max(latency, self.nccl.model_time(self.topology, m, 0.0))
+        if wires and old and split.nbytes > 0 and split.transfer_s > 0:
+            # a kernel that beat the home machine's wires says they are faster than its description
+            wires *= max(1.0, split.nbytes * factor / split.transfer_s / old)
+        floor = nbytes * factor / wires if wires else 0.0
+        if split.nbytes <= 0 or moving <= 0:
+            return floor, math.inf
+        ceiling = latency + nbytes * moving / split.nbytes * slower
+        return floor, max(ceiling, floor)
 
     def _collective(self, env, rank, op, ready_shift: float):
         m, split = self.nccl.member(rank, op), self.nccl.split(rank, op)
-        wait, core, casts, nbytes = self._retimed(rank, op, m, split)
+        wait, core, casts, nbytes, bounds = self._retimed(rank, op, m, split)
         done = env.event()
         key = self._keys[(rank, op.index)]
         entry = self._joins.setdefault(key, [])
-        entry.append((env.now, env.now - op.event.ts, wait, core, casts, done, ready_shift))
+        entry.append((env.now, env.now - op.event.ts, wait, core, casts, done, ready_shift, rank, op.index,
+                      bounds))
         if len(entry) == self._present[key]:
             absent = m is None or len(m.ranks) > len(entry)
             env.process(self._finish(env, entry, m, nbytes, absent))
@@ -458,7 +602,7 @@ class WhatIfModel:
         """
         shift = max(d - w for _, d, w, *_ in entry)
         if absent:
-            shift = max(shift, max(ready for *_, ready in entry))
+            shift = max(shift, max(e[6] for e in entry))
         ratio = 1.0
         if self._net is not None and m is not None and nbytes:
             from trainsim.sim.collectives.ops import run_collective
@@ -467,10 +611,13 @@ class WhatIfModel:
             yield env.process(run_collective(env, self._net, self.topology, m.op,
                                              self.nccl.gpus(self.topology, m.ranks), nbytes,
                                              algo=self._algo(self.topology, m)))
-            old = self._model(self.home, m, nbytes)
+            old = self._model(self._home_for(m), m, nbytes)
             ratio = (env.now - began) / old if old > 0 else 1.0
-        for start, d, wait, core, casts, done, _ in entry:
-            end = start + wait - d + shift + casts + core * ratio
+        for start, d, wait, core, casts, done, _, rank, index, (floor, ceiling) in entry:
+            held = min(max(core * ratio, floor), ceiling)
+            self.retimed[(rank, index)] = {"core_s": core * ratio, "floor_s": floor, "ceiling_s": ceiling,
+                                           "held": held != core * ratio, "new_s": held, "casts_s": casts}
+            end = start + wait - d + shift + casts + held
             timer = env.timeout(max(0.0, end - env.now))
             timer.callbacks.append(lambda _, done=done: done.succeed())
 
@@ -500,6 +647,10 @@ class WhatIfModel:
         # On the shared network the copy's flow carries its bytes times measured / modelled on the old
         # machine: the per-copy overheads the link model lacks take link time in proportion.
         return self._net.transfer(route, op.event.nbytes * op.event.dur / old, max_rate=cap)
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.3g} MB"
 
 
 # ---------------------------------------------------------------- checks
@@ -545,11 +696,14 @@ def collective_check(graphs: list[TraceGraph], topology: str, *, algo: str = "au
     topo = load_checked_topology(topology, "--topology")
     split = NcclSplit(graphs, topo)
     cache: dict[tuple, float] = {}
-    rows = []
+    rows, too_big = [], 0
     for g in graphs:
         for o in g.ops:
             m, part = split.member(g.rank, o), split.split(g.rank, o)
             if m is None or part is None or part.inferred:
+                continue
+            if not split.fits(topo, m):
+                too_big += 1
                 continue
             gpus = split.gpus(topo, m.ranks)
             key = (m.op, tuple(gpus), part.nbytes, m.algo, m.proto)
@@ -567,6 +721,10 @@ def collective_check(graphs: list[TraceGraph], topology: str, *, algo: str = "au
     summary["rates"] = _envelope_rates(rows)
     note = ("compared with each kernel's latency + transfer: its measured time less its wait for peers, the "
             "transfer at the fastest rate the trace shows for that kind of kernel")
+    if too_big:
+        summary["groups_larger_than_topology"] = too_big
+        note += (f"; {too_big} kernels left out: their groups have more ranks than {topo.name} has GPUs "
+                 "(name the machine with --set ran_on)")
     return CheckResult(topo.name, rows, summary, note)
 
 

@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainsim.errors import TrainsimError
-
-# Bytes per element of the dtypes NCCL kernels and c10d ops name in their args.
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
-    "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
+from trainsim.formats.collectives import (  # noqa: F401  (Collective, DTYPE_BYTES: read from here too)
+    DTYPE_BYTES,
+    Collective,
+    call_collective,
+    collective_from_args,
+)
 
 # Kineto category names, new (lower_case) and old (PyTorch <= 1.9 Title case) spellings.
 _CPU_OP = {"cpu_op", "operator"}
@@ -48,42 +47,8 @@ _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _COPY_KIND_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
 _COPY_KIND = {"HtoD": "H2D", "DtoH": "D2H", "DtoD": "D2D", "PtoP": "P2P", "HtoH": "H2H"}
-_NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _CHUNK_CHARS = 1 << 20
 UNIX_US_MIN = 1e15      # Kineto times this large are Unix microseconds already (after September 2001)
-
-
-@dataclass(frozen=True, slots=True)
-class Collective:
-    """What an NCCL kernel (or the c10d op around it) says about its collective."""
-
-    op: str                        # "allreduce", "broadcast", ... (lower case, no separators)
-    nelems: int | None = None      # input message elements, None when the trace does not carry them
-    dtype: str | None = None
-    group_size: int | None = None
-    group: str | None = None       # process group name
-    ranks: tuple[int, ...] | None = None
-    out_nelems: int | None = None  # output message elements (all-gather: the whole gathered array)
-    channels: int | None = None    # the kernel's blocks (grid x): NCCL runs one block per channel
-    threads: int | None = None     # threads per block (block x): tells the protocol (nccl_split)
-
-    @property
-    def element_bytes(self) -> int | None:
-        return DTYPE_BYTES.get((self.dtype or "").lower())
-
-    @property
-    def nbytes(self) -> int | None:
-        """Input message size in bytes, None when unknown."""
-        if self.nelems is None or self.element_bytes is None:
-            return None
-        return self.nelems * self.element_bytes
-
-    @property
-    def array_bytes(self) -> int | None:
-        """S in nccl-tests terms, the whole array: the output for all-gather, the input otherwise."""
-        if self.op.startswith("allgather") and self.out_nelems is not None and self.element_bytes is not None:
-            return self.out_nelems * self.element_bytes
-        return self.nbytes
 
 
 @dataclass(slots=True)
@@ -332,53 +297,6 @@ def _is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _parse_ranks(value) -> tuple[int, ...] | None:
-    if isinstance(value, list):
-        items = value
-    elif isinstance(value, str):
-        try:
-            items = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    else:
-        return None
-    if not isinstance(items, list):
-        return None
-    ranks = tuple(r for r in (_as_int(x) for x in items) if r is not None)
-    return ranks or None
-
-
-def collective_from_args(args: dict, kernel_name: str = "") -> Collective | None:
-    """The collective an NCCL kernel or c10d op describes, from its args or its kernel name."""
-    op = args.get("Collective name")
-    if not op:
-        match = _NCCL_KERNEL_RE.match(kernel_name)
-        if not match:
-            return None
-        op = match.group(1)
-    nelems = _as_int(args.get("In msg nelems"))
-    out_nelems = _as_int(args.get("Out msg nelems"))
-    return Collective(
-        op=str(op).lower().replace("_", "").replace("-", ""),
-        nelems=nelems if nelems is not None and nelems >= 0 else None,
-        dtype=str(args["dtype"]) if args.get("dtype") is not None else None,
-        group_size=_as_int(args.get("Group size")),
-        group=str(args["Process Group Name"]) if args.get("Process Group Name") is not None else None,
-        ranks=_parse_ranks(args.get("Process Group Ranks")),
-        out_nelems=out_nelems if out_nelems is not None and out_nelems >= 0 else None,
-        channels=_first_dim(args.get("grid")),
-        threads=_first_dim(args.get("block")),
-    )
-
-
-def _first_dim(value) -> int | None:
-    """x of a kernel's ``grid`` or ``block`` arg ([x, y, z]); None when absent or not positive."""
-    if isinstance(value, list | tuple) and value:
-        x = _as_int(value[0])
-        return x if x is not None and x > 0 else None
-    return None
-
-
 class _Collector:
     """Turns raw event dicts into records as they stream past. A complete event of a kind the replay uses
     with a time that is not one (``ts`` not a finite number, ``dur`` missing, negative or not finite), or
@@ -452,7 +370,7 @@ class _Collector:
             return
         elif cat in _RUNTIME or cat in _CPU_OP or cat in _ANNOTATION:
             kind = "runtime" if cat in _RUNTIME else "cpu_op" if cat in _CPU_OP else "annotation"
-            collective = collective_from_args(args) if "Collective name" in args else None
+            collective = call_collective(name, args) if kind != "runtime" else None
             shapes = args.get("Input Dims") if kind == "cpu_op" else None
             self.cpu.append(CpuEvent(kind, name, ev.get("pid"), ev.get("tid"), ts, dur,
                                      correlation=_as_int(args.get("correlation")), collective=collective,
