@@ -182,3 +182,25 @@ def test_a_relative_path_given_with_set_is_the_working_folders(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path / "here")
     assert resolve(str(scenario)).topology.name == "the-scenarios-box"
     assert resolve(str(scenario), overrides=["topology=box.yaml"]).topology.name == "the-box-here"
+
+
+def test_batch_per_gpu_scales_the_global_batch_with_the_gpus():
+    from trainsim.resolve import resolve
+
+    per_gpu = ["batch_per_gpu=64"]
+    assert resolve("ddp-resnet50-dgx-a100", overrides=per_gpu).scenario.batch_size == 64 * 8
+    assert resolve("ddp-resnet50-dgx-a100", overrides=[*per_gpu, "gpus=2"]).scenario.batch_size == 64 * 2
+    # the global form stays the global batch, whatever the GPU count
+    assert resolve("ddp-resnet50-dgx-a100", overrides=["batch_size=512", "gpus=2"]).scenario.batch_size == 512
+
+
+def test_a_scenario_gives_one_batch():
+    both = {"topology": "dgx-a100", "workload": "resnet50", "strategy": {"name": "ddp"}, "batch_size": 64,
+            "batch_per_gpu": 8}
+    with pytest.raises(TrainsimError, match="give batch_size .* or batch_per_gpu .*, not both"):
+        load_scenario(both)
+    with pytest.raises(TrainsimError, match="give batch_size .* or batch_per_gpu"):
+        load_scenario({k: v for k, v in both.items() if not k.startswith("batch")})
+    # an override of one replaces the other
+    switched = load_scenario({k: v for k, v in both.items() if k != "batch_per_gpu"}, ["batch_per_gpu=8"])
+    assert (switched.batch_size, switched.batch_per_gpu) == (None, 8)

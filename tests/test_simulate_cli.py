@@ -50,10 +50,18 @@ def test_json_trace_records_and_determinism(tmp_path):
     assert data["provenance"]["tool"] == "trainsim" and "date" not in data["provenance"]
 
 
-def test_oom_is_printed_as_a_result(tmp_path):
-    result = run(["simulate", "single-gpu-resnet50", "--set", "batch_size=4096", "--set", "iterations=1"])
-    assert result.exit_code == 0, result.output
+def test_oom_is_printed_as_a_result_and_exits_3_unless_allowed(tmp_path):
+    args = ["simulate", "single-gpu-resnet50", "--set", "batch_size=4096", "--set", "iterations=1"]
+    result = run(args)
+    assert result.exit_code == 3, result.output
     assert "OUT OF MEMORY" in result.output and "needs" in result.output and "has 40.00 GiB" in result.output
+    headline = next(line for line in result.output.splitlines() if "does not fit" in line)
+    assert headline.startswith("OUT OF MEMORY") and "samples/s" not in headline
+    assert run([*args, "--allow-oom"]).exit_code == 0
+    as_json = run([*args, "--json"])
+    assert as_json.exit_code == 3 and json.loads(as_json.output)["oom"]
+    fits = run(["simulate", "single-gpu-resnet50", "--set", "iterations=1"])
+    assert fits.exit_code == 0 and "samples/s" in fits.output
 
 
 def test_scenarios_list():

@@ -768,9 +768,14 @@ def simulate_cmd(
                                          help=TRACE_HELP.format(what="the run")),
     records_out: str | None = typer.Option(None, "--records", metavar="FILE.csv",
                                            help="Write one flat row per op/transfer (CSV)."),
+    allow_oom: bool = typer.Option(False, "--allow-oom",
+                                   help="Exit 0 when the run does not fit in GPU memory (default: exit 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Simulate training iterations of a scenario: iteration time, where it goes, memory and links."""
+    """Simulate training iterations of a scenario: iteration time, where it goes, memory and links.
+
+    Exit codes: 0 done; 2 bad input; 3 the run does not fit in GPU memory (a result: everything is still
+    printed and written; --allow-oom exits 0); 130 stopped by Ctrl-C (the iterations done are reported)."""
     from rich.console import Console
 
     from trainsim import api
@@ -802,16 +807,17 @@ def simulate_cmd(
         from trainsim.sim.output.records import write_records
 
         write_records(result, records_out)
+    oom_exit = 3 if result.oom and not allow_oom else 0
     if as_json:
         print_json(result.to_dict(provenance=prov))
         if stopped:
             typer.echo(f"warning: {stopped}", err=True)
             raise typer.Exit(130)
-        return
+        raise typer.Exit(oom_exit)
     console = Console()
     if stopped:
         console.print(f"[bold yellow]{stopped}[/]")
-    console.print(report.headline(result))
+    console.print(report.headline(result), soft_wrap=True, markup=False)
     for table in report.tables(result):
         console.print(table)
     if line := report.host_dispatch(result):
@@ -823,6 +829,7 @@ def simulate_cmd(
             console.print(f"{what} written to {path}")
     if stopped:
         raise typer.Exit(130)
+    raise typer.Exit(oom_exit)
 
 
 @app.command("max-batch")

@@ -81,12 +81,13 @@ def resolve(source: ScenarioSource, *, overrides: Sequence[str] = (), variant: s
 
 
 def _global_batch(scenario: Scenario, topology) -> Scenario:
-    """The scenario with ``batch_size`` the global batch: ``batch_per_gpu`` times the GPUs it runs on."""
-    per_gpu = getattr(scenario, "batch_per_gpu", None)
+    """The scenario with ``batch_size`` the global batch: ``batch_per_gpu`` times the GPUs it runs on (and
+    ``batch_per_gpu`` then unset: the run reads ``batch_size`` only)."""
+    per_gpu = scenario.batch_per_gpu
     if per_gpu is None:
         return scenario
     n = len(rank_names(scenario, topology))
-    resolved = scenario.model_copy(update={"batch_size": per_gpu * n})
+    resolved = scenario.model_copy(update={"batch_size": per_gpu * n, "batch_per_gpu": None})
     resolved._source, resolved._base_dir, resolved._set_here = (scenario._source, scenario._base_dir,
                                                                  scenario._set_here)
     return resolved

@@ -21,12 +21,16 @@ def _ms(seconds: float) -> str:
 
 
 def headline(result: Result) -> str:
-    return (
-        f"{result.scenario}: {result.strategy} on {len(result.gpus)} GPU(s) of {result.topology}, "
-        f"{result.workload}, batch {result.batch_size}, {result.precision} -> iteration "
-        f"{_ms(result.iteration_time_s)}, {result.samples_per_s:,.1f} samples/s "
-        f"(mean of {result.iterations} after {result.warmup_iterations} warm-up)"
-    )
+    """One line: what ran and how long an iteration takes; a run that does not fit in GPU memory says so
+    first, and gives no throughput (it cannot train)."""
+    run = (f"{result.scenario}: {result.strategy} on {len(result.gpus)} GPU(s) of {result.topology}, "
+           f"{result.workload}, batch {result.batch_size}, {result.precision}")
+    mean = f"(mean of {result.iterations} after {result.warmup_iterations} warm-up)"
+    if result.oom:
+        short = sum(g.oom for g in result.gpus)
+        return (f"OUT OF MEMORY: {run} does not fit: {short} of {len(result.gpus)} GPU(s) need more memory "
+                f"than they have; the iteration would take {_ms(result.iteration_time_s)} {mean}")
+    return f"{run} -> iteration {_ms(result.iteration_time_s)}, {result.samples_per_s:,.1f} samples/s {mean}"
 
 
 def host_dispatch(result: Result) -> str | None:

@@ -47,6 +47,8 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 #: the most iterations (measured, or warm-up) one scenario may simulate: more is a typo, not a study
 MAX_ITERATIONS = 10_000
+#: the largest batch a scenario may give (global or per GPU): 2^24 samples is far beyond any training run
+MAX_BATCH = 2**24
 
 
 class _Strict(BaseModel):
@@ -311,7 +313,14 @@ class Scenario(_Strict):
     topology: str | dict[str, Any]
     workload: str | WorkloadRef
     strategy: StrategySpec
-    batch_size: int = Field(gt=0, description="global batch size (samples per iteration)")
+    batch_size: int | None = Field(
+        default=None, gt=0, le=MAX_BATCH,
+        description="the global batch: samples per iteration over all the GPUs, split between them (moving a "
+                    "scenario to more GPUs shrinks each GPU's share); give this or batch_per_gpu")
+    batch_per_gpu: int | None = Field(
+        default=None, gt=0, le=MAX_BATCH,
+        description="samples per GPU per iteration: the global batch is this times the GPUs the run uses, so "
+                    "it scales with the GPU count; give this or batch_size")
     gpus: list[int] | int | None = Field(default=None, description="GPU indices, a count, or all (default)")
     iterations: int = Field(default=3, ge=1, le=MAX_ITERATIONS,
                             description=f"measured iterations (at most {MAX_ITERATIONS})")
@@ -380,6 +389,14 @@ class Scenario(_Strict):
             if len(set(gpus)) != len(gpus):
                 raise ValueError("a GPU index appears twice")
         return gpus
+
+    @model_validator(mode="after")
+    def _one_batch(self):
+        if self.batch_size is None and self.batch_per_gpu is None:
+            raise ValueError("give batch_size (the global batch) or batch_per_gpu (samples per GPU)")
+        if self.batch_size is not None and self.batch_per_gpu is not None:
+            raise ValueError("give batch_size (the global batch) or batch_per_gpu (samples per GPU), not both")
+        return self
 
     @model_validator(mode="after")
     def _single(self):

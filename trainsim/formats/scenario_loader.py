@@ -122,6 +122,8 @@ def set_path(data: dict, dotted: str, value: Any, *, label: str | None = None) -
             annotation = _keys(model).get(key)
         if depth == len(parts) - 1:
             node[key] = value
+            if depth == 0:
+                _drop_other_batch(node, key)
             return
         child_model = _model_of(annotation) if annotation is not None else None
         child = node.get(key)
@@ -137,6 +139,18 @@ def set_path(data: dict, dotted: str, value: Any, *, label: str | None = None) -
         node[key] = child
         node = child
         model = child_model
+
+
+#: the two ways to give a scenario's batch: one given by an override or a variant replaces the other
+BATCH_KEYS = ("batch_size", "batch_per_gpu")
+
+
+def _drop_other_batch(data: dict, key: str) -> None:
+    """``key`` (a top-level field just set) is one way to give the batch: the other goes."""
+    if key in BATCH_KEYS:
+        for other in BATCH_KEYS:
+            if other != key:
+                data.pop(other, None)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -181,6 +195,9 @@ def apply_variant(data: dict, variant: str | None, *, label: str | None = None) 
             "a variant must be a mapping of overrides", file=label, field=f"variants.{variant}"
         )
     merged = deep_merge(base, over)
+    for key in BATCH_KEYS:
+        if key in over:
+            _drop_other_batch(merged, key)
     merged["name"] = f"{data.get('name', 'scenario')}[{variant}]"
     return merged
 
