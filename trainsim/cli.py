@@ -40,7 +40,7 @@ class _OneLineErrors(TyperGroup):
         from trainsim.files import watching_inputs
 
         try:
-            with watching_inputs():  # every file a command reads is one its outputs must not overwrite
+            with watching_inputs(), _second_interrupt_exits():  # no output overwrites an input; Ctrl-C
                 return super().invoke(ctx)
         except TrainsimError as exc:
             exc = raised_first(exc)  # inside a simulation: its file and field, not SimPy's copy's
@@ -82,7 +82,65 @@ class _OneLineErrors(TyperGroup):
             if _wants_json(ctx):
                 print_json(error_record(error, 130))
             typer.echo(f"\nerror: {error}", err=True)
+            _interrupt_reported()
             raise typer.Exit(130) from None
+
+
+#: whether a second Ctrl-C's handler stays in place until the process ends (the `trainsim` command itself,
+#: not an app invoked inside another program, e.g. by CliRunner in tests)
+_WHOLE_PROCESS = False
+
+
+@contextlib.contextmanager
+def _second_interrupt_exits():
+    """While a command runs, a first Ctrl-C interrupts it as usual (KeyboardInterrupt: the command keeps
+    what it finished, e.g. a sweep's rows, and says so in one line); a second one, while that winds down,
+    ends the process at once with status 130: worker processes killed, one line if none was printed yet, no
+    traceback. Without it a second Ctrl-C lands in a ``finally`` or in Python's exit handlers, which then
+    print a traceback and may wait for ever on a worker pool half shut down."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import os
+
+    state = {"interrupted": False}
+
+    def second(_signum, _frame):
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            child.kill()
+        if not state.get("reported"):
+            os.write(2, b"\nerror: interrupted twice (Ctrl-C): stopped at once; what was written is kept\n")
+        os._exit(130)
+
+    def first(_signum, _frame):
+        state["interrupted"] = True
+        signal.signal(signal.SIGINT, second)
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:  # Ctrl-C ignored (a background job), or handled already
+        yield
+        return
+    signal.signal(signal.SIGINT, first)
+    _interrupt_state.append(state)
+    try:
+        yield
+    finally:
+        _interrupt_state.remove(state)
+        if not (state["interrupted"] and _WHOLE_PROCESS):  # else `second` stays until the process exits
+            signal.signal(signal.SIGINT, previous)
+
+
+#: the state of the interrupt handler of the running command: "reported" once its error line is printed
+_interrupt_state: list[dict] = []
+
+
+def _interrupt_reported() -> None:
+    """The running command has printed its one line about a Ctrl-C: a second one adds none."""
+    for state in _interrupt_state:
+        state["reported"] = True
 
 
 #: options whose value may be left out (``--ray`` alone means ``--ray local``): command -> option -> value.
@@ -920,16 +978,17 @@ def sweep_cmd(
     _check_outputs(("--out", out), ("--plot", plot))
     bar = _progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn())
-    task = bar.add_task(sweep.spec.name, total=None)
+    task = bar.add_task(sweep.spec.name, total=len(sweep.points))  # known before a point resolves
     failed = written = 0
 
-    def progress(done: int, total: int, row: dict) -> None:
+    def progress(done: int, total: int, row: dict | None) -> None:
         nonlocal failed, written
-        failed += row["status"] != "ok"
-        written = done
+        if row is not None:  # else a point the results file holds already
+            failed += row["status"] != "ok"
+            written += 1
+        where = f"point {row['index']}" if row is not None else "skipping points already done"
         bar.update(task, completed=done, total=total,
-                   description=f"{sweep.spec.name}: point {row['index']}" + (f", {failed} failed" if failed
-                                                                             else ""))
+                   description=f"{sweep.spec.name}: {where}" + (f", {failed} failed" if failed else ""))
 
     try:
         with bar:
@@ -938,6 +997,7 @@ def sweep_cmd(
     except KeyboardInterrupt:
         typer.echo(f"error: interrupted; the {written} points that finished this run are in {out}; run the "
                    "same command again to resume", err=True)
+        _interrupt_reported()
         raise typer.Exit(130) from None
     front = plot_sweep(report.rows, axis, plot, title=sweep.spec.name) if plot else None
     if as_json:
@@ -1345,6 +1405,8 @@ def main() -> None:
     from trainsim.sim.core.collector import collect_less_often
 
     collect_less_often()  # a command is one short process: fewer collector passes (sim/core/collector.py)
+    global _WHOLE_PROCESS
+    _WHOLE_PROCESS = True
     app(prog_name="trainsim")
 
 

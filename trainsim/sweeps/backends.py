@@ -9,10 +9,11 @@ that a missing Ray or an unreachable address is reported before anything is writ
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from trainsim.errors import TrainsimError
@@ -35,18 +36,26 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def run_local(tasks: list[Task], workers: int) -> Iterator[tuple[str, dict]]:
-    """The tasks on ``workers`` processes (in this process, one by one, for 1)."""
-    if workers <= 1 or len(tasks) <= 1:
-        for key, scenario in tasks:
+def run_local(tasks: Iterable[Task], workers: int) -> Iterator[tuple[str, dict]]:
+    """The tasks on ``workers`` processes (in this process, one by one, for 1 or a single task). Tasks are
+    taken from ``tasks`` as workers free up (a few ahead), so a lazy iterable is resolved as the run goes."""
+    tasks = iter(tasks)
+    first = list(itertools.islice(tasks, 2))
+    if workers <= 1 or len(first) <= 1:
+        for key, scenario in itertools.chain(first, tasks):
             yield key, run_point(scenario)
         return
     import trainsim.api  # noqa: F401 - the simulator, imported once here so that forked workers inherit it
 
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_ignore_interrupt)
-    pending = {pool.submit(run_point, scenario): key for key, scenario in tasks}
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupt)
+    queued = itertools.chain(first, tasks)
+    pending: dict = {}
     try:
-        while pending:
+        while True:
+            for key, scenario in itertools.islice(queued, max(0, 2 * workers - len(pending))):
+                pending[pool.submit(run_point, scenario)] = key
+            if not pending:
+                return
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 key = pending.pop(future)

@@ -1,5 +1,5 @@
-"""Run a sweep: resolve every point, skip those the results file already holds, run the rest on a backend and
-append each row as it finishes.
+"""Run a sweep: resolve its points one by one as the backend takes them, skip those the results file
+already holds, run the rest and append each row as it finishes.
 
     from trainsim.sweeps import load_spec, run_sweep
     report = run_sweep(load_spec("sweep.yaml"), "results.csv", workers=2)
@@ -7,6 +7,8 @@ append each row as it finishes.
 A point whose scenario is invalid is recorded as its error without running; a point that fails while it runs
 likewise. Two points that resolve to the same scenario (same key) run once. Everything that can refuse the
 run (the results file of another sweep, Ray missing or unreachable) is checked before a row is written.
+Nothing waits for the whole sweep to resolve: the first points run while later ones are still unresolved, so
+a large sweep starts at once and its progress counts every point from the start.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from . import backends
 from .results import FIELD_PREFIX, ResultsFile, columns, parquet_available, write_parquet
 from .spec import Point, Sweep, scenario_key
 
-#: called after each row is written: (rows written this run, rows to write this run, the row)
-Progress = Callable[[int, int, dict], None]
+#: called as each point is settled: (points settled so far, points in the sweep, the row written now, or
+#: None for a point the results file already holds or that repeats an earlier one)
+Progress = Callable[[int, int, dict | None], None]
 
 
 @dataclass
@@ -80,13 +83,18 @@ def _run_locked(sweep: Sweep, store: ResultsFile, ray: str | None, workers: int 
                 progress: Progress | None, start: float) -> SweepReport:
     """`run_sweep` once the results file is held."""
     results, header = store.path, store.header
-    resolved, invalid, order, duplicates = _resolve(sweep)
     done = store.prepare(drop_errors=retry_failed)
-    todo = [(key, scenario) for key, (_, scenario) in resolved.items() if key not in done]
-    errors = [(key, point, message) for key, (point, message) in invalid.items() if key not in done]
-    ray_module = backends.connect_ray(ray, workers) if ray is not None and todo else None
-    resumed = sum(key in done for key in order)
-    total, written = len(todo) + len(errors), 0
+    previous = set(done)
+    total = len(sweep.points)
+    order: dict[str, None] = {}  # every point's key, in point order
+    resolved: dict[str, Point] = {}
+    settled = written = 0
+
+    def settle(row: dict | None) -> None:
+        nonlocal settled
+        settled += 1
+        if progress:
+            progress(settled, total, row)
 
     def record(key: str, point: Point, outcome: dict) -> None:
         nonlocal written
@@ -95,17 +103,35 @@ def _run_locked(sweep: Sweep, store: ResultsFile, ray: str | None, workers: int 
         store.append(row)
         done[key] = {col: row.get(col) for col in header}
         written += 1
-        if progress:
-            progress(written, total, row)
+        settle(row)
 
-    for key, point, message in errors:
-        record(key, point, {"status": "error", "error": message})
-    if ray_module is not None:
-        outcomes = backends.run_ray(ray_module, todo)
+    def tasks():
+        """The points to run, resolved as the backend asks for them; the others settle on the way."""
+        for point in sweep.points:
+            try:
+                scenario = sweep.resolve(point)
+            except TrainsimError as exc:
+                key, scenario, message = sweep.raw_key(point), None, str(exc)
+            else:
+                key = scenario_key(scenario)
+            if key in order or key in done:  # repeats an earlier point, or ran in an earlier run
+                order.setdefault(key, None)
+                settle(None)
+                continue
+            order[key] = None
+            if scenario is None:
+                record(key, point, {"status": "error", "error": message})
+                continue
+            resolved[key] = point
+            yield key, scenario
+
+    if ray is not None:
+        todo = list(tasks())  # Ray takes its tasks at once
+        outcomes = backends.run_ray(backends.connect_ray(ray, workers), todo) if todo else iter(())
     else:
-        outcomes = backends.run_local(todo, workers or backends.default_workers())
+        outcomes = backends.run_local(tasks(), workers or backends.default_workers())
     for key, outcome in outcomes:
-        point = resolved[key][0]
+        point = resolved[key]
         if outcome["status"] != "ok":  # name the point, as an invalid point's error does
             outcome = {**outcome, "error": f"{sweep.label} point {point.index}: {outcome['error']}"}
         record(key, point, outcome)
@@ -115,22 +141,5 @@ def _run_locked(sweep: Sweep, store: ResultsFile, ray: str | None, workers: int 
         parquet = parquet_path(results)
         write_parquet(list(done.values()), header, parquet)
     return SweepReport(name=sweep.spec.name, results=Path(results), rows=rows, ran=written,
-                       resumed=resumed, duplicates=duplicates,
+                       resumed=sum(key in previous for key in order), duplicates=total - len(order),
                        wall_s=time.perf_counter() - start, parquet=parquet, fields=sweep.fields)
-
-
-def _resolve(sweep: Sweep):
-    """(key -> (point, scenario) of the valid points, key -> (point, error) of the invalid ones, every key
-    in point order, how many points repeated an earlier one)."""
-    resolved, invalid, order = {}, {}, {}
-    for point in sweep.points:
-        try:
-            scenario = sweep.resolve(point)
-        except TrainsimError as exc:
-            key = sweep.raw_key(point)
-            invalid.setdefault(key, (point, str(exc)))
-        else:
-            key = scenario_key(scenario)
-            resolved.setdefault(key, (point, scenario))
-        order.setdefault(key, None)
-    return resolved, invalid, list(order), len(sweep.points) - len(order)

@@ -16,18 +16,20 @@ values.
 Fields are the scenario's own, as ``--set`` names them (``strategy.name``, ``optimizations.preload``); a
 value replaces the field at that path, and a point's own value replaces the one ``set`` gives. The points
 are every list point (or the base alone, without a list) crossed with every grid combination, in the
-file's order. A field that names no scenario field, an empty grid, a field given by both the grid and the
-list, a missing base scenario or variant are refused when the file is read; a point whose scenario is
-invalid is that point's error, found when the point resolves (`Sweep.resolve`).
+file's order, made one at a time as the run takes them (`Points`). A field that names no scenario field,
+an empty grid, a field given by both the grid and the list, a missing base scenario or variant, and more
+than `MAX_POINTS` points are refused when the file is read; a point whose scenario is invalid is that
+point's error, found when the point resolves (`Sweep.resolve`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
+import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -42,6 +44,9 @@ from trainsim.formats.scenario_loader import apply_variant, load_scenario, read_
 from trainsim.yamlio import parse_yaml_mapping
 
 SCHEMA = "trainsim.sweep/1"
+#: the most points one sweep may have: at a few seconds a point, more is days of work, and a grid that
+#: large is a typo (a list of 1,000 values where 10 were meant) more often than a plan
+MAX_POINTS = 100_000
 
 
 class SweepSpec(BaseModel):
@@ -77,6 +82,39 @@ class Point:
     values: dict[str, Any]
 
 
+class Points(Sequence):
+    """The points of a sweep, made when asked for: every list point crossed with every grid combination
+    (the last grid field varying fastest), so that the size of a large grid is known at once and its points
+    cost nothing until they run."""
+
+    def __init__(self, spec: SweepSpec):
+        self._listed = spec.points or [{}]
+        self._keys = list(spec.grid)
+        self._values = [spec.grid[key] for key in self._keys]
+        self._combos = math.prod(len(v) for v in self._values)
+
+    def __len__(self) -> int:
+        return len(self._listed) * self._combos
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        listed, combo = divmod(index, self._combos)
+        values = dict(self._listed[listed])
+        for key, choices in zip(reversed(self._keys), reversed(self._values), strict=True):
+            combo, i = divmod(combo, len(choices))
+            values[key] = choices[i]
+        ordered = {**self._listed[listed], **{key: values[key] for key in self._keys}}
+        return Point(index=index, values=ordered)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass
 class Sweep:
     """A checked sweep file: the spec, its label in messages, where its base scenario is, its points."""
@@ -84,7 +122,7 @@ class Sweep:
     spec: SweepSpec
     label: str
     base: str  # the base scenario as load_scenario takes it
-    points: list[Point]
+    points: Points
 
     @property
     def fields(self) -> list[str]:
@@ -150,7 +188,13 @@ def load_spec(source: str | os.PathLike) -> Sweep:
     data, base_label, _ = read_scenario_data(base)
     apply_variant(data, spec.variant, label=base_label)
     _check_fields(spec, label)
-    return Sweep(spec=spec, label=label, base=base, points=_expand(spec))
+    points = Points(spec)
+    if len(points) > MAX_POINTS:
+        sizes = [str(len(v)) for v in ([spec.points] if spec.points else []) + list(spec.grid.values())]
+        raise TrainsimError(f"the sweep has {len(points):,} points ({' x '.join(sizes)}); at most "
+                            f"{MAX_POINTS:,} run in one sweep: split it into several files", file=label,
+                            field="grid" if spec.grid else "points")
+    return Sweep(spec=spec, label=label, base=base, points=points)
 
 
 def _base_scenario(name: str, folder: Path | None) -> str:
@@ -179,10 +223,3 @@ def _check_fields(spec: SweepSpec, label: str) -> None:
         raise TrainsimError("a field is swept by both the grid and the list of points", file=label,
                             field=f"grid.{both[0]}")
 
-
-def _expand(spec: SweepSpec) -> list[Point]:
-    listed = spec.points or [{}]
-    keys = list(spec.grid)
-    combos = list(itertools.product(*(spec.grid[key] for key in keys)))
-    values = [{**point, **dict(zip(keys, combo, strict=True))} for point in listed for combo in combos]
-    return [Point(index=i, values=v) for i, v in enumerate(values)]
