@@ -22,8 +22,8 @@ from pathlib import Path
 
 from trainsim.errors import TrainsimError
 
-#: (what it is, path) of each input file read while a command runs under `watching_inputs`; None outside
-_read: list[tuple[str, str]] | None = None
+#: path -> what it is, of each input file read while a command runs under `watching_inputs`; None outside
+_read: dict[str, str] | None = None
 
 
 @contextlib.contextmanager
@@ -31,7 +31,7 @@ def watching_inputs() -> Iterator[None]:
     """While inside, `read_text` notes every file it reads, so that `check_output` refuses it as an output
     too (the CLI runs each command inside one)."""
     global _read
-    previous, _read = _read, []
+    previous, _read = _read, {}
     try:
         yield
     finally:
@@ -40,7 +40,7 @@ def watching_inputs() -> Iterator[None]:
 
 def inputs_read() -> list[tuple[str, str]]:
     """(what, path) of the files read so far under `watching_inputs` (none outside it)."""
-    return list(_read or ())
+    return [(what, path) for path, what in (_read or {}).items()]
 
 
 def read_text(path: str | os.PathLike, label: str | None = None, what: str = "file", *,
@@ -59,7 +59,7 @@ def read_text(path: str | os.PathLike, label: str | None = None, what: str = "fi
     except OSError as exc:  # a symbolic link loop (ELOOP), no permission, an I/O error
         raise TrainsimError(f"cannot read file: {exc.strerror or exc}", file=label) from None
     if note and _read is not None:
-        _read.append((f"the {what}", str(path)))
+        _read.setdefault(str(path), f"the {what} this command reads")  # once, though read per sweep point
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -123,7 +123,7 @@ def check_not_input(path: str | os.PathLike, option: str | None,
                     inputs: Iterable[tuple[str, str | os.PathLike]] = (), *, folder: bool = False,
                     whole: bool = False) -> None:
     """Refuse an output that would overwrite an input of the command: ``inputs`` ((what, path) pairs, what
-    a noun such as ``the SCENARIO file``: the files and folders the command names) and the files
+    a noun such as ``the SCENARIO file this command reads``: the files and folders it names) and the files
     `read_text` has read so far (`watching_inputs`).
 
     Paths compare as the files they are (symbolic links resolved, hard links by inode). A file output is
@@ -147,13 +147,11 @@ def check_not_input(path: str | os.PathLike, option: str | None,
         if folder:
             holds = whole and not same and _inside(source, out)
             clash = same or holds
-            why = (f"holds {what} ({given}) this command reads" if holds
-                   else f"{verb} {what} this command reads")
+            why = f"holds {what} ({given})" if holds else f"{verb} {what}"
         else:
             inside = not same and is_folder and out_stat is not None and _inside(out, source)
             clash = same or inside
-            why = (f"{verb} a file in {what} ({given}) this command reads" if inside
-                   else f"{verb} {what} this command reads")
+            why = f"{verb} a file in {what} ({given})" if inside else f"{verb} {what}"
         if clash:
             raise TrainsimError(f"{why}; an output must not overwrite an input: give another name",
                                 file=label, field=option)

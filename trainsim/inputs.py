@@ -36,7 +36,7 @@ def command_inputs(params: dict[str, Any], names: dict[str, str], outputs: Itera
             if not os.path.lexists(given):
                 continue
             kind = "folder" if os.path.isdir(given) else "file"
-            found.append((f"the {what} {kind}", given))
+            found.append((f"the {what} {kind} this command reads", given))
             if kind == "file" and given.endswith(_YAML):
                 found += referenced_files(given)
     return found
@@ -74,7 +74,7 @@ def referenced_files(path: str | os.PathLike) -> list[tuple[str, str]]:
     for key, text in _references(data):
         for candidate in (folder / text, Path(text)):
             if candidate.is_file():
-                found.append((f"the {key} file {label} names", str(candidate)))
+                found.append((f"the {key} file that {label} names", str(candidate)))
                 break
     return found
 
