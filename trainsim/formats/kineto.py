@@ -49,6 +49,13 @@ _COPY_KIND_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
 _COPY_KIND = {"HtoD": "H2D", "DtoH": "D2H", "DtoD": "D2D", "PtoP": "P2P", "HtoH": "H2H"}
 _CHUNK_CHARS = 1 << 20
 UNIX_US_MIN = 1e15      # Kineto times this large are Unix microseconds already (after September 2001)
+#: bounds on an event's time (Kineto's microseconds): ts within 0 to 2^63 ns (Unix time fits until 2262), no
+#: event and no trace longer than a day (a profiler records seconds to minutes). Beyond them a time is damage
+#: (ts 1e30, a duration of 1e18), which would otherwise shift every other time or make the replay run for ever
+MAX_TS_US = 2**63 / 1e3
+MAX_SPAN_US = 86_400e6
+#: the launch that runs several GPU ops under one correlation id: a CUDA (or HIP) graph's
+_GRAPH_LAUNCH_RE = re.compile(r"(?:cuda|cu|hip)GraphLaunch")
 
 
 @dataclass(slots=True)
@@ -299,8 +306,9 @@ def _is_number(value) -> bool:
 
 class _Collector:
     """Turns raw event dicts into records as they stream past. A complete event of a kind the replay uses
-    with a time that is not one (``ts`` not a finite number, ``dur`` missing, negative or not finite), or
-    a copy whose ``bytes`` is not a whole number >= 0, is an error naming the file and the event."""
+    with a time that is not one (``ts`` not a finite number within 0 to 2^63 ns, ``dur`` missing, negative,
+    not finite or longer than a day), a copy whose ``bytes`` is not a whole number >= 0, or a launch whose
+    correlation id another launch has (`check_correlations`) is an error naming the file and the event."""
 
     def __init__(self, file: str):
         self.file = file
@@ -316,6 +324,10 @@ class _Collector:
         self.unlinked: list[tuple[GpuEvent, tuple]] = []  # GPU events without a correlation arg
         self.min_ts = float("inf")
         self.max_end = float("-inf")
+        self.first = self.last = 0                        # indices of the events that start and end it
+        self.launches: dict[tuple[str, int], tuple[int, str]] = {}  # (cat, correlation) -> (index, name)
+        self.gpu_ids: dict[int, int] = {}                 # a GPU op's correlation id -> the first op's index
+        self.shared_ids: list[tuple[int, int, str]] = []  # (correlation, index, name) of the GPU ops after it
 
     def __call__(self, index: int, ev: dict) -> None:
         self.index = index
@@ -380,9 +392,13 @@ class _Collector:
             match = _STEP_RE.match(name)
             if match:
                 self.steps.append(Step(int(match.group(1)), ev.get("pid"), ev.get("tid"), ts, dur))
+            if kind == "runtime":
+                self._launch(cat, name, self.cpu[-1].correlation)
         if kind is not None:
-            self.min_ts = min(self.min_ts, ts)
-            self.max_end = max(self.max_end, ts + dur)
+            if ts < self.min_ts:
+                self.min_ts, self.first = ts, self.index
+            if ts + dur > self.max_end:
+                self.max_end, self.last = ts + dur, self.index
 
     def _time(self, ev: dict, key: str) -> float:
         if key not in ev:
@@ -390,9 +406,45 @@ class _Collector:
         value = ev[key]
         if not _is_number(value) or not math.isfinite(value):
             raise self._error(ev, f"{key} {value!r} is not a finite number")
-        if key == "dur" and value < 0:
+        if value < 0:
             raise self._error(ev, f"{key} {value!r} is negative")
+        if key == "ts" and value > MAX_TS_US:
+            raise self._error(ev, f"ts {value!r} us is past 2^63 ns")
+        if key == "dur" and value > MAX_SPAN_US:
+            raise self._error(ev, f"dur {value!r} us is longer than a day")
         return value
+
+    def _launch(self, cat: str, name: str, correlation: int | None) -> None:
+        """A runtime (or driver) call: its correlation id, which links it to the GPU ops it launched, is its
+        own (CUPTI numbers every call)."""
+        if correlation is None:
+            return
+        first = self.launches.setdefault((cat, correlation), (self.index, name))
+        if first[0] != self.index:
+            raise TrainsimError(f"correlation id {correlation} of {name[:60]!r} is also that of "
+                                f"traceEvents[{first[0]}] ({first[1][:60]!r}): each launch has its own, "
+                                "which links it to its GPU work; the trace is damaged", file=self.file,
+                                field=f"traceEvents[{self.index}].args.correlation")
+
+    def check_correlations(self) -> None:
+        """GPU ops that share a correlation id must come from one CUDA graph launch (its kernels all carry
+        its id); any other sharing is damage (a trace whose every event has id 1 would tie every op to one
+        launch)."""
+        launches = {correlation: name for (_, correlation), (_, name) in self.launches.items()}
+        for correlation, index, name in self.shared_ids:
+            launch = launches.get(correlation)
+            if launch is None or not _GRAPH_LAUNCH_RE.search(launch):
+                but = (f"its launch {launch[:60]!r} is not a CUDA graph's" if launch is not None
+                       else "no launch in the trace has it")
+                raise TrainsimError(f"the GPU op {name[:60]!r} has correlation id {correlation}, as "
+                                    f"traceEvents[{self.gpu_ids[correlation]}] does, but {but} (only a graph "
+                                    "launch runs several ops under one id); the trace is damaged",
+                                    file=self.file, field=f"traceEvents[{index}].args.correlation")
+        if self.max_end - self.min_ts > MAX_SPAN_US:
+            days = (self.max_end - self.min_ts) / 86_400e6
+            raise TrainsimError(f"its events span {days:.3g} days, from traceEvents[{self.first}] to the end "
+                                f"of traceEvents[{self.last}]; a profiler trace covers at most a day: the "
+                                "trace is damaged", file=self.file, field=f"traceEvents[{self.last}].ts")
 
     def _error(self, ev: dict, what: str) -> TrainsimError:
         label = f"a {ev.get('cat')} event {str(ev.get('name', ''))[:60]!r}"
@@ -422,6 +474,8 @@ class _Collector:
                      nbytes=nbytes, **extra)
         if g.correlation is None:
             self.unlinked.append((g, (ev.get("pid"), ev.get("tid"), ts)))
+        elif self.gpu_ids.setdefault(g.correlation, self.index) != self.index:
+            self.shared_ids.append((g.correlation, self.index, name))
         return g
 
 
@@ -457,6 +511,7 @@ def load_trace(path: str | Path, *, single_file: bool = True) -> KinetoTrace:
     collect = _Collector(str(path))
     meta = _read_document(path, collect)
     collect.link_flows()
+    collect.check_correlations()
     name = str(path)
     if not collect.gpu:
         raise TrainsimError("the trace has no GPU events (kernels, memcpys, memsets): record it with "
