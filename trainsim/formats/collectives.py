@@ -121,7 +121,7 @@ def _parse_ranks(value) -> tuple[int, ...] | None:
     elif isinstance(value, str):
         try:
             items = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not a list of ranks (nested past the decoder too)
             return None
     else:
         return None

@@ -223,6 +223,10 @@ class _TextStream:
                     continue
                 raise TrainsimError(f"not valid JSON near character {self.consumed + exc.pos}: {exc.msg} "
                                     "(truncated file?)", file=self.name) from None
+            except RecursionError:  # nested deeper than Python's decoder goes (thousands of brackets)
+                raise TrainsimError(f"not read: a value nested thousands of levels deep near character "
+                                    f"{self.consumed + self.pos}; the trace is damaged",
+                                    file=self.name) from None
             # A number at the very end of the buffer may continue in the next chunk.
             if end == len(self.buf) and self._fill():
                 continue
