@@ -133,9 +133,10 @@ def test_our_reader_reads_it_back_and_replays_the_simulated_iterations(simulated
     steps = report.replay.steps
     assert [s.step for s in steps[:3]] == [1, 2, 3]
     # the simulated iteration times come back to the trace's resolution: its start and end are each written
-    # to the nearest ns (Kineto's us with three decimals)
+    # to the nearest ns (Kineto's us with three decimals), except a GPU event lying inside one microsecond,
+    # which moves by under half a microsecond so that HTA reads it (kineto_writer.hta_safe)
     for s in steps:
-        assert s.replayed_s == pytest.approx(simulated.iteration_times_s[s.step - 1], rel=1e-6, abs=1e-9)
+        assert s.replayed_s == pytest.approx(simulated.iteration_times_s[s.step - 1], rel=1e-6, abs=5e-7)
 
 
 def test_a_what_if_gpu_retimes_our_own_trace(tmp_path):

@@ -14,7 +14,8 @@ files and key everything on Kineto's vocabulary, so a trace folder here is exact
   ``gpu_memset`` events with ``args.device``, ``args.stream``, ``args.correlation``, NCCL kernels with
   their collective's arguments (``Collective name``, ``In msg nelems``, ``Group size``, ``dtype``);
 - an ``ac2g`` flow from each launch to the GPU work it launched (``s`` on the call, ``f`` with
-  ``bp: e`` on the kernel), as Kineto links them.
+  ``bp: e`` on the kernel), as Kineto links them;
+- GPU events HTA reads with no negative length (`hta_safe`): it rounds times to whole microseconds.
 
 HTA finds a file's rank with the pattern ``"rank":\\s+(\\d+)`` on the first line that has one, so the
 file is laid out as Kineto's are: ``distributedInfo`` comes first, keys and values separated by ``": "``,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import shutil
@@ -67,6 +69,24 @@ def is_single_file(path: str | os.PathLike) -> bool:
 def us(seconds: float) -> float:
     """Seconds as Kineto's microseconds, to the nanosecond."""
     return round(seconds * 1e6, 3)
+
+
+def hta_safe(ts: float, dur: float) -> tuple[float, float]:
+    """A GPU event's (ts, dur) in microseconds, to the nanosecond, as HTA reads them without a negative
+    length. HTA takes a trace whose times have fractions of a microsecond to whole microseconds, rounding
+    each event's start up and its end (``ts + dur``, summed in floating point) down, and its temporal
+    breakdown fails on the -1 us that gives an event lying inside one microsecond (a sub-microsecond
+    kernel, common after a what-if on a faster GPU) or ending on a whole microsecond that the sum misses by
+    a rounding error. The second is written 1 ns longer; the first moves to start or to end on the nearer
+    whole microsecond (by under half a microsecond, its length kept): both then read as 0 us or more."""
+    ts, dur = round(ts, 3), round(max(dur, 0.0), 3)
+    for start, length in ((ts, dur), (ts, round(dur + 0.001, 3))):
+        if math.ceil(start) <= math.floor(start + length):      # as HTA computes it
+            return start, length
+    later = round(math.ceil(ts) - dur, 3)                        # ending on the next whole microsecond
+    if later - ts < ts - math.floor(ts) and math.ceil(later) <= math.floor(later + dur):
+        return later, dur
+    return float(math.floor(ts)), dur
 
 
 @dataclass(frozen=True)
@@ -143,6 +163,7 @@ class RankTrace:
         runtime call that launched it, is written as a ``cuda_runtime`` event with the same correlation and
         an ``ac2g`` flow from it to the work."""
         external_id = correlation if external_id is None else external_id
+        ts, dur = hta_safe(ts, dur)
         self.thread(device, stream, f"stream {stream} ")
         self._gpu_pids.add(device)
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream, "ts": ts,
