@@ -27,3 +27,6 @@ class DeviceFile(BaseModel):
     # the GPU's generation (`trainsim.sim.core.devices.ARCHITECTURES`); absent where unknown
     architecture: Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper",
                           "blackwell"] | None = None
+    # board power limit (W) and process node (nm): what caps sustained FLOP/s (the kernel model's power cap)
+    tdp_watts: float | None = Field(default=None, gt=0)
+    process_nm: float | None = Field(default=None, gt=0)
