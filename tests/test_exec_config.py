@@ -79,14 +79,13 @@ BASE = {
     "executor": {"device": "cpu", "data": {"augment_repeats": 5}},
     "variants": {
         "ddp": {"strategy": {"name": "ddp", "bucket_cap_mb": 4}, "gpus": [0, 1],
-                "optimizations": {"param_compression": {"name": "powersgd", "rank": 3}}},
+                "optimizations": {"param_compression": {"method": "powersgd", "rank": 3}}},
         "easgd": {"strategy": {"name": "easgd",
                                "easgd": {"variant": "original", "tau": 2, "flat_buffer": True}},
                   "executor": {"easgd": {"moving_rate": 0.3}}, "gpus": 2},
         "hogwild": {"strategy": {"name": "easgd", "easgd": {"variant": "hogwild"}}, "gpus": 2},
         "hybrid": {"strategy": {"name": "hybrid"}, "gpus": 2},
-        "pre": {"optimizations": {"preload": {"depth": 3}, "offload_activations": {"mode": "prefetch",
-                                                                                   "distance": 2}}},
+        "pre": {"optimizations": {"preload": 3, "offload_activations": "all", "prefetch_distance": 2}},
         "bad": {"optimizations": {"teleport": True}},
     },
 }
@@ -132,7 +131,7 @@ def test_what_only_the_simulator_models_is_skipped_with_the_reason_the_rest_runs
     assert cfg.optimizations.offload_chunk_mb == 64.0  # the simulator's default chunk
     chunked = {**BASE, "optimizations": {"offload_optimizer_state": True, "offload_chunk_mb": 8}}
     assert exec_config_from_scenario(chunked).optimizations.offload_chunk_mb == 8
-    with pytest.raises(TrainsimError, match="must be a number > 0") as err:
+    with pytest.raises(TrainsimError, match="should be greater than 0") as err:
         exec_config_from_scenario(merge(chunked, {"optimizations": {"offload_chunk_mb": 0}}))
     assert err.value.field == "optimizations.offload_chunk_mb"
     recompute = exec_config_from_scenario({**BASE, "strategy": {"name": "pipeline", "pipeline": {
@@ -147,18 +146,38 @@ def test_merge_is_deep_and_leaves_inputs_alone():
 
 
 def test_shipped_validation_scenarios_are_scenarios():
-    """Their base and variants validate in the simulator's schema, except for optimizations the simulator
-    does not model yet (preload, cpu_batch_split, param_compression, offload_activations)."""
-    from trainsim.formats.scenario_loader import load_scenario
+    """Their base and every variant validate in the one scenario schema the simulator and executor read."""
+    from trainsim.formats.scenario_loader import check_variants, load_scenario
 
-    executor_only = ("preload", "cpu_batch_split", "param_compression", "offload_activations")
     for name in ("validate-cpu", "validate-gpu"):
-        assert load_scenario(name).executor["device"] in ("cpu", "cuda")
-        for variant in scenario_variants(load_scenario_dict(name)):
-            try:
-                load_scenario(name, variant=variant)
-            except TrainsimError as exc:
-                assert any(f"optimizations.{key}" in str(exc) for key in executor_only), str(exc)
+        assert load_scenario(name).executor.device in ("cpu", "cuda")
+        assert check_variants(name) == scenario_variants(load_scenario_dict(name))
+
+
+@pytest.mark.parametrize(("block", "hint"), [
+    ({"preload": True}, "write preload: 1"),
+    ({"preload": {"depth": 3}}, "write preload: 3"),
+    ({"param_compression": {"name": "powersgd", "rank": 2}}, "write {method: powersgd"),
+    ({"offload_activations": "save_on_cpu"}, "offload_copies: blocking and prefetch_distance: 0"),
+    ({"offload_activations": {"mode": "prefetch", "distance": 2}}, "prefetch_distance: K"),
+])
+def test_the_optimizations_block_has_one_grammar(block, hint):
+    with pytest.raises(TrainsimError, match="optimizations") as err:
+        exec_config_from_scenario({**BASE, "optimizations": block}, file="x.yaml")
+    assert hint in str(err.value) and str(err.value).startswith("x.yaml: ")
+
+
+def test_the_executor_reads_the_schemas_defaults():
+    bare = {"workload": {"name": "tiny-cnn", "image_size": 16}, "strategy": {"name": "single"},
+            "batch_size": 4}
+    cfg = exec_config_from_scenario(bare)
+    assert (cfg.iterations, cfg.warmup, cfg.data.augment_repeats, cfg.seed) == (3, 1, 1, 0)
+    assert exec_config_from_scenario({**bare, "batch_size": None, "batch_per_gpu": 4, "gpus": 2,
+                                      "strategy": {"name": "ddp"}}).batch_size == 8
+    assert "conv layers" in infeasible_reason(exec_config_from_scenario(
+        {**bare, "optimizations": {"offload_activations": "conv"}}))
+    assert "int8" in infeasible_reason(exec_config_from_scenario(
+        {**bare, "strategy": {"name": "ddp"}, "optimizations": {"param_compression": "int8"}}))
 
 
 def test_shipped_validation_scenarios_map_onto_configs():
@@ -214,7 +233,8 @@ def test_easgd_centre_must_be_the_layout_the_executor_runs():
     assert "centre: replicated" in reason(variant="sync")  # the simulator's default centre is the host
     assert reason(variant="sync", centre="replicated") is None
     assert reason(variant="original") is None and reason(variant="original", centre="gpu") is None
-    assert "centre: replicated" in reason(variant="original", centre="replicated")
+    with pytest.raises(TrainsimError, match="centre replicated applies to variant sync"):
+        reason(variant="original", centre="replicated")  # the scenario schema refuses it
     assert ExecConfig(strategy="easgd").easgd.where == "replicated"  # built directly: the variant's own
 
 

@@ -87,8 +87,11 @@ def test_a_scenario_on_a_gpu_machine_runs_on_cuda_or_is_skipped():
     from trainsim.calibrate.execute.config import exec_config_from_scenario, load_scenario_dict
 
     assert exec_config_from_scenario(load_scenario_dict("single-gpu-resnet50")).device == "cuda"
-    assert exec_config_from_scenario({"topology": "calibrated"}).device == "cpu"
-    assert exec_config_from_scenario({"topology": "dgx-a100", "executor": {"device": "cpu"}}).device == "cpu"
+    run = {"workload": "tiny-cnn", "strategy": {"name": "single"}, "batch_size": 8}
+    assert exec_config_from_scenario({**run, "topology": "calibrated"}).device == "cpu"
+    assert exec_config_from_scenario(run).device == "cpu"  # no topology: the box it runs on
+    on_gpus = {**run, "topology": "dgx-a100", "executor": {"device": "cpu"}}
+    assert exec_config_from_scenario(on_gpus).device == "cpu"
     if torch.cuda.is_available():
         pytest.skip("this box has CUDA: the scenario would run")
     result = runner.invoke(app, ["execute", "single-gpu-resnet50", "--json"])

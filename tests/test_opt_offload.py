@@ -179,7 +179,7 @@ def test_blocking_copies_add_the_whole_copy_to_each_pass(tmp_path):
     topo = tiny_topology(gpus=1, nvlink=False, pcie_gbps=10)
     base = run(tmp_path, topo)
     overlapped = run(tmp_path, topo, offload_activations=["a"], prefetch_distance=0)
-    blocking = run(tmp_path, topo, offload_activations="save_on_cpu")
+    blocking = run(tmp_path, topo, offload_activations="all", offload_copies="blocking", prefetch_distance=0)
     d2h, h2d = copy_time(topo, A_BYTES, "d2h"), copy_time(topo, A_BYTES, "h2d")
     assert overlapped.iteration_time_s == pytest.approx(base.iteration_time_s + h2d, rel=1e-9)
     # save_on_cpu offloads every layer that saves something: a, b and c

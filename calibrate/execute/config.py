@@ -2,27 +2,28 @@
 
 No torch at import time (the zoo, imported to validate the model name, brings it in).
 
-A scenario YAML (``trainsim.scenario/1``, optionally with ``variants:``) describes the same run for the
-simulator and for the executor. `exec_config_from_scenario(scenario, variant)` merges a variant over the
-base scenario and reads the fields the executor needs:
+A scenario (``trainsim.scenario/1``) describes the same run for the simulator and for the executor, in one
+schema with one set of defaults (`trainsim.formats.scenario`). `exec_config(scenario)` reads a validated
+scenario (`trainsim.resolve.resolve_scenario`: overrides and variant applied); `exec_config_from_scenario`
+resolves one first. The fields the executor reads:
 
 - ``workload`` (zoo name or ``{name: tiny-cnn, image_size: 32}``) -> model, model_cfg
-- ``strategy.name`` / ``bucket_cap_mb`` / ``strategy.easgd`` (``variant``, ``tau``, ``centre``; the
-  simulator's other EASGD switches are ignored) / ``strategy.pipeline`` (``stages``,
-  ``micro_batches``, ``schedule``, ``stage_layers``, ``blocking_sends``, ``recompute``) -> strategy options
-- ``batch_size`` (global), ``gpus`` (a count or a list of indices) -> ranks
+- ``strategy.name`` / ``bucket_cap_mb`` / ``strategy.easgd`` (``variant``, ``tau``, ``centre``) /
+  ``strategy.pipeline`` (``stages``, ``micro_batches``, ``schedule``, ``stage_layers``, ``blocking_sends``,
+  ``recompute``) / ``halo_overlap``, ``backward_halo`` -> strategy options
+- ``batch_size`` (global) or ``batch_per_gpu``, ``gpus`` (a count or a list of indices; none: one rank)
 - ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
 - ``host.pinned``, ``host.data_workers`` -> pinned host batches; prefetch threads with preload, else on
   CUDA ranks DataLoader worker processes (CPU ranks prepare in the loop without preload)
-- ``optimizations.preload`` (bool or ``{depth: 1}``; true = one batch ahead, double buffering, as in the
-  simulator), ``cpu_batch_split`` (bool), ``param_compression``
-  (none|fp16|bf16|powersgd or ``{name: powersgd, rank: 2}``), ``offload_activations``
-  (none|save_on_cpu|prefetch or ``{mode: prefetch, distance: 2}``)
+- ``optimizations``: ``preload``, ``cpu_batch_split``, ``param_compression`` (none, fp16, bf16,
+  ``{method: powersgd, rank}``), ``offload_activations: all`` with ``offload_copies: blocking`` (torch's
+  save_on_cpu) or with ``prefetch_distance: K`` (prefetching hooks), ``offload_optimizer_state``,
+  ``offload_chunk_mb``
 - ``executor:`` (executor-only): ``device`` (cpu|cuda; by default cuda for a scenario on a machine's
   topology, whose ranks are GPUs, so a box without CUDA skips it rather than running it on its cores, and
   cpu without a topology or on ``calibrated``), ``seed``, ``timeout_s``, ``easgd:`` (the elastic
   moving rate: ``moving_rate``, or ``rho`` [and ``lr``]) and ``data:`` (the synthetic pipeline's per-sample
-  cost: ``augment_repeats``, ``source_size``, ``pool_size``, ``compress``).
+  cost: ``augment_repeats``, ``source_size``, ``pool_size``, ``compress``, ``workers``).
 
 Fields the executor has no use for (topology, description, the simulator's collective options) are ignored.
 Strategies, EASGD variants and optimizations the simulator knows but the executor does not run map onto a
@@ -35,11 +36,13 @@ scenario must change together.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainsim.errors import TrainsimError, unknown_name
-from trainsim.formats.scenario_loader import apply_variant, deep_merge, read_scenario_data
+from trainsim.formats.scenario import Optimizations, Scenario
+from trainsim.formats.scenario_loader import deep_merge, read_scenario_data
+from trainsim.resolve import resolve_scenario
 
 DEVICES = ("cpu", "cuda")
 # what the executor runs
@@ -50,8 +53,11 @@ BATCHNORM_MODELS = ("resnet18", "resnet50", "googlenet")  # no spatial split wit
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "message-driven")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 PRECISIONS = ("fp32", "fp16", "bf16")
-COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
-OFFLOADS = ("none", "save_on_cpu", "prefetch")
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")  # what the executor runs
+SCENARIO_COMPRESSIONS = (*COMPRESSIONS, "int8", "topk")  # what a scenario may name (the others are skipped)
+OFFLOADS = ("none", "save_on_cpu", "prefetch")  # what the executor runs
+# what the simulator also models, named so that such a variant is skipped with the reason
+SCENARIO_OFFLOADS = (*OFFLOADS, "conv", "layers", "contention-aware", "auto-distance")
 EASGD_VARIANTS = ("sync", "original")  # what the executor runs
 SCENARIO_EASGD_VARIANTS = (*EASGD_VARIANTS, "async", "async-momentum", "hogwild")
 
@@ -167,9 +173,11 @@ class OptimizationsConfig:
         if not isinstance(self.cpu_batch_split, bool):
             raise TrainsimError(f"must be true or false, got {self.cpu_batch_split!r}",
                                 field="optimizations.cpu_batch_split")
-        _choice(self.param_compression, COMPRESSIONS, "compression", "optimizations.param_compression")
+        _choice(self.param_compression, SCENARIO_COMPRESSIONS, "compression",
+                "optimizations.param_compression")
         _positive_int(self.powersgd_rank, "optimizations.param_compression.rank")
-        _choice(self.offload_activations, OFFLOADS, "offload mode", "optimizations.offload_activations")
+        _choice(self.offload_activations, SCENARIO_OFFLOADS, "offload mode",
+                "optimizations.offload_activations")
         _positive_int(self.prefetch_distance, "optimizations.offload_activations.distance")
         chunk = self.offload_chunk_mb
         if isinstance(chunk, bool) or not isinstance(chunk, int | float) or not chunk > 0:
@@ -199,8 +207,8 @@ class ExecConfig:
     optimizer: str = "sgd"
     lr: float = 0.01
     precision: str = "fp32"  # fp16/bf16: autocast (fp16 with a GradScaler)
-    iterations: int = 10  # measured
-    warmup: int = 2  # run first, excluded from the figures
+    iterations: int = Scenario.model_fields["iterations"].default  # measured (the scenario schema's default)
+    warmup: int = Scenario.model_fields["warmup_iterations"].default  # run first, excluded from the figures
     pinned: bool = True  # CUDA: input batches in pinned host memory
     data: DataConfig = field(default_factory=DataConfig)
     optimizations: OptimizationsConfig = field(default_factory=OptimizationsConfig)
@@ -286,6 +294,17 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
     """Why this box cannot run ``cfg`` (None: it can). The executor skips such variants, reporting this."""
     if cfg.strategy not in STRATEGIES:
         return f"the executor does not run strategy {cfg.strategy} yet (it runs {', '.join(STRATEGIES)})"
+    opts = cfg.optimizations
+    if opts.param_compression not in COMPRESSIONS:
+        return (f"the executor's DDP hooks compress with {', '.join(COMPRESSIONS[1:])}, not "
+                f"{opts.param_compression} (the simulator models it)")
+    every = "the executor offloads every layer's saved tensors (offload_activations: all), not"
+    offload_reasons = {
+        "conv": f"{every} conv layers", "layers": f"{every} a list of layers",
+        "contention-aware": "the executor does not stagger offload copies (contention_aware)",
+        "auto-distance": "the executor prefetches a fixed distance: give prefetch_distance a number, not auto"}
+    if opts.offload_activations in offload_reasons:
+        return offload_reasons[opts.offload_activations]
     if cfg.strategy == "easgd" and cfg.easgd.variant not in EASGD_VARIANTS:
         return f"the executor runs EASGD {' and '.join(EASGD_VARIANTS)}, not {cfg.easgd.variant}"
     if cfg.strategy == "easgd" and (cfg.easgd.variant == "sync") != (cfg.easgd.where == "replicated"):
@@ -347,187 +366,120 @@ merge = deep_merge  # variants apply to the executor exactly as to the simulator
 
 
 def scenario_variants(scenario: dict) -> list[str]:
-    """The variant names of a scenario, in file order (empty: the base scenario is the only run)."""
+    """The variant names of a scenario mapping, in file order (empty: the base scenario is the only run)."""
     return list((scenario.get("variants") or {}).keys())
 
 
-def resolve_variant(scenario: dict, variant: str | None) -> dict:
-    """The base scenario with ``variant``'s overrides merged in (``variants`` removed): the simulator's merge
-    (`trainsim.formats.scenario_loader.apply_variant`)."""
-    return apply_variant(scenario, variant)
-
-
-def _get(mapping: Any, key: str, where: str) -> Any:
-    if mapping is None:
-        return None
-    if not isinstance(mapping, dict):
-        raise TrainsimError(f"must be a mapping, got {type(mapping).__name__}", field=where)
-    return mapping.get(key)
-
-
-def _build(cls, values: dict, prefix: str):
-    names = {f.name for f in fields(cls)}
-    extra = sorted(set(values) - names)
-    if extra:
-        raise TrainsimError(f"unknown field; valid: {', '.join(sorted(names))}", field=f"{prefix}.{extra[0]}")
-    return cls(**values)
-
-
-def _optimizations(block: Any) -> OptimizationsConfig:
-    if block is None:
-        return OptimizationsConfig()
-    if not isinstance(block, dict):
-        raise TrainsimError("must be a mapping", field="optimizations")
-    known = {"preload", "cpu_batch_split", "param_compression", "offload_activations",
-             "offload_optimizer_state", "offload_chunk_mb"}
-    extra = sorted(set(block) - known)
-    if extra:
-        raise TrainsimError(f"unknown optimization; valid: {', '.join(sorted(known))}",
-                            field=f"optimizations.{extra[0]}")
-    values: dict[str, Any] = {}
-    preload = block.get("preload")
-    if isinstance(preload, dict):
-        values["preload"] = preload.get("depth", 1) if preload.get("enabled", True) else 0
-    elif isinstance(preload, bool):
-        values["preload"] = 1 if preload else 0  # double buffering, as the simulator
-    elif preload is not None:
-        values["preload"] = preload
-    if "cpu_batch_split" in block:
-        values["cpu_batch_split"] = block["cpu_batch_split"]
-    comp = block.get("param_compression")
-    if isinstance(comp, dict):
-        values["param_compression"] = comp.get("name", "none")
-        if "rank" in comp:
-            values["powersgd_rank"] = comp["rank"]
-    elif comp is not None:
-        values["param_compression"] = "none" if comp is False else comp
-    off = block.get("offload_activations")
-    if isinstance(off, dict):
-        values["offload_activations"] = off.get("mode", "prefetch")
-        if "distance" in off:
-            values["prefetch_distance"] = off["distance"]
-    elif off is not None:
-        values["offload_activations"] = "none" if off is False else off
-    if "offload_optimizer_state" in block:
-        values["offload_optimizer_state"] = bool(block["offload_optimizer_state"])
-    if "offload_chunk_mb" in block:
-        values["offload_chunk_mb"] = block["offload_chunk_mb"]
-    return OptimizationsConfig(**values)
-
-
-def _ranks(gpus: Any) -> int:
-    if gpus is None:
-        return 1
-    if isinstance(gpus, list):
-        return len(gpus)
-    return gpus
-
-
 def _default_device(topology: Any) -> str:
-    """A machine's topology (a built-in name or a file) has GPU ranks; ``calibrated`` is this box's own,
-    whose device the scenario's ``executor.device`` says (cpu unless it says cuda)."""
+    """A machine's topology (a built-in name, a file or a generator) has GPU ranks; ``calibrated`` is this
+    box's own, whose device the scenario's ``executor.device`` says (cpu unless it says cuda)."""
     return "cpu" if topology in (None, "calibrated") else "cuda"
 
 
-def exec_config_from_scenario(scenario: dict, variant: str | None = None, *, file: str | None = None,
-                              **overrides) -> ExecConfig:
-    """The ExecConfig for ``variant`` of ``scenario`` (a parsed scenario mapping); ``overrides`` are
-    ExecConfig fields that win (e.g. ``iterations=3`` for a quick run). Bad fields -> TrainsimError."""
-    try:
-        s = resolve_variant(scenario, variant)
-        workload = s.get("workload", "tiny-cnn")
-        if isinstance(workload, dict):
-            model = workload.get("name")
-            model_cfg = {k: v for k, v in workload.items() if k != "name"}
-        else:
-            model, model_cfg = workload, {}
-        if not isinstance(model, str):
-            raise TrainsimError("give a zoo model name", field="workload")
-        strategy = s.get("strategy") or {}
-        if isinstance(strategy, str):
-            strategy = {"name": strategy}
-        easgd_block = strategy.get("easgd") or {}
-        if not isinstance(easgd_block, dict):
-            raise TrainsimError("must be a mapping", field="strategy.easgd")
-        executor = s.get("executor") or {}
-        if not isinstance(executor, dict):
-            raise TrainsimError("must be a mapping", field="executor")
-        valid = ("data", "device", "easgd", "seed", "timeout_s")
-        extra = sorted(set(executor) - set(valid))
-        if extra:
-            raise TrainsimError(f"unknown field; valid: {', '.join(valid)}", field=f"executor.{extra[0]}")
-        # the simulator's block names the variant, period and centre; the executor's adds the moving rate
-        easgd_values = {k: easgd_block[k] for k in ("variant", "tau", "centre") if k in easgd_block}
-        if strategy.get("name") == "easgd":
-            easgd_values.setdefault("centre", "host")  # the simulator's default: the runs must match it
-        exec_easgd = executor.get("easgd") or {}
-        if not isinstance(exec_easgd, dict):
-            raise TrainsimError("must be a mapping", field="executor.easgd")
-        easgd = _build(EasgdConfig, {**easgd_values, **exec_easgd}, "executor.easgd")
-        pipe_block = strategy.get("pipeline") or {}
-        if not isinstance(pipe_block, dict):
-            raise TrainsimError("must be a mapping", field="strategy.pipeline")
-        pipe_keys = {"stages", "micro_batches", "schedule", "stage_layers", "blocking_sends", "recompute"}
-        # the simulator's default: fixed schedules wait for each send (the runs must match it)
-        pipeline = PipelineConfig(**{"blocking_sends": True, **{k: pipe_block[k] for k in pipe_keys
-                                                                 if k in pipe_block}})
-        data_values = dict(executor.get("data") or {})
-        loader = _get(s.get("host"), "loader", "host")
-        if loader not in (None, "per-gpu"):  # the simulator's other layout has no runner here
-            raise TrainsimError(f"{loader!r}: the executor runs per-gpu only (every rank a DataLoader of its "
-                                "own); shared is simulated, not executed", field="host.loader")
-        workers = _get(s.get("host"), "data_workers", "host")
-        if workers is None:  # the scenario's default, which the simulator reads too
-            from trainsim.formats.scenario import HostSpec
+def _ranks(scenario: Scenario) -> int:
+    """The ranks the executor starts: the scenario's GPU count or indices; one when it names none (the
+    executor runs on the box it is on, not on a topology's GPUs)."""
+    gpus = scenario.gpus
+    return 1 if gpus is None else len(gpus) if isinstance(gpus, list) else gpus
 
-            workers = HostSpec.model_fields["data_workers"].default
-        optimizations = _optimizations(s.get("optimizations"))
-        if "workers" not in data_values:
-            # preload needs a thread to prepare with; without it 0 is the loop preparing its own batches
-            data_values["workers"] = (max(1, workers) if isinstance(workers, int) and optimizations.preload
-                                      else workers)
-        values: dict[str, Any] = dict(
-            model=model, model_cfg=model_cfg,
-            device=executor.get("device", _default_device(s.get("topology"))),
-            ranks=_ranks(s.get("gpus")),
-            strategy=strategy.get("name", "single"),
-            bucket_cap_mb=strategy.get("bucket_cap_mb", 25.0),
-            easgd=easgd,
-            pipeline=pipeline,
-            halo_overlap=strategy.get("halo_overlap", True),
-            backward_halo=strategy.get("backward_halo", "output-gradient"),
-            batch_size=s.get("batch_size", 32),
-            optimizer=_get(s.get("optimizer"), "name", "optimizer") or "sgd",
-            lr=_get(s.get("optimizer"), "lr", "optimizer") or 0.01,
-            precision=s.get("precision", "fp32"),
-            iterations=s.get("iterations", 10),
-            warmup=s.get("warmup_iterations", 2),
-            pinned=_get(s.get("host"), "pinned", "host") if _get(s.get("host"), "pinned", "host") is not None
-            else True,
-            data=_build(DataConfig, data_values, "executor.data"),
-            optimizations=optimizations,
-            seed=executor.get("seed", 0),
-            timeout_s=executor.get("timeout_s", 600.0),
-        )
-        if values["precision"] == "tf32":
-            values["precision"] = "fp32"  # TF32 is a matmul mode of fp32 training, not a different dtype
-        if values["precision"] in ("fp16", "bf16") and s.get("mixed_precision", "master") != "autocast":
-            # the simulator would model 16-bit weights and an fp32 master copy, which this executor lacks
-            raise TrainsimError("the executor trains 16-bit precisions with torch.autocast (fp32 weights); "
-                                "set mixed_precision: autocast so that the simulator models the same run",
-                                field="mixed_precision")
-        values.update(overrides)
-        return ExecConfig(**values)
+
+def _compression(opts: Optimizations) -> dict[str, Any]:
+    spec = opts.param_compression
+    if spec is None:
+        return {"param_compression": "none"}
+    out: dict[str, Any] = {"param_compression": spec.method}
+    if spec.rank is not None:
+        out["powersgd_rank"] = spec.rank
+    return out
+
+
+def _offload(opts: Optimizations) -> dict[str, Any]:
+    """The executor's offload mode: torch's save_on_cpu (every layer, blocking copies) or its prefetching
+    hooks (every layer, ``prefetch_distance`` ahead); what else the simulator models is named so that the
+    variant is skipped with the reason (`infeasible_reason`)."""
+    policy = opts.offload_activations
+    if policy == "none" or policy == []:
+        return {"offload_activations": "none"}
+    if policy != "all":
+        return {"offload_activations": "conv" if policy == "conv" else "layers"}
+    if opts.contention_aware:
+        return {"offload_activations": "contention-aware"}
+    if opts.offload_copies == "blocking":
+        return {"offload_activations": "save_on_cpu"}
+    if opts.prefetch_distance == "auto":
+        return {"offload_activations": "auto-distance"}
+    return {"offload_activations": "prefetch", "prefetch_distance": opts.prefetch_distance}
+
+
+def exec_config(scenario: Scenario, **overrides) -> ExecConfig:
+    """The ExecConfig of a validated scenario (`trainsim.resolve.resolve_scenario`: overrides and variant
+    applied); ``overrides`` are ExecConfig fields that win (e.g. ``iterations=3`` for a quick run). What the
+    schema has no field for is the executor's own (``executor:``); every default is the schema's."""
+    sc, st, opts, ex = scenario, scenario.strategy, scenario.optimizations, scenario.executor
+    workload = sc.workload
+    model, model_cfg = (workload, {}) if isinstance(workload, str) else (workload.name, workload.overrides)
+    if sc.host.loader != "per-gpu":  # the simulator's other layout has no runner here
+        raise TrainsimError(f"{sc.host.loader!r}: the executor runs per-gpu only (every rank a DataLoader of "
+                            "its own); shared is simulated, not executed", field="host.loader")
+    ranks = _ranks(sc)
+    batch = sc.batch_size if sc.batch_size is not None else sc.batch_per_gpu * ranks
+    easgd = st.easgd
+    data = ex.data.model_dump()
+    if data["workers"] is None:
+        # preload needs a thread to prepare with; without it 0 is the loop preparing its own batches
+        workers = sc.host.data_workers
+        data["workers"] = max(1, workers) if opts.preload else workers
+    pipe = st.pipeline
+    precision = "fp32" if sc.precision == "tf32" else sc.precision  # TF32 is a matmul mode of fp32 training
+    if precision in ("fp16", "bf16") and sc.mixed_precision != "autocast":
+        # the simulator would model 16-bit weights and an fp32 master copy, which this executor lacks
+        raise TrainsimError("the executor trains 16-bit precisions with torch.autocast (fp32 weights); set "
+                            "mixed_precision: autocast so that the simulator models the same run",
+                            field="mixed_precision")
+    values: dict[str, Any] = dict(
+        model=model, model_cfg=model_cfg,
+        device=ex.device or _default_device(sc.topology),
+        ranks=ranks, strategy=st.name, bucket_cap_mb=st.bucket_cap_mb,
+        easgd=EasgdConfig(
+            variant=easgd.variant if easgd else "sync", tau=easgd.tau if easgd else 1,
+            centre=easgd.centre if easgd else None, rho=ex.easgd.rho, lr=ex.easgd.lr,
+            moving_rate=ex.easgd.moving_rate),
+        pipeline=PipelineConfig(
+            stages=pipe.stages, micro_batches=pipe.micro_batches, schedule=pipe.schedule,
+            stage_layers=pipe.stage_layers, blocking_sends=pipe.blocking_sends,
+            recompute=pipe.recompute) if pipe is not None else PipelineConfig(blocking_sends=True),
+        halo_overlap=st.halo_overlap, backward_halo=st.backward_halo,
+        batch_size=batch, optimizer=sc.optimizer.name, lr=sc.optimizer.lr, precision=precision,
+        iterations=sc.iterations, warmup=sc.warmup_iterations, pinned=sc.host.pinned,
+        data=DataConfig(**data),
+        optimizations=OptimizationsConfig(
+            preload=opts.preload, cpu_batch_split=opts.cpu_batch_split, **_compression(opts),
+            **_offload(opts),
+            offload_optimizer_state=opts.offload_optimizer_state, offload_chunk_mb=opts.offload_chunk_mb),
+        seed=ex.seed, timeout_s=ex.timeout_s,
+    )
+    values.update(overrides)
+    return ExecConfig(**values)
+
+
+def exec_config_from_scenario(scenario: str | dict | Scenario, variant: str | None = None, *,
+                              file: str | None = None, **overrides) -> ExecConfig:
+    """The ExecConfig of ``variant`` of ``scenario`` (a shipped name, a YAML path, a parsed mapping or a
+    Scenario), read through the scenario schema (`exec_config`); ``file`` names a mapping's file in errors.
+    Bad fields -> a TrainsimError naming the file, the variant and the field."""
+    where = None
+    if file is not None:
+        where = f"{file} variant {variant}" if variant is not None else file
+    sc = resolve_scenario(scenario, variant=variant, where=where)
+    try:
+        return exec_config(sc, **overrides)
     except TrainsimError as exc:
-        if file and exc.file is None:
-            where = f"variants.{variant}" if variant else None
-            raise TrainsimError(str(exc), file=file, field=where) from None
+        if exc.file is None:
+            raise TrainsimError(exc.reason, file=where or sc.source, field=exc.field) from None
         raise
-    except TypeError as exc:  # e.g. an unexpected keyword in a block
-        raise TrainsimError(str(exc), file=file) from None
 
 
 def load_scenario_dict(path: str) -> dict:
-    """Parse a scenario YAML into a mapping (the executor reads more fields than the simulator's schema has).
-    ``path`` may also be the name of a scenario shipped in trainsim's scenarios folder."""
+    """Parse a scenario YAML into a mapping (its variants listed by `scenario_variants`). ``path`` may also be
+    the name of a scenario shipped in trainsim's scenarios folder."""
     return read_scenario_data(path)[0]

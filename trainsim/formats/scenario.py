@@ -34,7 +34,7 @@ from .scenario_options import (
     JitterSpec,
     PipelineOptions,
     check_combinations,
-    normalise,
+    one_grammar,
 )
 
 SCHEMA = "trainsim.scenario/1"
@@ -209,6 +209,41 @@ class HostSpec(_Strict):
         return value
 
 
+class ExecutorData(_Strict):
+    """The executor's synthetic input pipeline: what one sample costs the CPU to prepare."""
+
+    augment_repeats: int = Field(default=1, ge=1, le=10_000,
+                                 description="times the crop/flip/convert/normalise chain runs per sample")
+    source_size: int | None = Field(default=None, ge=1, le=65_536,
+                                    description="stored uint8 image side (default: the model's image + 8)")
+    pool_size: int = Field(default=64, ge=1, le=1_000_000, description="distinct stored samples, cycled")
+    compress: bool = Field(default=True, description="samples stored zlib-compressed, decoded per sample")
+    workers: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="batch-preparing threads (preload) or DataLoader processes; default host.data_workers")
+
+
+class ExecutorEasgd(_Strict):
+    """The elastic moving rate the executor applies: ``moving_rate``, else ``lr`` x ``rho``."""
+
+    moving_rate: float | None = Field(default=None, gt=0)
+    rho: float = Field(default=0.1, gt=0)
+    lr: float | None = Field(default=None, gt=0, description="default: optimizer.lr")
+
+
+class ExecutorSpec(_Strict):
+    """What only the real-hardware executor reads (`trainsim execute`, `validate`): the simulator ignores
+    it."""
+
+    device: Literal["cpu", "cuda"] | None = Field(
+        default=None, description="default: cuda for a scenario on a machine's topology (its ranks are "
+                                  "GPUs), cpu without a topology or on calibrated")
+    seed: int = Field(default=0, ge=0)
+    timeout_s: float = Field(default=600.0, gt=0, description="a run's limit, after which its ranks stop")
+    easgd: ExecutorEasgd = Field(default_factory=ExecutorEasgd)
+    data: ExecutorData = Field(default_factory=ExecutorData)
+
+
 class Optimizations(_Strict):
     """Data-movement optimizations (docs/techniques.md); unknown keys are rejected."""
 
@@ -249,8 +284,8 @@ class Optimizations(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _executor_spellings(cls, data):
-        return normalise(data)
+    def _one_grammar(cls, data):
+        return one_grammar(data)
 
 
 Scalar = str | int | float | bool | None
@@ -310,7 +345,8 @@ class Scenario(_Strict):
         description="what the scenario assumes that its source does not state: a sentence, or a free "
         "assumption {name, value, choices | range, reason, set, variants} that reproductions sweep",
     )
-    topology: str | dict[str, Any]
+    # the machine to simulate on (the simulator needs it; the executor runs on the box it is on)
+    topology: str | dict[str, Any] | None = None
     workload: str | WorkloadRef
     strategy: StrategySpec
     batch_size: int | None = Field(
@@ -336,8 +372,8 @@ class Scenario(_Strict):
     host: HostSpec = Field(default_factory=HostSpec)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # settings only the real-hardware executor reads (calibrate/execute/config.py); the simulator ignores them
-    executor: dict[str, Any] | None = None
+    executor: ExecutorSpec = Field(default_factory=lambda: ExecutorSpec(),
+                                   description="what only the real-hardware executor reads")
     # where the file came from (relative topology/workload paths resolve against its folder)
     _source: str | None = PrivateAttr(default=None)
     _base_dir: str | None = PrivateAttr(default=None)

@@ -167,40 +167,30 @@ COMPRESSION_STRATEGIES = ("dp-gpu0", "ddp")
 SPLIT_STRATEGIES = ("dp-gpu0", "ddp", "parameter-server")  # ddp/parameter-server ranks already load shards
 
 
-def normalise(block):
-    """Accept the executor's spellings (calibrate/execute/config.py) of the same switches, so one scenario
-    file serves both: ``preload: true`` / ``{depth: k}``, ``param_compression: none`` /
-    ``{name: powersgd, rank}``, ``offload_activations: save_on_cpu`` (offload all, blocking copies, no
-    prefetch ahead: distance 0) / ``prefetch`` (all, with ``prefetch_distance``) /
-    ``{mode: prefetch, distance: k}``."""
+def one_grammar(block):
+    """The ``optimizations:`` block has one grammar, the schema's (simulator and executor read the same
+    fields). ``param_compression: none`` is no compression. The spellings an older executor took are
+    refused with the field to write instead."""
     if not isinstance(block, dict):
         return block
     out = dict(block)
     preload = out.get("preload")
-    if isinstance(preload, bool):
-        out["preload"] = 1 if preload else 0  # double buffering
-    elif isinstance(preload, dict):
-        out["preload"] = preload.get("depth", 1) if preload.get("enabled", True) else 0
+    if isinstance(preload, bool) or isinstance(preload, dict):
+        depth = preload.get("depth", 1) if isinstance(preload, dict) else 1
+        raise ValueError(f"preload is the number of batches copied ahead: write preload: {depth} (1: double "
+                         "buffering; 0: off)")
     comp = out.get("param_compression")
-    if comp in ("none", False):
+    if comp == "none":
         out["param_compression"] = None
-    elif isinstance(comp, dict) and "name" in comp and "method" not in comp:
-        out["param_compression"] = {("method" if k == "name" else k): v for k, v in comp.items()}
+    elif comp is False:
+        raise ValueError("param_compression: write none (or leave it out) for no compression")
+    elif isinstance(comp, dict) and "name" in comp:
+        raise ValueError(f"param_compression: write {{method: {comp['name']}, ...}}, not name")
     off = out.get("offload_activations")
-    if isinstance(off, dict):
-        if "distance" in off:
-            out.setdefault("prefetch_distance", off["distance"])
-        off = off.get("mode", "prefetch")
-    if off is False:
-        off = "none"
-    if off == "save_on_cpu":  # torch's save_on_cpu copies in the compute stream's order, on demand back
-        out.setdefault("prefetch_distance", 0)
-        out.setdefault("offload_copies", "blocking")
-        off = "all"
-    elif off == "prefetch":
-        off = "all"
-    if off is not None:
-        out["offload_activations"] = off
+    if isinstance(off, dict) or off in ("save_on_cpu", "prefetch", False):
+        raise ValueError("offload_activations is none, all, conv or a list of layers; torch's save_on_cpu is "
+                         "offload_activations: all with offload_copies: blocking and prefetch_distance: 0, "
+                         "prefetching K layers ahead is offload_activations: all with prefetch_distance: K")
     return out
 
 
