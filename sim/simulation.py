@@ -29,7 +29,7 @@ from trainsim.sim.compute.costs import rank_costs
 from trainsim.sim.core.collector import fewer_collections
 from trainsim.sim.core.machine import Machine, build_machine
 from trainsim.sim.core.result import GpuResult, LinkResult, Result, breakdown, busy_time
-from trainsim.sim.core.window import MeasuredWindow
+from trainsim.sim.core.window import MeasuredWindow, StopFlag
 from trainsim.sim.hosts import host_model_for
 from trainsim.sim.optimizations.data_movement import plugins_for
 from trainsim.sim.planning.prefetch import auto_prefetch_distance
@@ -75,12 +75,14 @@ class Simulation:
     """One resolved run on one machine (by default the run's topology)."""
 
     @fewer_collections()
-    def __init__(self, run: Run, *, machine: Machine | None = None, record: bool = True, mirror: bool = True):
+    def __init__(self, run: Run, *, machine: Machine | None = None, record: bool = True, mirror: bool = True,
+                 stop: StopFlag | None = None):
         """``run``: a resolved `Run` (`trainsim.resolve.resolve`). ``machine``: the machine to run on
         (default: one built from the run's topology and devices). ``record``: keep every op, flow, link-rate
         and memory change (for records and traces). ``mirror``: where it is exact, simulate one machine per
         class of identical ones and mirror it (sim/symmetry.py); False simulates every rank (to check
-        that)."""
+        that). ``stop``: a flag that, once requested (Ctrl-C), stops the run when the next iteration has
+        finished on every rank (`request_stop`)."""
         if not isinstance(run, Run):
             raise TypeError(f"Simulation takes a resolved Run (trainsim.resolve.resolve), not "
                             f"{type(run).__name__}")
@@ -136,7 +138,7 @@ class Simulation:
             plugins=plugins_for(sc, host=self.host, codec_s=measured.codec_s if measured else None,
                                 prefetch_distance=prefetch))
         self.window = MeasuredWindow(self.machine, sc.warmup_iterations, self.ctx.total_iterations,
-                                     lambda: self.ctx.simulated)
+                                     self.ctx.simulated, stop)
         self.ctx.on_iteration_end.append(self.window)
 
     def _cost_table(self, sharing: dict[str, int], measured_on):
@@ -173,7 +175,7 @@ class Simulation:
         """Ask a running ``run()`` to stop when the next iteration has finished on every rank (the first
         measured one at the earliest) and to return the Result of the iterations done so far, with
         ``stopped_early`` set. Safe to call from a signal handler: it only sets a flag."""
-        self.window.request_stop()
+        self.window.stop.request()
 
     @fewer_collections()
     def run(self) -> Result:

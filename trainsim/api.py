@@ -20,13 +20,14 @@ from trainsim.formats.scenario import Scenario
 from trainsim.formats.scenario_loader import load_scenario
 from trainsim.resolve import Run, load_bundle, resolve, resolve_scenario
 from trainsim.sim.core.result import Result
+from trainsim.sim.core.window import StopFlag
 from trainsim.sim.simulation import Simulation
 
 if TYPE_CHECKING:
     from trainsim.formats.bundle import Bundle, RunMeasurements
 
-__all__ = ["Bundle", "Run", "RunMeasurements", "Scenario", "load_bundle", "load_scenario", "resolve",
-           "resolve_scenario", "simulate", "simulation"]
+__all__ = ["Bundle", "Run", "RunMeasurements", "Scenario", "StopFlag", "load_bundle", "load_scenario",
+           "resolve", "resolve_scenario", "simulate", "simulation"]
 
 
 def __getattr__(name: str):
@@ -62,11 +63,14 @@ def simulate(
     overrides: Sequence[str] = (),
     variant: str | None = None,
     record: bool = True,
+    stop: StopFlag | None = None,
 ) -> Result:
     """Resolve ``scenario`` (and the calibration bundle), simulate it, return the Result.
 
     ``record``: keep every op, flow, link-rate change and memory change (what records and traces are
     written from); False keeps one record per stretch of back-to-back layers, enough for the Result, which
-    is far cheaper in time and memory at scale."""
+    is far cheaper in time and memory at scale. ``stop``: once requested (e.g. from a signal handler), the
+    run ends when the next iteration has finished on every rank, and the Result covers the iterations done
+    (``stopped_early``)."""
     return simulation(scenario, calibration=calibration, overrides=overrides, variant=variant,
-                      record=record).run()
+                      record=record, stop=stop).run()

@@ -843,16 +843,15 @@ def simulate_cmd(
     _distinct_outputs(("--trace", trace_out), ("--records", records_out))
     _check_outputs(("--records", records_out))
     _check_trace_output(trace_out)
-    sc = api.load_scenario(scenario, overrides, variant=variant)
-    bundle = api.load_bundle(calibration) if calibration is not None else None
     err = Console(stderr=True)
-    # every op and rate change is kept only for the files that show them
-    run = api.simulation(sc, calibration=bundle, record=bool(trace_out or records_out))
-    with err.status(f"simulating {sc.name}"), _stop_on_interrupt(
-            run.request_stop, "when the current iteration has finished on every rank"):
-        result = run.run()
-    stopped = (f"stopped early: the result covers the first {result.iterations} of {sc.iterations} measured "
-               "iterations") if result.stopped_early else None
+    stop = api.StopFlag()
+    with err.status(f"simulating {scenario}"), _stop_on_interrupt(
+            stop.request, "when the current iteration has finished on every rank"):
+        # every op and rate change is kept only for the files that show them
+        result = api.simulate(scenario, overrides=overrides, variant=variant, calibration=calibration,
+                              record=bool(trace_out or records_out), stop=stop)
+    stopped = (f"stopped early: the result covers the first {result.iterations} measured iterations"
+               if result.stopped_early else None)
     prov = None
     if trace_out or as_json:  # only files and JSON carry it (looking up versions costs start-up time)
         prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
