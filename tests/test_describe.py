@@ -235,7 +235,12 @@ def test_autocast_weight_copies_are_packed_not_saved():
     assert under["wte"].weight_copies == under["h.0.ln_1"].weight_copies == 0
 
 
-@pytest.mark.parametrize("name", sorted(BUILTINS))
+#: the big CNNs take seconds each at 64 px on the CPU; resnet18 and the others stay in the everyday tier
+SLOW_AUTOCAST = {"alexnet", "googlenet", "resnet50", "vgg16"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_AUTOCAST else n
+                                  for n in sorted(BUILTINS)])
 def test_the_analytic_bytes_under_autocast_are_cuda_autocasts(name):
     # real steps on the CPU under autocast, with CUDA's fp32 ops (layer norm, softmax) emulated, keep exactly
     # what the analytic generator derives from CUDA autocast's op lists, layer by layer

@@ -115,6 +115,7 @@ def test_optimizations_do_not_change_the_arithmetic(one_rank_runs):
 
 
 @two_cores
+@pytest.mark.slow  # every strategy trains on 2 ranks (the two_rank_runs fixture)
 def test_every_two_rank_strategy_measures(two_rank_runs):
     measured = two_rank_runs["measured"]
     for name, m in measured.items():
@@ -133,6 +134,7 @@ def test_every_two_rank_strategy_measures(two_rank_runs):
 
 
 @two_cores
+@pytest.mark.slow  # every strategy trains on 2 ranks (the two_rank_runs fixture)
 def test_data_parallel_strategies_compute_the_same_step(two_rank_runs, one_rank_runs):
     """Same data and SGD: one rank on the whole batch, DDP, the explicit DataParallel flow (with and without
     batch splitting), the parameter server, the pipeline under every schedule, the spatial split (and
@@ -169,6 +171,7 @@ def _initial_params():
 
 
 @two_cores
+@pytest.mark.slow  # every strategy trains on 2 ranks (the two_rank_runs fixture)
 def test_easgd_sync_follows_the_formula(two_rank_runs):
     m = two_rank_runs["exact"]["easgd-sync"]
     alpha = m.ran["easgd"]["alpha"]
@@ -184,6 +187,7 @@ def test_easgd_sync_follows_the_formula(two_rank_runs):
 
 
 @two_cores
+@pytest.mark.slow  # every strategy trains on 2 ranks (the two_rank_runs fixture)
 def test_easgd_original_serves_workers_in_rank_order(two_rank_runs):
     m = two_rank_runs["exact"]["easgd-original"]
     alpha = m.ran["easgd"]["alpha"]
