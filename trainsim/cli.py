@@ -303,7 +303,8 @@ def version(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
 def replay_cmd(
     traces: list[str] = typer.Argument(
         ..., metavar="TRACE...", help="Kineto trace files (.json or .json.gz), one per rank of one run, or "
-             "the folder that holds them."),
+             "the folder that holds them; or Chakra execution traces (<prefix>.<rank>.et); or PyTorch "
+             "execution traces (ExecutionTraceObserver's JSON) each with its Kineto trace."),
     topology: str | None = typer.Option(
         None, "--topology", metavar="NAME|FILE",
         help="What-if: re-time collectives and host copies by this topology's models, relative to the "
@@ -324,6 +325,10 @@ def replay_cmd(
     trace_out: str | None = typer.Option(
         None, "--trace", metavar="DIR|OUT.json.gz",
         help=TRACE_HELP.format(what="the replay (the what-if, if any)")),
+    chakra_out: str | None = typer.Option(
+        None, "--chakra", metavar="DIR",
+        help="Also write the replay (the what-if, if any) as Chakra execution traces, "
+             "DIR/trainsim.<rank>.et, as ASTRA-sim and Chakra's tools read them."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Import PyTorch profiler traces, replay them against the measured step times, and answer what-ifs."""
@@ -331,9 +336,13 @@ def replay_cmd(
 
     from trainsim.provenance import provenance
     from trainsim.sim.replay import engine as rp
+    from trainsim.sim.replay.chakra_graph import check_chakra_folder, write_replay_et
     from trainsim.sim.replay.whatif import WhatIf
 
+    _distinct_outputs(("--trace", trace_out), ("--chakra", chakra_out))
     _check_trace_output(trace_out)
+    if chakra_out:
+        check_chakra_folder(chakra_out)
     whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
     with console.status("replaying") as status:
@@ -343,6 +352,8 @@ def replay_cmd(
         from trainsim.sim.replay.kineto_ranks import write_trace
 
         write_trace(report, trace_out, provenance=prov)
+    if chakra_out:
+        write_replay_et(report, chakra_out, provenance=prov)
     if as_json:
         print_json(report.to_dict(provenance=prov))
         return
@@ -350,6 +361,8 @@ def replay_cmd(
         typer.echo(line)
     if trace_out:
         typer.echo(f"replay trace written to {trace_out}")
+    if chakra_out:
+        typer.echo(f"Chakra execution traces written to {chakra_out}")
 
 
 # ---- trainsim topo: the topology library ----------------------------------------------------------------
@@ -391,10 +404,14 @@ def topo_show(
     from trainsim.topologies.analysis import describe, draw_png
     from trainsim.topologies.report import show_lines
 
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
     _check_png("--png", png)
     _check_outputs(("--png", png))
-    topo = _load_checked_topology(topology)
-    desc = describe(topo)
+    with _progress_bar(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
+        task = bar.add_task(f"reading {topology}", total=None)  # a 100k-GPU cluster takes minutes
+        topo = _load_checked_topology(topology)
+        desc = describe(topo, progress=lambda step: bar.update(task, description=step))
     if png:
         try:
             draw_png(topo, png)
@@ -826,6 +843,9 @@ def simulate_cmd(
                                          help=TRACE_HELP.format(what="the run")),
     records_out: str | None = typer.Option(None, "--records", metavar="FILE.csv",
                                            help="Write one flat row per op/transfer (CSV)."),
+    chakra_out: str | None = typer.Option(None, "--chakra", metavar="DIR",
+                                          help="Write the run as Chakra execution traces, "
+                                               "DIR/trainsim.<rank>.et (ASTRA-sim's workload)."),
     allow_oom: bool = typer.Option(False, "--allow-oom",
                                    help="Exit 0 when the run does not fit in GPU memory (default: exit 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -840,20 +860,24 @@ def simulate_cmd(
     from trainsim.provenance import provenance
     from trainsim.sim.output import report
 
-    _distinct_outputs(("--trace", trace_out), ("--records", records_out))
+    _distinct_outputs(("--trace", trace_out), ("--records", records_out), ("--chakra", chakra_out))
     _check_outputs(("--records", records_out))
     _check_trace_output(trace_out)
+    if chakra_out:
+        from trainsim.sim.replay.chakra_graph import check_chakra_folder
+
+        check_chakra_folder(chakra_out)
     err = Console(stderr=True)
     stop = api.StopFlag()
     with err.status(f"simulating {scenario}"), _stop_on_interrupt(
             stop.request, "when the current iteration has finished on every rank"):
         # every op and rate change is kept only for the files that show them
         result = api.simulate(scenario, overrides=overrides, variant=variant, calibration=calibration,
-                              record=bool(trace_out or records_out), stop=stop)
+                              record=bool(trace_out or records_out or chakra_out), stop=stop)
     stopped = (f"stopped early: the result covers the first {result.iterations} measured iterations"
                if result.stopped_early else None)
     prov = None
-    if trace_out or as_json:  # only files and JSON carry it (looking up versions costs start-up time)
+    if trace_out or chakra_out or as_json:  # only files and JSON carry it (versions cost start-up time)
         prov = provenance(timestamp=False, scenario=scenario, overrides=list(overrides), variant=variant,
                           calibration=calibration)
     if trace_out:
@@ -864,6 +888,10 @@ def simulate_cmd(
         from trainsim.sim.output.records import write_records
 
         write_records(result, records_out)
+    if chakra_out:
+        from trainsim.sim.replay.chakra_graph import write_simulation_et
+
+        write_simulation_et(result, chakra_out, provenance=prov)
     oom_exit = 3 if result.oom and not allow_oom else 0
     if as_json:
         print_json(result.to_dict(provenance=prov))
@@ -881,7 +909,7 @@ def simulate_cmd(
         console.print(line)
     for line in result.oom:
         console.print(f"[bold red]OUT OF MEMORY (a result, not an error): {line}[/]")
-    for path, what in ((trace_out, "trace"), (records_out, "records")):
+    for path, what in ((trace_out, "trace"), (records_out, "records"), (chakra_out, "Chakra traces")):
         if path:
             console.print(f"{what} written to {path}")
     if stopped:

@@ -38,8 +38,7 @@ import simpy
 
 from trainsim.errors import TrainsimError
 from trainsim.files import write_atomic
-from trainsim.formats.kineto import KinetoTrace, load_traces
-from trainsim.sim.replay.trace_graph import LAUNCH_QUEUE, GpuOp, TraceGraph, build_graph
+from trainsim.sim.replay.trace_graph import LAUNCH_QUEUE, GpuOp, TraceGraph
 from trainsim.sim.replay.whatif import WhatIf
 
 OpTime = Callable[[simpy.Environment, int, GpuOp], "float | simpy.Event | None"]
@@ -323,20 +322,14 @@ def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None,
 
 def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, checks: bool = True,
                   progress: Callable[[str], None] | None = None) -> ReplayReport:
-    """Load per-rank trace files of one run, build their graphs, replay them with the measured durations
+    """Load per-rank trace files of one run (Kineto traces, Chakra ETs, or PyTorch execution traces with their
+    Kineto traces: `chakra_graph.load_graphs`), build their graphs, replay them with the measured durations
     and, when ``whatif`` changes something, again under the what-if; with ``checks`` also compare every
     collective and memcpy with its simulation on the topology the trace ran on."""
+    from trainsim.sim.replay.chakra_graph import load_graphs
     from trainsim.sim.replay.whatif import WhatIfModel, collective_check, home_topology, memcpy_check
 
-    paths = list(paths)
-    if progress:
-        progress(f"reading {len(paths)} trace file(s)")
-    traces: list[KinetoTrace] = load_traces(paths)
-    graphs = []
-    for t in traces:
-        if progress:
-            progress(f"building the dependency graph of rank {t.rank}")
-        graphs.append(build_graph(t))
+    graphs = load_graphs(list(paths), progress=progress)
     model = None
     if whatif is not None and whatif.active:
         model = WhatIfModel(graphs, whatif)

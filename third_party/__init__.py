@@ -1,0 +1,1 @@
+"""Files from other projects, unchanged, with their licences (see each folder's README)."""
