@@ -156,8 +156,12 @@ def _us(value: float) -> float:
     return round(value * 1e6, 3)
 
 
-def describe(topo: Topology) -> dict:
-    """Everything `topo show --json` prints (units in the field names, as in the files)."""
+def describe(topo: Topology, progress=None) -> dict:
+    """Everything `topo show --json` prints (units in the field names, as in the files). ``progress(step)``
+    is told each step as it starts: on a cluster of 100k GPUs the two max flows (the bisections) take
+    minutes, the rest seconds."""
+    step = progress or (lambda _text: None)
+    step(f"links and nodes of {len(topo.gpus):,} GPUs")
     injection = injection_bandwidth(topo)
     nodes = []
     for name, d in topo.graph.nodes(data=True):
@@ -176,8 +180,11 @@ def describe(topo: Topology) -> dict:
               "lanes": x["lanes"], "bandwidth_gbps": _gbps(x["bandwidth"]),
               "raw_bandwidth_gbps": _gbps(x["raw_bandwidth"]), "latency_us": _us(x["latency"])}
              for x in physical_links(topo)]
+    step(f"bisection: a max flow over {topo.graph.number_of_edges():,} links")
     cut = bisection(topo)
+    step("network bisection: a max flow over the network's links")
     net = fabric(topo)
+    step("the paths between GPUs")
     return {
         "schema": "trainsim.topo_show/1", "name": topo.name, "source": topo.source,
         "description": topo.description, "sources": topo.sources, "p2p": topo.p2p,

@@ -401,10 +401,10 @@ def topo_show(
                                    help="Also draw the topology to this PNG file."),
 ):
     """Nodes, links, per-GPU injection and bisection bandwidth, and the kinds of path between GPUs."""
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
     from trainsim.topologies.analysis import describe, draw_png
     from trainsim.topologies.report import show_lines
-
-    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
     _check_png("--png", png)
     _check_outputs(("--png", png))
