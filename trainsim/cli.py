@@ -186,7 +186,15 @@ def _check_outputs(*options: tuple[str, str | None]) -> None:
 
 
 #: the parameters that name a command's outputs (every other path it is given is an input)
-OUTPUT_PARAMS = ("out", "trace_out", "records_out", "png", "plot", "report_dir", "profile")
+OUTPUT_PARAMS = ("out", "trace_out", "records_out", "chakra_out", "png", "plot", "report_dir", "profile")
+
+
+def _check_not_input(path: str, option: str, **kind) -> None:
+    """An output the command checks in its own way (`trainsim.files.check_not_input`'s ``folder``,
+    ``whole``) must not be one of its inputs either."""
+    from trainsim.files import check_not_input
+
+    check_not_input(path, option, _inputs(), **kind)
 
 
 def _inputs() -> list[tuple[str, str]]:
@@ -342,6 +350,7 @@ def replay_cmd(
     _distinct_outputs(("--trace", trace_out), ("--chakra", chakra_out))
     _check_trace_output(trace_out)
     if chakra_out:
+        _check_not_input(chakra_out, "--chakra", folder=True, whole=True)
         check_chakra_folder(chakra_out)
     whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
@@ -866,6 +875,7 @@ def simulate_cmd(
     if chakra_out:
         from trainsim.sim.replay.chakra_graph import check_chakra_folder
 
+        _check_not_input(chakra_out, "--chakra", folder=True, whole=True)
         check_chakra_folder(chakra_out)
     err = Console(stderr=True)
     stop = api.StopFlag()
