@@ -129,7 +129,11 @@ class ResultsFile:
         if text and not text.endswith("\n"):  # a run stopped in the middle of a row
             text = text[: text.rfind("\n") + 1]
             write_atomic(self.path, text.encode())
-        rows = list(csv.reader(io.StringIO(text)))
+        try:
+            rows = list(csv.reader(io.StringIO(text)))
+        except csv.Error as exc:  # a cell over the csv module's limit (128 KiB): no row trainsim wrote
+            raise TrainsimError(f"not a results file: {exc}; give another --out or remove it",
+                                file=str(self.path)) from None
         if not rows:
             write_atomic(self.path, self._lines([], header=True).encode())
             return {}
