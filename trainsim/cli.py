@@ -899,7 +899,7 @@ def simulate_cmd(
 
         write_records(result, records_out)
     if chakra_out:
-        from trainsim.sim.replay.chakra_graph import write_simulation_et
+        from trainsim.sim.output.chakra_et import write_simulation_et
 
         write_simulation_et(result, chakra_out, provenance=prov)
     oom_exit = 3 if result.oom and not allow_oom else 0

@@ -10,7 +10,8 @@ at the times of the replay (the what-if's, if any): ASTRA-sim and Chakra's tools
   trace does not name a ``COMP_NODE`` of its time;
 - ``data_deps``: a point depends on its thread's previous point and on what it waited for, an op on the
   point that launched it, its stream's previous op and the ops it waited for on other streams;
-- ``start_time_micros`` and ``duration_micros`` in whole microseconds from the trace's first instant.
+- ``start_time_micros`` and ``duration_micros`` in whole microseconds from the trace's first instant; the
+  CPU thread (``tid``) and the GPU ``device`` and ``stream`` as int64 attributes.
 
 Each node and the metadata also carry, as one string attribute ``trainsim`` (JSON, which Chakra's tools
 leave alone), the graph's exact parameters: times to the float, waits with their slacks, launch latency and
@@ -103,6 +104,7 @@ def rank_et(rr, *, world_size: int, untraced_event_s: float | None = None, messa
         deps += [oid(o) for o, _ in p.gpu_waits] + [pid(q) for q, _ in p.cpu_waits]
         node.data_deps.extend(dict.fromkeys(deps))
         chakra.add_attr(node, "is_cpu_op", True)
+        chakra.add_attr(node, "tid", p.thread)
         chakra.add_attr(node, "trainsim", json.dumps({
             "thread": p.thread, "t": t, "label": p.label, "own": own,
             "gpu_waits": [[oid(o), slack] for o, slack in p.gpu_waits],
@@ -124,6 +126,8 @@ def rank_et(rr, *, world_size: int, untraced_event_s: float | None = None, messa
         deps += ([oid(o.stream_prev)] if o.stream_prev is not None else []) + [oid(d) for d in o.deps]
         node.data_deps.extend(dict.fromkeys(deps))
         chakra.add_attr(node, "is_cpu_op", False)
+        chakra.add_attr(node, "device", e.device)
+        chakra.add_attr(node, "stream", e.stream)
         if comm:
             nbytes = message_bytes.get(o.index, o.collective.array_bytes) or 0
             chakra.add_attr(node, "comm_type", s.comm_types[comm])
@@ -234,20 +238,6 @@ def write_replay_et(report, folder: str | os.PathLike, *, provenance: dict | Non
         meta, nodes = rank_et(rr, world_size=world, untraced_event_s=untraced, provenance=provenance)
         files[rr.graph.rank] = chakra.encode_et(meta, nodes)
     write_et_folder(folder, files)
-
-
-def write_simulation_et(result, folder: str | os.PathLike, *, provenance: dict | None = None) -> None:
-    """``--chakra DIR`` of `trainsim simulate`: the run as per-rank Kineto traces (`output.kineto_ranks`, the
-    folder ``--trace`` writes), replayed, each rank's replay an ET."""
-    import tempfile
-
-    from trainsim.sim.output.kineto_ranks import write_rank_traces
-    from trainsim.sim.replay.engine import replay_traces
-
-    with tempfile.TemporaryDirectory() as tmp:
-        write_rank_traces(result, Path(tmp) / "trace", provenance=provenance)
-        report = replay_traces([Path(tmp) / "trace"], checks=False)
-    write_replay_et(report, folder, provenance=provenance)
 
 
 # ---------------------------------------------------------------- in: an ET trainsim wrote
