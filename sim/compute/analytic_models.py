@@ -73,6 +73,8 @@ from trainsim.formats.workload import (
     dumps_workload,
 )
 
+from .transformers import transformer_models
+
 INT64 = 8
 FP32 = 4
 LOW = 2  # bytes per value of autocast's 16-bit types (bf16, fp16)
@@ -588,9 +590,15 @@ MODELS = {
     "gpt": (GPTConfig, _gpt),
     "gpt2-small": (GPTConfig, _gpt),
 }
+#: today's decoder transformers from Hugging Face-style configs (`trainsim.sim.compute.transformers`)
+TRANSFORMERS = transformer_models()
+MODELS.update(TRANSFORMERS)
 
-#: the files shipped in scenarios/workloads/ (name -> config overrides)
-BUILTINS = {name: {} for name in MODELS if name != "gpt"}
+#: the files shipped in scenarios/workloads/ (name -> config overrides), each checked against the calibration
+#: zoo's torch model
+BUILTINS = {name: {} for name in MODELS if name != "gpt" and name not in TRANSFORMERS}
+#: the transformer presets shipped there too (no zoo model: checked against torch in tests/test_transformers)
+TRANSFORMER_BUILTINS = {name: {} for name in TRANSFORMERS if name != "transformer"}
 
 
 def config_for(name: str, **cfg):
@@ -598,6 +606,8 @@ def config_for(name: str, **cfg):
     if name not in MODELS:
         raise unknown_name("model", name, MODELS)
     config_cls = MODELS[name][0]
+    if hasattr(config_cls, "from_options"):  # a transformer preset: HF key names and aliases, text values
+        return config_cls.from_options(**cfg)
     valid = {f.name for f in fields(config_cls)}
     for key in cfg:
         if key not in valid:
@@ -669,18 +679,19 @@ def build_analytic(name: str, **cfg) -> Workload:
                               config={f.name: getattr(config, f.name) for f in fields(config)}))
 
 
-def generate_builtins(out_dir: str | Path) -> list[Path]:
-    """Write every built-in workload to ``out_dir`` (atomically, canonical JSON); returns the paths."""
+def generate_builtins(out_dir: str | Path, builtins: dict | None = None) -> list[Path]:
+    """Write every built-in workload (of ``builtins``, default `BUILTINS`) to ``out_dir`` (atomically,
+    canonical JSON); returns the paths."""
     from trainsim.formats.workload import save_workload
 
     out_dir = Path(out_dir)
     return [save_workload(build_analytic(name, **cfg), out_dir / f"{name}.json")
-            for name, cfg in BUILTINS.items()]
+            for name, cfg in (BUILTINS if builtins is None else builtins).items()]
 
 
 def builtin_text(name: str) -> str:
     """The canonical JSON text the shipped file ``name.json`` must have."""
-    return dumps_workload(build_analytic(name, **BUILTINS[name]))
+    return dumps_workload(build_analytic(name, **{**BUILTINS, **TRANSFORMER_BUILTINS}[name]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -688,8 +699,10 @@ def main(argv: list[str] | None = None) -> None:
     default_out = Path(__file__).resolve().parents[2] / "scenarios" / "workloads"
     parser.add_argument("--out", default=str(default_out),
                         help="output folder (default: the package's scenarios/workloads)")
+    parser.add_argument("--transformers", action="store_true",
+                        help="write the transformer presets (llama3-8b, ...) instead of the zoo's models")
     args = parser.parse_args(argv)
-    for path in generate_builtins(args.out):
+    for path in generate_builtins(args.out, TRANSFORMER_BUILTINS if args.transformers else None):
         print(path)
 
 
