@@ -27,7 +27,7 @@ from pydantic import Field
 from trainsim.errors import TrainsimError
 from trainsim.formats.units import GBps, Microseconds
 
-from .machines import Meta, copy_machines, make_spec, network_link
+from .machines import MAX_MACHINES, Meta, copy_machines, make_spec, network_link
 from .schema import TopologySpec
 
 
@@ -36,7 +36,7 @@ class ClusterParams(Meta):
 
     generator: Literal["cluster"] = "cluster"
     node: str | dict[str, Any] = Field(description="preset name, file, or topology mapping of one machine")
-    nodes: int = Field(gt=0, description="number of machines")
+    nodes: int = Field(gt=0, le=MAX_MACHINES, description="number of machines")
     network: Literal["ib", "ethernet"] = "ib"
     generation: int | str | None = Field(default=None, description="default: each NIC's own generation")
     bandwidth_gbps: GBps | None = Field(default=None, gt=0, description="per port")
@@ -48,9 +48,10 @@ class FatTreeParams(ClusterParams):
 
     generator: Literal["fat_tree"] = "fat_tree"  # type: ignore[assignment]
     tiers: Literal[2, 3] = 2
-    radix: int = Field(gt=1, description="ports per switch")
+    radix: int = Field(gt=1, le=MAX_MACHINES, description="ports per switch")
     oversubscription: float = Field(default=1.0, description="leaf down-link to up-link ports, >= 1")
-    nodes_per_leaf: int | None = Field(default=None, gt=0, description="default: as many as the leaf holds")
+    nodes_per_leaf: int | None = Field(default=None, gt=0, le=MAX_MACHINES,
+                                       description="default: as many as the leaf holds")
 
 
 class RailParams(ClusterParams):
@@ -58,7 +59,7 @@ class RailParams(ClusterParams):
     by spine switches (2 tiers)."""
 
     generator: Literal["rail_optimised"] = "rail_optimised"  # type: ignore[assignment]
-    radix: int = Field(gt=1, description="ports per switch")
+    radix: int = Field(gt=1, le=MAX_MACHINES, description="ports per switch")
     oversubscription: float = Field(default=1.0, description="rail down-link to up-link ports, >= 1")
 
 

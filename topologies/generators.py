@@ -27,25 +27,30 @@ from .machines import Meta, make_spec
 from .schema import TopologySpec
 from .validation import validation_error
 
+#: the most of each part one generated machine may have: beyond them a number is a typo (a machine of 10^8
+#: GPUs would take hours and all memory to build), refused as one line naming the field
+MAX_PER_MACHINE = 4096
+
 
 class PcieTreeParams(Meta):
     """GPUs under PCIe switches (or on the sockets' root ports), sockets joined by an inter-socket link."""
 
     generator: Literal["pcie_tree"] = "pcie_tree"
-    gpus: int = Field(gt=0)
+    gpus: int = Field(gt=0, le=MAX_PER_MACHINE)
     gpu: str = Field(default="V100", min_length=1, description="device spec name")
     memory_gib: GiB | None = Field(default=None, gt=0)
-    gpus_per_switch: int = Field(default=2, ge=0, description="0: GPUs on the sockets' root ports")
+    gpus_per_switch: int = Field(default=2, ge=0, le=MAX_PER_MACHINE,
+                                 description="0: GPUs on the sockets' root ports")
     generation: int = Field(default=3, ge=1, le=6, description="PCIe generation")
     lanes: PcieLanes = Field(default=16, description="lanes of each GPU's link")
     uplink_lanes: PcieLanes = Field(default=16, description="lanes of each switch's link to its socket")
-    sockets: int = Field(default=1, gt=0)
-    cores: int = Field(default=16, gt=0, description="cores per socket")
+    sockets: int = Field(default=1, gt=0, le=MAX_PER_MACHINE)
+    cores: int = Field(default=16, gt=0, le=MAX_PER_MACHINE, description="cores per socket")
     dram_bandwidth_gbps: GBps | None = Field(default=None, gt=0)
-    dram_channels: int = Field(default=8, gt=0)
+    dram_channels: int = Field(default=8, gt=0, le=MAX_PER_MACHINE)
     dram_mt_s: MTps = Field(default=3200, gt=0)
     inter_socket: str = Field(default="skl", description="qpi, skl, spr, emr, amd or xbus")
-    nics_per_switch: int = Field(default=0, ge=0)
+    nics_per_switch: int = Field(default=0, ge=0, le=MAX_PER_MACHINE)
     nic_network: Literal["ib", "ethernet"] = "ib"
     nic_generation: int | str = "hdr"
     p2p: bool = True
@@ -62,7 +67,8 @@ class NvlinkMeshParams(PcieTreeParams):
     """A PCIe tree plus direct NVLink sets between GPUs, from a symmetric link-count matrix."""
 
     generator: Literal["nvlink_mesh"] = "nvlink_mesh"
-    gpus: int | None = Field(default=None, gt=0, description="defaults to the matrix size")
+    gpus: int | None = Field(default=None, gt=0, le=MAX_PER_MACHINE,
+                             description="defaults to the matrix size")
     links: list[list[int]]
     nvlink_generation: int = Field(default=2, ge=1)
 
@@ -85,10 +91,12 @@ class NvswitchParams(PcieTreeParams):
     """A PCIe tree plus NVSwitch fabrics: every GPU has ``links_per_gpu`` NVLinks into its board's fabric."""
 
     generator: Literal["nvswitch"] = "nvswitch"
-    links_per_gpu: int = Field(gt=0)
+    links_per_gpu: int = Field(gt=0, le=MAX_PER_MACHINE)
     nvlink_generation: int = Field(default=3, ge=1)
-    switches: int | None = Field(default=None, gt=0, description="NVSwitch chips per board")
-    boards: int = Field(default=1, gt=0, description="fabrics joined by non-blocking cross-board links")
+    switches: int | None = Field(default=None, gt=0, le=MAX_PER_MACHINE,
+                                 description="NVSwitch chips per board")
+    boards: int = Field(default=1, gt=0, le=MAX_PER_MACHINE,
+                        description="fabrics joined by non-blocking cross-board links")
     reduce: bool | None = None
     nvls_gbps: GBps | None = Field(default=None, gt=0, description="each fabric's NVLS engine throughput")
 

@@ -13,6 +13,12 @@ from trainsim.errors import TrainsimError
 from .schema import SCHEMA, TopologySpec
 from .topology import natural_key
 
+#: the most machines one generated network may join, and GPUs in all: the largest training clusters have
+#: about 100k GPUs (`trainsim topo show` of one takes minutes); beyond these a number is a typo, which would
+#: take hours and all memory to build, refused as one line naming the field
+MAX_MACHINES = 65_536
+MAX_GPUS = 262_144
+
 
 class Meta(BaseModel):
     """The fields of a generator file besides the generator's parameters."""
@@ -44,6 +50,10 @@ def copy_machines(node_source, count: int, *, load_node, base_dir: Path | None =
         if exc.file is not None:  # the machine's own file is wrong: it names itself
             raise
         raise TrainsimError(exc.reason, field="node" + (f".{exc.field}" if exc.field else "")) from None
+    gpus = sum(node.kind == "gpu" for node in node_spec.nodes)
+    if count * gpus > MAX_GPUS:
+        raise TrainsimError(f"{count:,} machines of {gpus} GPUs are {count * gpus:,} GPUs; a topology may "
+                            f"have at most {MAX_GPUS:,}", field="nodes")
     own_nics = sorted((n.name for n in node_spec.nodes if n.kind == "nic"), key=natural_key)
     nodes: list[dict] = []
     links: list[dict] = []
