@@ -551,13 +551,27 @@ class WhatIfModel:
             self._wires[key] = max(limits) if limits else min(raw_injection(topology, g) for g in gpus)
         return self._wires[key]
 
+    def model_busbw(self, topology, m: Member) -> float | None:
+        """The bus bandwidth the collective model reaches for ``m``'s collective on ``topology`` with a large
+        message (1 GiB: its routes and protocol, past the latency); None when the group does not fit."""
+        from trainsim.sim.collectives.ops import bus_factor
+
+        if topology is None or not self.nccl.fits(topology, m):
+            return None
+        key = ("model", topology.name, m.op, m.ranks)
+        if key not in self._wires:
+            big = float(2**30)
+            t = self.nccl.model_time(topology, m, big) - self.nccl.model_time(topology, m, 0.0)
+            self._wires[key] = big * bus_factor(m.op, len(m.ranks)) / t if t > 0 else None
+        return self._wires[key]
+
     def _bounds(self, op: GpuOp, m: Member, split: Split, nbytes: float) -> tuple[float, float]:
         """(floor, ceiling) of the re-timed latency + transfer of ``nbytes``: no faster than the wires of the
         what-if's machine carry the bytes (its wire bus bandwidth; as much faster as the kernel was measured
         beating the wires of the machine it ran on, whose description it then proves short), no slower than
         the kernel's own measured rate moves them (all of its measured time after the latency as transfer),
-        slowed only by as much as the new machine's wires are slower than the old one's, after the new
-        machine's latency."""
+        slowed only by as much as the collective model's bandwidth on the new machine is below the old
+        one's (`model_busbw`: the routes the collective takes there), after the new machine's latency."""
         from trainsim.sim.collectives.ops import bus_factor
 
         if nbytes <= 0:
@@ -567,7 +581,8 @@ class WhatIfModel:
         moving = op.event.dur - split.latency_s
         slower, latency = 1.0, split.latency_s
         if self.topology is not None:
-            slower = max(1.0, old / wires) if old and wires else math.inf
+            before, after = self.model_busbw(self.home, m), self.model_busbw(self.topology, m)
+            slower = max(1.0, before / after) if before and after else math.inf
             latency = max(latency, self.nccl.model_time(self.topology, m, 0.0))
         if wires and old and split.nbytes > 0 and split.transfer_s > 0:
             # a kernel that beat the home machine's wires says they are faster than its description
