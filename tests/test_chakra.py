@@ -315,3 +315,27 @@ def test_chakra_output_folder_with_other_files_is_refused_before_work(tmp_path):
     assert result.exit_code == 2 and "not Chakra traces" in result.output
     with pytest.raises(TrainsimError, match="no such file"):
         chakra.read_et(tmp_path / "missing.0.et")
+
+
+def test_protoc_generated_classes_read_our_files_byte_for_byte(tmp_path):
+    """Where grpcio-tools is installed: classes protoc generates from the vendored et_def.proto, as Chakra's
+    own tools use them, decode our files and encode them again to the same bytes."""
+    grpc_tools = pytest.importorskip("grpc_tools")
+    import importlib.util
+    from importlib import resources
+
+    from grpc_tools import protoc
+
+    proto = resources.files("trainsim.third_party.chakra") / "et_def.proto"
+    args = ["protoc", f"-I{proto.parent}", f"--python_out={tmp_path}", str(proto)]
+    assert protoc.main(args) == 0, grpc_tools
+    spec = importlib.util.spec_from_file_location("et_def_pb2", tmp_path / "et_def_pb2.py")
+    pb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pb)
+    report = replay_traces(two_rank_job(tmp_path), checks=False)
+    meta, nodes = chakra_graph.rank_et(report.replay.ranks[0], world_size=2)
+    data = chakra.encode_et(meta, nodes)
+    theirs = [pb.GlobalMetadata.FromString(meta.SerializeToString())]
+    theirs += [pb.Node.FromString(n.SerializeToString()) for n in nodes]
+    assert theirs[0].version == "0.0.4" and sum(n.type == pb.COMM_COLL_NODE for n in theirs[1:]) == 2
+    assert chakra.encode_et(theirs[0], theirs[1:]) == data

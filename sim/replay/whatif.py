@@ -6,9 +6,15 @@ times the ratio of the models' times for the what-if and for the machine the tra
 by default the preset its GPU implies), so an identity what-if (that machine, that GPU, no options) gives
 the measurement back.
 
-- **Collectives**: each NCCL kernel is split into waiting for peers, protocol latency and transfer
-  (`nccl_split`). ``--topology`` re-times latency + transfer by the ratio of the collective model's time on
-  the new topology to its time on the machine the trace ran on (flows alone, or alpha-beta with
+- **Collectives**: each NCCL kernel's kind, size, element type and group are what its launching call says
+  (`trainsim.formats.collectives`; an all-reduce NCCL ran in a kernel named ``SendRecv`` is an all-reduce),
+  its name only where the trace has no call, and the notes list every kernel whose kind, size or group was
+  guessed. Each is split into waiting for peers, protocol latency and transfer (`nccl_split`; a size the
+  trace lacks is a range, the what-if run at its high end and again at its low end for the range of the
+  answer). A re-timed latency + transfer is held between what the wires of the what-if's machine allow
+  and what the kernel's own measured rate allows (`WhatIfModel._bounds`). ``--topology`` re-times latency +
+  transfer by the ratio of the collective model's time on the new topology to its time on the machine the
+  trace ran on (flows alone, or alpha-beta with
   ``collectives=analytic``; with ``network=shared`` the ratio comes from the transfer run on one flow
   network shared with every other transfer). Ranks replayed together join: the k-th collective of a group
   in a step begins its transfer when the last of them is ready, so a straggler moves every rank. Peers
