@@ -65,7 +65,7 @@ class TransformerConfig:
     intermediate_size: int = 14336
     vocab_size: int = 128256
     seq_len: int = 8192
-    max_position_embeddings: int | None = None
+    max_position_embeddings: int | None = 8192
     tie_word_embeddings: bool = False
     norm: str = "rmsnorm"
     mlp: str = "swiglu"
@@ -134,7 +134,8 @@ class TransformerConfig:
                                     field="num_experts_per_tok")
             if self.first_k_dense_replace > self.num_hidden_layers:
                 raise TrainsimError(f"{self.first_k_dense_replace} dense layers do not fit in "
-                                    f"{self.num_hidden_layers} (num_hidden_layers)", field="first_k_dense_replace")
+                                    f"{self.num_hidden_layers} (num_hidden_layers)",
+                                    field="first_k_dense_replace")
         else:
             for name in ("num_experts_per_tok", "n_shared_experts", "first_k_dense_replace"):
                 if getattr(self, name):
@@ -274,7 +275,7 @@ def _counts(cfg, *names) -> None:
             raise TrainsimError(f"must be a whole number >= 0, got {value!r}", field=name)
 
 
-# --- Hugging Face configs -------------------------------------------------------------------------------------
+# --- Hugging Face configs ---------------------------------------------------------------------------------
 
 #: GPT-2's own key names -> ours (GPT-2 config.json)
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
@@ -341,22 +342,25 @@ class Preset:
         return TransformerConfig.from_options(self.values, **options)
 
 
-_LLAMA3 = ("Llama 3 paper (Grattafiori et al. 2024, 'The Llama 3 Herd of Models'), table 3 (layers, model and "
-           "FFN dimension, heads, 8 key/value heads, vocabulary 128K) and section 3.4 (pre-trained on 8K-token "
-           "sequences); the model card's config.json (vocab_size 128256, untied embeddings)")
+_LLAMA3 = ("Llama 3 paper (Grattafiori et al. 2024, 'The Llama 3 Herd of Models'), table 3 (layers, model "
+           "and FFN dimension, heads, 8 key/value heads, vocabulary 128K) and section 3.4 (pre-trained on "
+           "8K-token sequences); the model card's config.json (vocab_size 128256, untied embeddings, "
+           "max_position_embeddings 8192; 131072 for Llama 3.1 405B)")
 
 PRESETS = {p.name: p for p in (
     Preset("transformer", {}, 8.03e9,
-           "a Llama-style decoder, every figure settable with --set (HF config.json keys); defaults: Llama 3 8B"),
+           "a Llama-style decoder, every figure settable with --set (HF config.json keys); defaults: "
+           "Llama 3 8B"),
     Preset("llama3-8b", {}, 8.03e9,
            f"{_LLAMA3}; 8.03 B parameters: the model card's safetensors count (8,030,261,248)"),
     Preset("llama3-70b", dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
                               intermediate_size=28672), 70.6e9,
            f"{_LLAMA3}; 70.6 B parameters: the model card's safetensors count"),
     Preset("llama3-405b", dict(hidden_size=16384, num_hidden_layers=126, num_attention_heads=128,
-                               intermediate_size=53248), 405e9,
+                               intermediate_size=53248, max_position_embeddings=131072), 405e9,
            f"{_LLAMA3}; 405 B parameters (paper, table 3; Llama 3.1 405B's config.json)"),
-    Preset("mixtral-8x7b", dict(vocab_size=32000, seq_len=32768, num_local_experts=8, num_experts_per_tok=2),
+    Preset("mixtral-8x7b", dict(vocab_size=32000, seq_len=32768, max_position_embeddings=32768,
+                                num_local_experts=8, num_experts_per_tok=2),
            46.7e9,
            "Mixtral of Experts (Jiang et al. 2024), table 1 (dim 4096, 32 layers, head_dim 128, 32 heads, 8 "
            "kv heads, hidden_dim 14336, vocab 32000, 8 experts, top-2) and section 2 (32K-token context); "
@@ -364,15 +368,17 @@ PRESETS = {p.name: p for p in (
            "count (46.7 B); dropless routing (MegaBlocks), as trained"),
     Preset("deepseek-v3-moe", dict(
         hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=None,
-        intermediate_size=18432, vocab_size=129280, seq_len=4096, num_local_experts=256, num_experts_per_tok=8,
+        intermediate_size=18432, vocab_size=129280, seq_len=4096, max_position_embeddings=163840,
+        num_local_experts=256, num_experts_per_tok=8,
         n_shared_experts=1, moe_intermediate_size=2048, first_k_dense_replace=3, q_lora_rank=1536,
         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128), 671e9,
            "DeepSeek-V3 technical report (DeepSeek-AI 2024), section 4.2 (61 layers, hidden 7168, 128 heads, "
            "MLA with d_c 512, d'_c 1536, d_h 128 and d_h^R 64; first 3 layers dense; 1 shared + 256 routed "
            "experts of intermediate 2048, 8 per token; 4K-token pre-training sequences; 671 B total, 37 B "
            "active) and the model card's config.json (intermediate_size 18432, vocab_size 129280); no token "
-           "dropping (section 2.1.2). Simplified: the router's group-limited top-k (n_group 8, topk_group 4) "
-           "costs as a plain top-8 and the 14 B multi-token-prediction module is left out, as in the 671 B"),
+           "dropping (section 2.1.2); 163,840 positions (config.json). Simplified: the router's "
+           "group-limited top-k (n_group 8, topk_group 4) costs as a plain top-8 and the 14 B "
+           "multi-token-prediction module is left out, as in the 671 B"),
     Preset("gpt3-175b", dict(hidden_size=12288, num_hidden_layers=96, num_attention_heads=96,
                              num_key_value_heads=None, intermediate_size=4 * 12288, vocab_size=50257,
                              seq_len=2048, max_position_embeddings=2048, tie_word_embeddings=True,

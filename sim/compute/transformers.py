@@ -81,8 +81,9 @@ LAYER_ROLES = {
     "embed_tokens": "vocab", "lm_head": "vocab", "embed_positions": "sequence",
     "input_layernorm": "sequence", "post_attention_layernorm": "sequence", "model.norm": "sequence",
     "embed_dropout": "sequence", "attn_dropout": "sequence", "mlp_dropout": "sequence",
-    "qkv_proj": "column", "q_proj": "column", "q_b_proj": "column", "kv_b_proj": "column", "q_a_proj": "replicated",
-    "q_a_layernorm": "replicated", "kv_a_proj_with_mqa": "replicated", "kv_a_layernorm": "replicated",
+    "qkv_proj": "column", "q_proj": "column", "q_b_proj": "column", "kv_b_proj": "column",
+    "q_a_proj": "replicated", "q_a_layernorm": "replicated", "kv_a_proj_with_mqa": "replicated",
+    "kv_a_layernorm": "replicated",
     "rotary": "heads", "core": "heads", "o_proj": "row",
     "up_proj": "column", "gate_up_proj": "column", "act": "column", "down_proj": "row",
     "gate": "replicated", "dispatch": "tokens", "combine": "tokens",
@@ -186,7 +187,8 @@ def attention_core(b, name, cfg: TransformerConfig, q, k, v):
     inputs = q.nbytes + k_rep + v_rep
     b._record(name, "attention", saved=saved, saved_fixed=seq * seq if cfg.causal else 0,
               packed=inputs + scores * b.fp32 + scores * s, out=out, flops_f=flops_f, flops_b=2 * flops_f,
-              mem_f=3 * (inputs + out.nbytes) + 8 * scores * s, mem_b=4 * (inputs + out.nbytes) + 11 * scores * s)
+              mem_f=3 * (inputs + out.nbytes) + 8 * scores * s,
+              mem_b=4 * (inputs + out.nbytes) + 11 * scores * s)
     return out
 
 
