@@ -65,7 +65,7 @@ def _shown(value) -> str:
     """A number as a message gives it: whole numbers whole, others to 6 digits, and an integer too long to
     print (``int('9' * 400)``) by its length."""
     if isinstance(value, int) and abs(value) >= 10**16:
-        return f"a number of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+        return f"a number of about {int((value.bit_length() - 1) * math.log10(2)) + 1} digits"
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e16):
         return str(int(value))
     return f"{value:.6g}"
