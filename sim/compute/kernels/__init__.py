@@ -1,0 +1,13 @@
+"""The kernel-level compute model: time per kernel class, GPU generation and precision (issue 42).
+
+``kernel_time(kernel, device)`` (`model`) times a `specs` kernel (Gemm, Conv2d, Attention, Streaming) on a
+`DeviceSpec` from figures fitted on public per-kernel measurements (`params.json`, made by `fit` from the
+rows `dataset` reads). Not yet used by the simulator's default predictions (`trainsim.sim.compute.roofline`).
+"""
+
+from .model import kernel_time
+from .params import KernelParams, load_params
+from .specs import Attention, Conv2d, Gemm, KernelEstimate, KernelSpec, Streaming
+
+__all__ = ["Attention", "Conv2d", "Gemm", "KernelEstimate", "KernelParams", "KernelSpec", "Streaming",
+           "kernel_time", "load_params"]

@@ -1,0 +1,91 @@
+"""Scaled dot-product attention: the fused kernels (flash / memory-efficient) and the unfused path.
+
+Fused: one kernel per (sample, head, block of ``BLOCK_Q`` queries) that loops over the keys, computing the
+scores, their softmax and the product with V in on-chip memory, so it reads Q, K, V and writes the output
+once and never writes the scores. Its blocks run in waves over the SMs like a GEMM's tiles, each doing
+``4·BLOCK_Q·keys·head_dim`` FLOPs (Q·Kᵀ and P·V; a causal mask skips the keys it hides, so ``keys`` is the
+mean kept per query), at the matrix units' fitted efficiency for the precision (`matmul`); the backward pass
+recomputes the scores and makes four more products (2.5x the forward FLOPs), as PyTorch's FLOP counter has
+it.
+
+Unfused (``fused=False``, the math path): Q·Kᵀ as a batched GEMM writing the whole ``q_len x kv_len`` score
+matrix, the scale (and the causal mask) as elementwise kernels over it, the softmax over rows of
+``kv_len``, then P·V: each part timed by its own class and summed; backward: twice each GEMM's work (data
+and weight gradients) and a softmax backward reading two score-sized tensors and writing one.
+
+No attention kernel is in the evidence yet: these are compositions of the fitted matmul and memory-bound
+figures, and their range is the matmul class's held-out error.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainsim.sim.core.devices import DeviceSpec
+
+from .hardware import matrix_peak, require
+from .matmul import gemm_time
+from .memory_bound import streaming_time
+from .params import KernelParams
+from .specs import Attention, Gemm, KernelEstimate, Streaming
+
+BLOCK_Q = 128  # queries per thread block of the flash kernels (FlashAttention-2's forward tile for d <= 128)
+
+
+def attention_time(spec: Attention, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
+    """The kernel model's time for one attention call (fused kernel, or the unfused kernels summed)."""
+    return _fused(spec, device, params) if spec.fused else _unfused(spec, device, params)
+
+
+def _fused(spec: Attention, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
+    peak = matrix_peak(device, spec.dtype)
+    sms = int(require(device, "sm_count", "attention"))
+    figure = "efficiency" if spec.dtype == "fp32" else "tensor_efficiency"
+    try:
+        efficiency, where = params.figure(device, "matmul", figure)
+    except Exception:  # tensor cores not fitted yet: the fp32 figure (params.json "unfitted")
+        efficiency, where = params.figure(device, "matmul", "efficiency")
+    memory_eff, _ = params.figure(device, "matmul", "memory_efficiency")
+    blocks = spec.batch * spec.heads * math.ceil(spec.q_len / BLOCK_Q)
+    waves = math.ceil(blocks / sms)
+    keys = spec.pairs / spec.q_len  # mean keys each query attends to
+    per_block = 4.0 * BLOCK_Q * keys * spec.head_dim * (2.5 if spec.backward else 1.0)
+    compute = waves * per_block / (peak / sms * efficiency)
+    memory = spec.bytes / (device.memory_bandwidth * memory_eff)
+    seconds = max(compute, memory)
+    low, high = params.held_out("matmul")
+    bound = "compute" if compute >= memory else "memory"
+    achieved = (spec.flops if bound == "compute" else spec.bytes) / seconds
+    return KernelEstimate(seconds=seconds, bound=bound, achieved=achieved, low=seconds * (1 + low),
+                          high=seconds * (1 + high), kernel_class="attention",
+                          detail={"path": "fused", "waves": waves, "efficiency": efficiency,
+                                  "efficiency_from": where})
+
+
+def _unfused(spec: Attention, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
+    heads = spec.batch * spec.heads
+    scores = heads * spec.q_len * spec.kv_len
+    twice = 2 if spec.backward else 1
+    parts = [
+        (gemm_time(Gemm(m=spec.q_len, n=spec.kv_len, k=spec.head_dim, batch=heads, dtype=spec.dtype),
+                   device, params), twice),
+        (gemm_time(Gemm(m=spec.q_len, n=spec.head_dim, k=spec.kv_len, batch=heads, dtype=spec.dtype),
+                   device, params), twice),
+        (streaming_time(Streaming("elementwise", scores, dtype=_storage(spec.dtype)), device, params),
+         2 if spec.causal else 1),
+        (streaming_time(Streaming("softmax", scores, reads=2 if spec.backward else 1,
+                                  dtype=_storage(spec.dtype), row=spec.kv_len), device, params), 1),
+    ]
+    seconds = sum(part.seconds * count for part, count in parts)
+    low = sum(part.low * count for part, count in parts)
+    high = sum(part.high * count for part, count in parts)
+    matrix = sum(part.seconds * count for part, count in parts[:2])
+    bound = "compute" if matrix >= seconds - matrix else "memory"
+    achieved = (spec.flops if bound == "compute" else spec.bytes) / seconds
+    return KernelEstimate(seconds=seconds, bound=bound, achieved=achieved, low=low, high=high,
+                          kernel_class="attention",
+                          detail={"path": "unfused", "kernels": sum(count for _, count in parts)})
+
+
+def _storage(dtype: str) -> str:
+    return "fp32" if dtype == "tf32" else dtype

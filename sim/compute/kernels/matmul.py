@@ -1,0 +1,159 @@
+"""Matrix work: GEMM, batched GEMM and convolution (implicit GEMM or Winograd), by tiles and waves.
+
+A GEMM's output is cut into thread-block tiles of ``tm x tn``; the GPU runs one wave of ``sm_count`` tiles
+at a time, so a kernel takes ``ceil(tiles / sm_count)`` waves and a partial last wave leaves SMs idle. Each
+tile computes ``2·tm·tn·(K + k0)`` FLOPs' worth of time (``k0``: its prologue and epilogue, in steps of K)
+on one SM at ``peak / sm_count × efficiency × f(tile)``, where ``f = (1 + a/64) / (1 + a(1/tm + 1/tn))`` is
+how much smaller tiles lose to loading their operands (1 at 128 x 128). When the tiles are too few to fill
+the GPU the library splits K over ``s`` tiles (split-K) and sums the ``s`` partial products afterwards in
+HBM. The kernel takes the fastest tile and split its architecture's libraries offer (`params` ``tiles``:
+those seen launched in the evidence), and no less than its least traffic at the GPU's achieved bandwidth.
+
+Efficiency: a device's own where it was measured; for a GPU never measured, its generation's (or all
+measured GPUs') over the boards whose power does not cap them, capped in turn by its own board power
+(`params.KernelParams.efficiency`: a 70 W T4 or L4 cannot hold its boost clock through an SGEMM).
+
+Precision: fp32 runs on the SIMT cores at the fp32 peak; tf32/fp16/bf16/fp8 on the tensor cores at that
+precision's peak, where the architecture has it (`hardware.matrix_peak` refuses TF32 on a V100, FP8 before
+Ada/Hopper). The evidence so far is fp32 only: the tensor-core efficiency is the fp32 figure, uncapped,
+until a tensor-core sweep fits its own (`params.json` ``unfitted``).
+
+A 3x3 stride-1 convolution may run as Winograd, as cuDNN picks it when benchmarking (the evidence's kernel
+names show it for most of them): F(4x4, 3x3) as 36 batched GEMMs of a quarter of the direct FLOPs around
+input, filter and output transforms that stream through HBM. The kernel takes the faster of that and the
+direct implicit GEMM, each with the fixed GPU time of the kernels it launches (``conv.kernel_s`` each: two
+for the implicit GEMM, four for Winograd). cuDNN's fused Winograd kernels run at about the implicit GEMM's
+direct-equivalent rate in the evidence and are not told apart.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from trainsim.errors import TrainsimError
+from trainsim.sim.core.devices import DeviceSpec
+
+from .hardware import matrix_peak, require
+from .params import KernelParams
+from .specs import Conv2d, Gemm, KernelEstimate
+
+SPLITS = (1, 2, 4, 8, 16)
+#: kernels a convolution launches (each costs ``conv.kernel_s`` on the GPU): cuDNN's implicit GEMM computes
+#: its offsets first; its Winograd transforms the filter and the input, multiplies, transforms the output
+IMPLICIT_KERNELS, WINOGRAD_KERNELS = 2, 4
+PARTIAL_BYTES = 4  # split-K partial sums are fp32
+
+
+def tile_factor(tm, tn, tile_a: float):
+    """Efficiency of a ``tm x tn`` tile relative to 128 x 128 (operand loads per FLOP grow as tiles
+    shrink)."""
+    return (1.0 + tile_a / 64.0) / (1.0 + tile_a * (1.0 / tm + 1.0 / tn))
+
+
+def gemm_core(m, n, k, batch, nbytes, *, rate_per_sm: float, sms: int, efficiency, tile_a: float, k0: float,
+              tiles, bandwidth, splits=SPLITS):
+    """Seconds of GEMMs given as arrays (or scalars): the fastest tile and split, no less than ``nbytes`` at
+    ``bandwidth``. Returns (seconds, compute seconds, memory seconds, tile index, split) as arrays."""
+    m, n, k, batch, nbytes = (np.asarray(x, dtype=float) for x in (m, n, k, batch, nbytes))
+    efficiency = np.asarray(efficiency, dtype=float)
+    best = np.full(np.broadcast(m, n, k, batch).shape, np.inf)
+    best_tile = np.zeros(best.shape, dtype=int)
+    best_split = np.ones(best.shape, dtype=int)
+    for index, (tm, tn) in enumerate(tiles):
+        per_tile = 2.0 * tm * tn / (rate_per_sm * efficiency * tile_factor(tm, tn, tile_a))
+        blocks = batch * np.ceil(m / tm) * np.ceil(n / tn)
+        for split in splits:
+            waves = np.ceil(blocks * split / sms)
+            seconds = waves * per_tile * (np.ceil(k / split) + k0)
+            if split > 1:
+                seconds = seconds + 2.0 * split * batch * m * n * PARTIAL_BYTES / bandwidth
+                seconds = np.where(k >= 2 * split, seconds, np.inf)
+            better = seconds < best
+            best = np.where(better, seconds, best)
+            best_tile = np.where(better, index, best_tile)
+            best_split = np.where(better, split, best_split)
+    memory = nbytes / bandwidth
+    return np.maximum(best, memory), best, memory, best_tile, best_split
+
+
+def winograd_core(batch, in_c, out_c, height, width, out_h, out_w, **gemm):
+    """Seconds of a 3x3 stride-1 convolution as Winograd F(4x4, 3x3): 36 batched GEMMs over the input's
+    4x4 output tiles, a quarter of the direct FLOPs, and transforms of input, filter and output through HBM
+    at ``gemm['bandwidth']``."""
+    out_tile = 4
+    points = (out_tile + 2) ** 2
+    tiles = batch * np.ceil(np.asarray(out_h, dtype=float) / out_tile) * np.ceil(
+        np.asarray(out_w, dtype=float) / out_tile)
+    size = 4.0
+    gemm_bytes = size * (points * tiles * in_c + points * in_c * out_c + points * tiles * out_c)
+    seconds, _, _, _, _ = gemm_core(tiles, out_c, in_c, points, gemm_bytes, **gemm)
+    transforms = size * (batch * in_c * height * width + points * tiles * in_c  # input transform
+                         + points * tiles * out_c + batch * out_c * out_h * out_w  # output transform
+                         + 9 * in_c * out_c + points * in_c * out_c)  # filter transform
+    return seconds + transforms / gemm["bandwidth"]
+
+
+def _setup(device: DeviceSpec, params: KernelParams, dtype: str, cls: str):
+    peak = matrix_peak(device, dtype)
+    sms = int(require(device, "sm_count", cls))
+    if dtype != "fp32":
+        try:
+            efficiency, where = params.figure(device, cls, "tensor_efficiency")
+        except TrainsimError:  # not fitted yet: the fp32 figure, uncapped (params.json "unfitted")
+            efficiency, where = params.figure(device, cls, "efficiency")
+            where += " (fp32 figure: tensor cores not fitted)"
+    else:
+        efficiency, where = params.efficiency(device, cls, "efficiency")
+    memory_eff, _ = params.figure(device, "matmul", "memory_efficiency")
+    return peak, sms, efficiency, where, device.memory_bandwidth * memory_eff
+
+
+def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
+    """The kernel model's time for a (batched) GEMM on ``device``."""
+    peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "matmul")
+    kind = "batched" if spec.batch > 1 and not spec.shared_b else "single"
+    tiles = params.tiles(device, kind)
+    seconds, compute, memory, tile, split = gemm_core(
+        spec.m, spec.n, spec.k, spec.batch, spec.bytes, rate_per_sm=peak / sms, sms=sms,
+        efficiency=efficiency, tile_a=params.figure(device, "matmul", "tile_a")[0],
+        k0=params.figure(device, "matmul", "k0")[0], tiles=tiles, bandwidth=bandwidth)
+    tm, tn = tiles[int(tile)]
+    blocks = spec.batch * math.ceil(spec.m / tm) * math.ceil(spec.n / tn) * int(split)
+    detail = {"tile": f"{tm}x{tn}", "split_k": int(split), "waves": math.ceil(blocks / sms),
+              "efficiency": efficiency, "efficiency_from": where, "peak": peak}
+    return _estimate(float(seconds), float(compute), float(memory), spec, params, "matmul", detail)
+
+
+def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
+    """The kernel model's time for a convolution pass: the fastest of its implicit GEMM and, for a 3x3
+    stride-1 forward, the two Winograd algorithms."""
+    peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "conv")
+    gemm = spec.as_gemm()
+    common = {"rate_per_sm": peak / sms, "sms": sms, "tile_a": params.figure(device, "matmul", "tile_a")[0],
+              "k0": params.figure(device, "matmul", "k0")[0], "tiles": params.tiles(device, "conv"),
+              "bandwidth": bandwidth}
+    kernel_s, _ = params.figure(device, "conv", "kernel_s")
+    seconds, compute, memory, tile, split = gemm_core(gemm.m, gemm.n, gemm.k, gemm.batch, spec.bytes,
+                                                      efficiency=efficiency, **common)
+    seconds = float(seconds) + IMPLICIT_KERNELS * kernel_s
+    compute, memory = float(compute), float(memory)
+    algorithm = "implicit_gemm"
+    if spec.winograd_eligible and spec.pass_ == "forward" and spec.dtype == "fp32":
+        eff, _ = params.efficiency(device, "conv", "winograd_efficiency")
+        wino = float(winograd_core(spec.batch, spec.in_channels, spec.out_channels, spec.height, spec.width,
+                                   spec.out_h, spec.out_w, efficiency=eff, **common))
+        wino += WINOGRAD_KERNELS * kernel_s
+        if wino < seconds:
+            seconds, compute, algorithm = wino, wino, "winograd"
+    detail = {"algorithm": algorithm, "efficiency": efficiency, "efficiency_from": where, "peak": peak}
+    return _estimate(seconds, compute, memory, spec, params, "conv", detail)
+
+
+def _estimate(seconds, compute, memory, spec, params, cls, detail) -> KernelEstimate:
+    low, high = params.held_out(cls)
+    compute_bound = compute >= memory
+    achieved = (spec.flops if compute_bound else spec.bytes) / seconds if seconds > 0 else 0.0
+    return KernelEstimate(seconds=seconds, bound="compute" if compute_bound else "memory", achieved=achieved,
+                          low=seconds * (1 + low), high=seconds * (1 + high), kernel_class=cls, detail=detail)

@@ -1,0 +1,72 @@
+"""Memory-bound work: elementwise ops, normalisation, softmax, optimizer steps, embeddings, copies.
+
+Such a kernel streams its tensors through HBM: ``bytes × passes / (bandwidth × efficiency)``, where bytes are
+its least traffic (`Streaming.bytes`: every input read once, every output written once) and ``efficiency``
+the share of the datasheet bandwidth the device's elementwise kernels reach (`params.json`, fitted per device
+on the evidence's elementwise ops). A norm or a softmax makes more than one pass: ``passes`` while a row fits
+one warp's or block's registers, ``long_row_passes`` beyond ``LONG_ROW`` values (PyTorch's softmax switches
+from its one-warp-per-row kernel to a block per row there; the evidence's kernel names show the switch at
+1024), and it does arithmetic per value (``flops_per_element``: the mean, the variance, the exponentials)
+that bounds it where the GPU's fp32 peak is low for its bandwidth: its time is the longer of the two. Those
+three are properties of PyTorch's kernels, fitted per device and shared as medians; the bandwidth share is
+the device's. Kinds without evidence of their own (optimizer, embedding, copy, reduction) stream as
+elementwise kernels: an optimizer step is elementwise over its tensors.
+
+A kernel's fixed cost (launching it, and the host dispatching it) is `launch`'s, not this module's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainsim.sim.core.devices import DeviceSpec
+
+from .params import KernelParams
+from .specs import KernelEstimate, Streaming
+
+#: the row length beyond which norms and softmax make their long-row passes
+LONG_ROW = 1024
+#: the kinds with figures of their own; the others are elementwise
+FITTED_KINDS = ("elementwise", "layernorm", "softmax")
+ROW_KINDS = ("layernorm", "softmax")
+
+
+def streaming_core(nbytes, elements, row, *, bandwidth: float, efficiency, passes=1.0, long_row_passes=None,
+                   flops_per_element=0.0, peak=np.inf):
+    """Seconds of memory-bound kernels given as arrays (or scalars): ``nbytes`` streamed ``passes`` times
+    (``long_row_passes`` where ``row`` > `LONG_ROW`) at ``bandwidth × efficiency``, no less than
+    ``flops_per_element × elements`` at ``peak``."""
+    nbytes, elements, row = (np.asarray(x, dtype=float) for x in (nbytes, elements, row))
+    long_row = passes if long_row_passes is None else long_row_passes
+    times = np.where(row > LONG_ROW, long_row, passes)
+    memory = nbytes * times / (bandwidth * np.asarray(efficiency, dtype=float))
+    return memory + flops_per_element * elements / peak
+
+
+def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, str]:
+    """The figures of a memory-bound ``kind`` on ``device`` (efficiency, passes, long_row_passes,
+    flops_per_element) and where its efficiency comes from."""
+    efficiency, where = params.figure(device, "elementwise", "efficiency")
+    out = {"efficiency": efficiency, "passes": 1.0, "long_row_passes": 1.0, "flops_per_element": 0.0}
+    if kind in ROW_KINDS:
+        for name in ("long_row_passes", "flops_per_element"):
+            out[name], _ = params.figure(device, kind, name)
+    return out, where
+
+
+def streaming_time(spec: Streaming, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
+    """The kernel model's time for a memory-bound kernel on ``device``."""
+    fig, where = figures(device, params, spec.kind)
+    peak = device.peak("fp32")
+    row = spec.row or 0
+    seconds = float(streaming_core(spec.bytes, spec.elements, row, bandwidth=device.memory_bandwidth,
+                                   peak=peak, **fig))
+    cls = spec.kind if spec.kind in FITTED_KINDS else "elementwise"
+    low, high = params.held_out(cls)
+    compute = fig["flops_per_element"] * spec.elements / peak
+    bound = "compute" if compute >= seconds else "memory"
+    achieved = (fig["flops_per_element"] * spec.elements if bound == "compute" else spec.bytes) / seconds
+    return KernelEstimate(seconds=seconds, bound=bound, achieved=achieved, low=seconds * (1 + low),
+                          high=seconds * (1 + high), kernel_class=cls,
+                          detail={**fig, "efficiency_from": where,
+                                  "passes_used": fig["long_row_passes"] if row > LONG_ROW else fig["passes"]})

@@ -1,0 +1,109 @@
+"""Matrix kernels on hand-computed cases: tiles in waves over the SMs, split-K, the memory floor, Winograd."""
+
+import dataclasses
+
+import pytest
+from kernel_fixtures import GPU4, params
+
+from trainsim.errors import TrainsimError
+from trainsim.sim.compute.kernels.matmul import conv_time, gemm_core, gemm_time, tile_factor
+from trainsim.sim.compute.kernels.specs import Conv2d, Gemm
+from trainsim.sim.core.devices import DeviceSpec, get_device
+
+PER_SM = 1e12  # GPU4: 4 SMs sharing 4 TFLOP/s
+TILE_S = 2 * 128 * 128 / PER_SM  # one 128 x 128 tile, per step of K
+
+
+def _core(m, n, k, batch=1, splits=(1,), bandwidth=1e18, **kw):
+    args = {"rate_per_sm": PER_SM, "sms": 4, "efficiency": 1.0, "tile_a": 0.0, "k0": 0.0,
+            "tiles": [(128, 128)], "bandwidth": bandwidth, "splits": splits, **kw}
+    return gemm_core(m, n, k, batch, 0.0, **args)
+
+
+def test_four_tiles_fill_four_sms_in_one_wave():
+    seconds, compute, memory, tile, split = _core(256, 256, 1024)
+    assert seconds == pytest.approx(TILE_S * 1024)
+    assert (int(tile), int(split)) == (0, 1)
+
+
+def test_a_partial_last_wave_costs_a_whole_wave():
+    # 6 tiles on 4 SMs: 2 waves, the second half empty
+    assert _core(384, 256, 1024)[0] == pytest.approx(2 * TILE_S * 1024)
+    # a 129-row output needs a second row of tiles
+    assert _core(129, 128, 1024)[0] == pytest.approx(TILE_S * 1024)
+    assert _core(129, 128, 1024, batch=3)[0] == pytest.approx(2 * TILE_S * 1024)  # 6 tiles
+
+
+def test_split_k_fills_the_gpu_when_tiles_are_few():
+    # one 128 x 128 output tile, K = 4096, 4 SMs: split 4 ways (one wave of K/4) plus summing 4 fp32 partial
+    # 128 x 128 products through memory (written and read: 2 x 4 x 128 x 128 x 4 bytes at 100 GB/s)
+    seconds, _, _, _, split = _core(128, 128, 4096, splits=(1, 2, 4, 8, 16), bandwidth=1e11)
+    assert int(split) == 4
+    assert seconds == pytest.approx(TILE_S * 1024 + 2 * 4 * 128 * 128 * 4 / 1e11)
+
+
+def test_smaller_tiles_lose_efficiency_by_the_tile_factor():
+    assert tile_factor(128, 128, 10.0) == pytest.approx(1.0)
+    assert tile_factor(64, 64, 10.0) == pytest.approx((1 + 10 / 64) / (1 + 10 * 2 / 64))
+    assert tile_factor(32, 32, 0.0) == 1.0
+
+
+def test_gemm_time_with_hand_parameters():
+    estimate = gemm_time(Gemm(m=256, n=256, k=1024), GPU4, params())
+    assert estimate.seconds == pytest.approx(TILE_S * 1024)
+    assert estimate.bound == "compute" and estimate.kernel_class == "matmul"
+    assert estimate.achieved == pytest.approx(2 * 256 * 256 * 1024 / estimate.seconds)
+    assert (estimate.low, estimate.high) == pytest.approx((0.9 * estimate.seconds, 1.2 * estimate.seconds))
+    assert estimate.detail["tile"] == "128x128" and estimate.detail["waves"] == 1
+
+
+def test_a_matrix_vector_product_is_memory_bound():
+    fast = dataclasses.replace(GPU4, peak_flops={"fp32": 4e16})
+    gemv = Gemm(m=1, n=8192, k=8192)
+    estimate = gemm_time(gemv, fast, params())
+    assert estimate.bound == "memory"
+    assert estimate.seconds == pytest.approx(gemv.bytes / 1e11)
+
+
+def test_tensor_cores_run_at_their_precisions_peak():
+    fp32 = gemm_time(Gemm(m=256, n=256, k=1024), GPU4, params())
+    bf16 = gemm_time(Gemm(m=256, n=256, k=1024, dtype="bf16"), GPU4, params())
+    assert bf16.seconds == pytest.approx(fp32.seconds / 2)  # 8 vs 4 TFLOP/s
+    assert "tensor cores not fitted" in bf16.detail["efficiency_from"]
+
+
+def test_tf32_on_a_v100_is_refused():
+    with pytest.raises(TrainsimError, match="has no tf32 matrix units"):
+        gemm_time(Gemm(m=256, n=256, k=256, dtype="tf32"), get_device("v100"), params())
+
+
+def test_a_device_without_sms_is_named():
+    bare = DeviceSpec("bare", {"fp32": 1e12}, 1e11, 2**30, architecture="ampere")
+    with pytest.raises(TrainsimError) as info:
+        gemm_time(Gemm(m=8, n=8, k=8), bare, params())
+    assert info.value.field == "device.sm_count"
+
+
+def test_winograd_when_its_transforms_are_cheap_enough():
+    conv = Conv2d(batch=1, in_channels=256, out_channels=256, height=32, width=32, kernel=(3, 3), padding=1)
+    # implicit GEMM: 1024 x 256 output, K = 2304: 16 tiles, 4 waves
+    implicit = 4 * TILE_S * 2304
+    # Winograd F(4x4, 3x3): 8 x 8 = 64 input tiles, 36 GEMMs of 64 x 256 by K = 256: 72 tiles, 18 waves; its
+    # transforms move 4 x 4,653,056 bytes
+    winograd = 18 * TILE_S * 256
+    transforms = 4 * 4_653_056
+    slow = conv_time(conv, GPU4, params())  # 100 GB/s: the transforms cost more than they save
+    assert slow.detail["algorithm"] == "implicit_gemm"
+    assert slow.seconds == pytest.approx(implicit)
+    fast = conv_time(conv, dataclasses.replace(GPU4, memory_bandwidth=1e12), params())
+    assert fast.detail["algorithm"] == "winograd"
+    assert fast.seconds == pytest.approx(winograd + transforms / 1e12)
+    strided = conv_time(dataclasses.replace(conv, stride=2), dataclasses.replace(GPU4, memory_bandwidth=1e12),
+                        params())
+    assert strided.detail["algorithm"] == "implicit_gemm"  # Winograd takes stride 1 only
+
+
+def test_conv_kernels_add_their_fixed_gpu_time():
+    conv = Conv2d(batch=1, in_channels=256, out_channels=256, height=32, width=32, kernel=(3, 3), padding=1)
+    base = conv_time(conv, GPU4, params()).seconds
+    assert conv_time(conv, GPU4, params(conv={"kernel_s": 1e-6})).seconds == pytest.approx(base + 2e-6)

@@ -1,0 +1,42 @@
+"""Memory-bound kernels: bytes at the achieved bandwidth, the passes of long rows, the arithmetic floor."""
+
+import pytest
+from kernel_fixtures import GPU4, params
+
+from trainsim.sim.compute.kernels.memory_bound import LONG_ROW, streaming_core, streaming_time
+from trainsim.sim.compute.kernels.specs import Streaming
+
+
+def test_elementwise_time_is_bytes_over_achieved_bandwidth():
+    add = Streaming("elementwise", elements=1_000_000, reads=2, writes=1)
+    estimate = streaming_time(add, GPU4, params(elementwise={"efficiency": 0.5}))
+    assert estimate.seconds == pytest.approx(12e6 / (1e11 * 0.5))
+    assert estimate.bound == "memory" and estimate.achieved == pytest.approx(1e11 * 0.5)
+    assert (estimate.low, estimate.high) == pytest.approx((0.95 * estimate.seconds, 1.05 * estimate.seconds))
+
+
+def test_a_long_row_costs_its_extra_passes():
+    short = streaming_time(Streaming("layernorm", 1_000_000, row=LONG_ROW), GPU4, params())
+    long = streaming_time(Streaming("layernorm", 1_000_000, row=LONG_ROW + 1), GPU4, params())
+    assert short.seconds == pytest.approx(8e6 / 1e11)
+    assert long.seconds == pytest.approx(2 * 8e6 / 1e11)  # long_row_passes 2 in the fixture
+    assert long.detail["passes_used"] == 2.0
+
+
+def test_arithmetic_per_value_adds_at_the_fp32_peak():
+    fig = params(softmax={"flops_per_element": 40.0})
+    estimate = streaming_time(Streaming("softmax", 1_000_000, row=128), GPU4, fig)
+    assert estimate.seconds == pytest.approx(8e6 / 1e11 + 40 * 1e6 / 4e12)
+
+
+def test_kinds_without_figures_stream_as_elementwise():
+    step = Streaming("optimizer", 1_000_000, reads=4, writes=3)  # Adam: p, g, m, v in; p, m, v out
+    estimate = streaming_time(step, GPU4, params(elementwise={"efficiency": 0.8}))
+    assert estimate.seconds == pytest.approx(28e6 / (1e11 * 0.8))
+    assert estimate.kernel_class == "elementwise"
+
+
+def test_the_core_takes_arrays():
+    seconds = streaming_core([1e6, 2e6], [1, 1], [0, 2048], bandwidth=1e9, efficiency=1.0,
+                             long_row_passes=3.0)
+    assert list(seconds) == pytest.approx([1e-3, 6e-3])
