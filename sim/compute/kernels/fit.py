@@ -4,8 +4,12 @@ Each device is fitted alone, on its own rows (`dataset.KernelRow`), one kernel c
 figures of `FIGURES` and, per eager op of the class, its dispatch (`launch`), by least squares on
 ``log(predicted / measured)`` with a soft-L1 loss (scale 0.1: a row off by more than ~10 % counts less and
 less, so a few throttled or noisy rows do not drag the rest). A convolution reuses its device's matmul
-``tile_a``, ``k0`` and ``memory_efficiency``. Rows are thinned to at most `MAX_FIT_ROWS` per device and
-class (every k-th row, so the fit is deterministic). Nothing here sees whole-model throughput.
+``tile_a``, ``k0`` and ``memory_efficiency``; a norm or softmax its elementwise ``efficiency``. Rows are
+thinned to at most `MAX_FIT_ROWS` per device and class (every k-th row, so the fit is deterministic).
+Nothing here sees whole-model throughput.
+
+The board-power cap (`fit_power`) is then fitted across devices on their matmul efficiencies, and the
+boards it limits are left out of the medians of compute efficiencies that GPUs never measured take.
 
 A GPU never measured takes, figure by figure, the median over the measured devices of its architecture,
 else over all of them (`assemble`); that is what `leave_one_gpu_out` checks: each GPU in turn is left out
@@ -232,8 +236,10 @@ class DeviceFitter:
 
     Two figures are shared: the matmul tile shape (``tile_a``, ``k0``: the median of each device's own free
     fit, so that every device's efficiency is measured against the same tiles) and the dispatch of an op a
-    device's rows cannot tell from its GPU time (`identifiable_ops`: the median of the devices that can; a
-    convolution's is its device's ``linear`` dispatch, an ``nn.Module`` calling one op as well)."""
+    device's rows cannot tell from its GPU time (`identifiable_ops`: the median of the devices that can).
+    A convolution's per-call cost is fitted with its other figures: no call in the evidence is small enough
+    to show it alone, and it comes out at 0.2-0.4 ms, more than the fastest calls take, so it is a mean
+    fixed cost of the shapes measured rather than cuDNN's dispatch."""
 
     def __init__(self, rows: list[KernelRow]):
         self.rows: dict = defaultdict(lambda: defaultdict(list))
