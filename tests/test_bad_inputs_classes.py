@@ -5,7 +5,7 @@ the file and field, leaving every file as it was.
 - outputs that are, link to or hold an input: `trainsim.files.check_not_input` with `trainsim.inputs`;
 - values nested past the parsers, YAML aliases that explode, symbolic link loops: `trainsim.yamlio`,
   `trainsim.files.read_text`;
-- numbers beyond their unit: `trainsim.formats.units`; trees that are not trees: topologies.validation;
+- numbers beyond their unit: `trainsim.units`; trees that are not trees: topologies.validation;
   damaged Kineto traces: `trainsim.formats.kineto`;
 - sweeps that would never start, a second Ctrl-C: `trainsim.sweeps`, the CLI's interrupt handler.
 """
@@ -331,8 +331,8 @@ def test_a_topology_figure_given_in_another_unit(tmp_path):
 
 def test_every_unit_field_of_the_schemas_is_bounded():
     from trainsim.formats import bundle, device, scenario
-    from trainsim.formats.units import unbounded_unit_fields
     from trainsim.topologies import fabrics, generators, schema
+    from trainsim.units import unbounded_unit_fields
 
     models = [m for module in (scenario, schema, generators, fabrics, device) for m in vars(module).values()
               if isinstance(m, type) and hasattr(m, "model_fields") and m.__module__ == module.__name__]

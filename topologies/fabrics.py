@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from trainsim.errors import TrainsimError
-from trainsim.formats.units import GBps, Microseconds
+from trainsim.units import GBps, Microseconds
 
 from .machines import MAX_MACHINES, Meta, copy_machines, make_spec, network_link
 from .schema import TopologySpec

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trainsim.errors import TrainsimError, unknown_name
-from trainsim.formats.units import GBps, GiB, MTps
+from trainsim.units import GBps, GiB, MTps
 
 from .fabrics import ClusterParams, FatTreeParams, RailParams, build_cluster, build_fat_tree, build_rail
 from .links import INTER_SOCKET, PcieLanes

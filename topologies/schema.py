@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainsim.formats.units import GBps, GiB, Microseconds, MTps
+from trainsim.units import GBps, GiB, Microseconds, MTps
 
 from .links import PcieLanes
 

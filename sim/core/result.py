@@ -148,7 +148,7 @@ class Result:
 
     def __post_init__(self):
         # a time that is inf or nan is no result (it printed "iteration nan ms"): the inputs are bounded
-        # (trainsim.formats.units), so this is a figure no bound foresaw, refused rather than reported
+        # (trainsim.units), so this is a figure no bound foresaw, refused rather than reported
         times = {"iteration_times_s": self.iteration_times_s, **{f"breakdown_s.{k}": [v]
                                                                 for k, v in self.breakdown_s.items()}}
         for name, values in times.items():

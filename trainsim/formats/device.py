@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainsim.formats.units import GBps
+from trainsim.units import GBps
 
 
 class DeviceFile(BaseModel):

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from trainsim.errors import TrainsimError, from_validation_error
-from trainsim.formats.units import GiB, MiB, Seconds
+from trainsim.units import GiB, MiB, Seconds
 
 from .scenario_options import (
     CompressionSpec,

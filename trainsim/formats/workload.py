@@ -41,7 +41,7 @@ from pydantic import (
 
 from trainsim.errors import TrainsimError, from_validation_error, unknown_name
 from trainsim.files import read_text
-from trainsim.formats.units import (
+from trainsim.units import (
     COUNT_UNIT,
     SECONDS_UNIT,
     Bytes,
