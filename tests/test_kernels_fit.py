@@ -93,3 +93,26 @@ def test_leave_one_gpu_out_takes_the_held_out_gpus_figures_from_the_others():
     assert predicted[0] == pytest.approx(50e-6, rel=0.01)
     quantiles = fit.error_quantiles(predicted, rows)
     assert set(quantiles) == {"elementwise"} and quantiles["elementwise"]["rows"] == 120
+
+
+@pytest.mark.parametrize("device", ["a100-pcie-40gb", "h100-sxm", "l40s", "p100"])
+def test_the_fit_predicts_rows_as_kernel_time_times_kernels(device):
+    from trainsim.sim.compute.kernels import kernel_time, load_params
+    from trainsim.sim.compute.kernels.launch import observed_seconds
+    from trainsim.sim.compute.kernels.specs import Conv2d
+
+    specs = [("matmul", Gemm(m=3000, n=1024, k=700, shared_b=True)),
+             ("matmul", Gemm(96, 500, 64, batch=12)),
+             ("conv", Conv2d(16, 64, 128, 28, 28, (3, 3), padding=1)),
+             ("conv", Conv2d(16, 3, 64, 56, 56, (3, 3), stride=2, padding=1)),
+             ("elementwise", Streaming("elementwise", 1 << 22, reads=2)),
+             ("layernorm", Streaming("layernorm", 1 << 22, row=2048)),
+             ("softmax", Streaming("softmax", 1 << 22, row=512))]
+    params = load_params()
+    rows = [_rows(device, cls, [spec])[0] for cls, spec in specs]
+    predicted = fit.predict(params, rows)
+    for row, value in zip(rows, predicted, strict=True):
+        estimate = kernel_time(row.spec, device, params)
+        _, overlap, _ = params.dispatch(get_device(device), fit.op_of(row.spec))
+        expected = observed_seconds(estimate.seconds, estimate.dispatch_s, overlap)
+        assert value == pytest.approx(expected, rel=1e-9)
