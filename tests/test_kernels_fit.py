@@ -116,3 +116,15 @@ def test_the_fit_predicts_rows_as_kernel_time_times_kernels(device):
         _, overlap, _ = params.dispatch(get_device(device), fit.op_of(row.spec))
         expected = observed_seconds(estimate.seconds, estimate.dispatch_s, overlap)
         assert value == pytest.approx(expected, rel=1e-9)
+
+
+def test_refitting_from_a_bad_file_says_one_line_and_writes_nothing(tmp_path, capsys):
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "bmm.csv").write_text("op,device,dtype,m,n,k,batch,latency\nbmm,x,fp32,1,1,1,1,5\n")
+    out = tmp_path / "params.json"
+    with pytest.raises(SystemExit) as info:
+        fit.main([str(tmp_path), "--out", str(out)])
+    assert info.value.code == 2 and not out.exists()
+    assert capsys.readouterr().err == ("error: test/bmm.csv: latency: one latency column with its unit is "
+                                       "required (got latency); valid choices: latency_s, latency_ms, "
+                                       "latency_us\n")

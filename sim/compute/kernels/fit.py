@@ -26,11 +26,13 @@ import argparse
 import json
 import re
 import statistics
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from trainsim.errors import TrainsimError
 from trainsim.sim.core.devices import ARCHITECTURES, DeviceSpec, get_device
 
 from .dataset import KernelRow, load_neusight
@@ -516,7 +518,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("data", help="the NeuSight dataset folder (train/, test/)")
     parser.add_argument("--out", default=str(Path(__file__).with_name("params.json")))
     args = parser.parse_args(argv)
-    rows = load_neusight(args.data)
+    try:
+        rows = load_neusight(args.data)
+    except TrainsimError as exc:  # one line, exit 2, nothing written
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     fitter = DeviceFitter(rows)
     devices = fitter.fit()
     held_out = error_quantiles(leave_one_gpu_out(rows, fitter), rows)
