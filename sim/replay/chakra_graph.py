@@ -186,11 +186,12 @@ def check_chakra_folder(path: str | os.PathLike, option: str | None = "--chakra"
 
 
 def write_et_folder(folder: str | os.PathLike, files: dict[int, bytes], prefix: str = PREFIX) -> None:
-    """``folder/<prefix>.<rank>.et`` for each rank, replacing the folder whole (complete or unchanged)."""
+    """``folder/<prefix>.<rank>.et`` for each rank, replacing the folder whole (complete or unchanged). A
+    symbolic link to a folder is written through: the folder it names is replaced, the link stays."""
     import shutil
     import tempfile
 
-    folder = Path(folder)
+    folder = Path(os.path.realpath(folder))
     check_chakra_folder(folder, None)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
