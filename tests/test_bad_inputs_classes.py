@@ -143,6 +143,19 @@ def test_an_output_through_a_symbolic_link_is_written_through(place):
     assert (place / "real" / "records.csv").read_text().startswith("iteration,")
 
 
+def test_an_output_that_is_a_link_loop_or_leads_nowhere(place):
+    (place / "a.csv").symlink_to("b.csv")
+    (place / "b.csv").symlink_to("a.csv")
+    (place / "d").symlink_to("e")
+    (place / "e").symlink_to("d")
+    (place / "lost.csv").symlink_to("nowhere/x.csv")
+    before = snapshot(place)
+    fails(["simulate", "s.yaml", "--records", "a.csv"], "a.csv: --records: is a symbolic link loop")
+    fails(["replay", "t.json.gz", "--trace", "d"], "d: --trace: is a symbolic link loop")
+    fails(["simulate", "s.yaml", "--records", "lost.csv"], "lost.csv: --records: folder 'nowhere' does not")
+    assert snapshot(place) == before
+
+
 def test_check_not_input_alone(tmp_path):
     from trainsim.files import check_not_input
 

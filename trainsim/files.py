@@ -16,6 +16,7 @@ A symbolic link given as an output is written through: its target gets the data 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -79,6 +80,7 @@ def check_output(path: str | os.PathLike, option: str | None = None,
     path = Path(path)
     label = str(path)
     check_not_input(path, option, inputs)
+    _not_a_link_loop(path, option)
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise TrainsimError("is a folder; give a file name", file=label, field=option)
@@ -88,6 +90,8 @@ def check_output(path: str | os.PathLike, option: str | None = None,
     folder = target.parent
     if not folder.is_dir():
         shown = path.parent if str(path.parent) else Path(".")
+        if os.path.islink(path):  # the folder the link leads to
+            shown = Path(os.path.dirname(os.path.join(os.path.dirname(path), os.readlink(path))) or ".")
         what = "is a file, not a folder" if folder.exists() else "does not exist"
         raise TrainsimError(f"folder {str(shown)!r} {what}", file=label, field=option)
     why = cannot_create_in(folder)
@@ -106,6 +110,7 @@ def check_output_folder(path: str | os.PathLike, option: str | None = None,
     path = Path(path)
     label = str(path)
     check_not_input(path, option, inputs, folder=True, whole=whole)
+    _not_a_link_loop(path, option)
     if path.exists() and not path.is_dir():
         raise TrainsimError("is a file; give a folder", file=label, field=option)
     existing = path
@@ -157,6 +162,16 @@ def check_not_input(path: str | os.PathLike, option: str | None,
                                 file=label, field=option)
 
 
+def _not_a_link_loop(path: str | os.PathLike, option: str | None) -> None:
+    """A symbolic link that leads back to itself names no file to write through: refused, not replaced."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise TrainsimError("is a symbolic link loop; give a file name", file=str(path),
+                                field=option) from None
+
+
 def _real(path: str | os.PathLike) -> str:
     """The absolute path with every symbolic link resolved (a link loop stays as it is)."""
     return os.path.realpath(os.path.abspath(os.fspath(path)))
@@ -195,6 +210,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
     import tempfile
 
     label = str(path)
+    _not_a_link_loop(path, None)
     path = Path(os.path.realpath(path))
     if path.exists() and not path.is_file():
         raise TrainsimError("is not a regular file (a device, pipe or socket); give a file name", file=label)
