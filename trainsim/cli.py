@@ -389,6 +389,15 @@ def _load_checked_topology(source):
     return topo
 
 
+def _read_topology(source):
+    """`_load_checked_topology` under a spinner on a terminal: a 100k-GPU cluster takes a minute to read."""
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with _progress_bar(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
+        bar.add_task(f"reading {source}", total=None)
+        return _load_checked_topology(source)
+
+
 @topo_app.command("list")
 def topo_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """List the built-in topologies with their GPU count, GPU type and a one-line description."""
@@ -445,7 +454,7 @@ def topo_route(
     from trainsim.topologies.analysis import route_report
     from trainsim.topologies.report import route_lines
 
-    report = route_report(_load_checked_topology(topology), src, dst)
+    report = route_report(_read_topology(topology), src, dst)
     if as_json:
         print_json(report)
     else:
@@ -495,7 +504,7 @@ def _topo_bench(topology, collective, algo, proto, sizes, gpus, method, as_json)
     methods = coll.METHODS if method == "both" else (method,)
     if method != "both" and method not in coll.METHODS:
         raise TrainsimError(f"unknown method {method!r}; valid choices: both, flow, analytic", field="method")
-    topo = _load_checked_topology(topology)
+    topo = _read_topology(topology)
     size_list = coll.parse_sizes(sizes)
     group = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
     with _progress_bar() as bar:
