@@ -366,6 +366,18 @@ def test_a_generated_topology_too_large_to_build(tmp_path, text, expected):
     fails(["topo", "show", path], str(path), *expected)
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["workload", "generate", "gpt2-small", "--set", "n_layer=100000000"],
+     ("n_layer: the options make a model of more than 100,000 layers",)),
+    (["simulate", "single-gpu-resnet50", "--set", "workload.image_size=" + "9" * 400],
+     ("single-gpu-resnet50.yaml: workload.image_size: the options make a model out of range",)),
+])
+def test_an_analytic_model_too_large_to_build(args, expected):
+    start = time.perf_counter()
+    fails(args, *expected)
+    assert time.perf_counter() - start < 10
+
+
 # ---- 4. nothing hung --------------------------------------------------------------------------------------
 
 def _sweep(tmp_path, grid: dict, set_: dict | None = None) -> Path:

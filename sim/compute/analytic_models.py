@@ -61,7 +61,9 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from trainsim.errors import TrainsimError, unknown_name
+from pydantic import ValidationError
+
+from trainsim.errors import TrainsimError, pydantic_message, unknown_name
 from trainsim.formats.workload import (
     DTYPE_BYTES,
     AutocastBytes,
@@ -76,6 +78,9 @@ from trainsim.formats.workload import (
 from .transformers import transformer_models
 
 INT64 = 8
+#: the most layers an analytic model may have: options beyond it (n_layer: 100000000) are a typo that would
+#: build for hours, refused as the model is built
+MAX_LAYERS = 100_000
 FP32 = 4
 LOW = 2  # bytes per value of autocast's 16-bit types (bf16, fp16)
 
@@ -160,6 +165,8 @@ class _Builder:
                 shared_params=0) -> None:
         """One layer. ``saved``: bytes newly kept for backward (storages de-duplicated); ``packed``: bytes of
         every tensor its backward packs, each time, and ``packed_fixed`` the parameters it packs too."""
+        if len(self.layers) >= MAX_LAYERS:
+            raise TrainsimError(f"the options make a model of more than {MAX_LAYERS:,} layers")
         self.layers.append(Layer(
             name=name, kind=kind, param_bytes=params * self.itemsize,
             shared_param_bytes=shared_params * self.itemsize,
@@ -666,12 +673,22 @@ def build_analytic(name: str, **cfg) -> Workload:
     """The analytic workload of model ``name`` (see ``MODELS``) with config overrides ``cfg``; an fp32 one
     carries its bytes under autocast (`autocast_bytes`) for 16-bit runs."""
     config = config_for(name, **cfg)
-    builder = _Builder(config.dtype, getattr(config, "dropout_mask_bytes", 1))
-    input_spec = MODELS[name][1](builder, config)
-    layers = _with_loss(builder.layers, input_spec, builder.layers[-1].output_bytes_per_sample)
-    if config.dtype == "float32":
-        layers = [layer.model_copy(update={"autocast": under})
-                  for layer, under in zip(layers, autocast_bytes(name, config), strict=True)]
+    try:
+        builder = _Builder(config.dtype, getattr(config, "dropout_mask_bytes", 1))
+        input_spec = MODELS[name][1](builder, config)
+        layers = _with_loss(builder.layers, input_spec, builder.layers[-1].output_bytes_per_sample)
+        if config.dtype == "float32":
+            layers = [layer.model_copy(update={"autocast": under})
+                      for layer, under in zip(layers, autocast_bytes(name, config), strict=True)]
+    except (ValidationError, OverflowError) as exc:  # a figure past its bound (trainsim.units), or past float
+        detail = (f"{'.'.join(str(p) for p in exc.errors()[0]['loc'])} {pydantic_message(exc.errors()[0])}"
+                  if isinstance(exc, ValidationError) else str(exc))
+        raise TrainsimError(f"the options make a model out of range: {detail}",
+                            field=next(iter(cfg)) if len(cfg) == 1 else None) from None
+    except TrainsimError as exc:
+        if exc.field is None and len(cfg) == 1:  # name the one option given
+            raise TrainsimError(exc.reason, field=next(iter(cfg))) from None
+        raise
     return Workload(
         name=name, dtype=config.dtype, input=input_spec, layers=layers,
         provenance=Provenance(device="analytic", device_spec=None, tool="trainsim",
