@@ -33,7 +33,7 @@ from trainsim.errors import TrainsimError
 from trainsim.hta_agreement import hta_figures, largest_gaps, replayed_figures, simulated_figures
 from trainsim.sim.output.kineto_ranks import write_rank_traces
 from trainsim.sim.replay import kineto_ranks as replay_ranks
-from trainsim.sim.replay.engine import replay_traces
+from trainsim.traces import replay_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"

@@ -6,8 +6,8 @@ Reads every module of the five top-level folders with ``ast`` (nothing is import
 wherever it stands (module level or inside a function), and checks the layering the design asks for:
 
 - no import cycles between packages (a package is a folder: ``trainsim.sim.core``, ``trainsim.formats``...);
-- ``sim/`` imports nothing of ``calibrate/``, no scenario loader and not ``trainsim.resolve`` (it receives
-  a resolved `Run`);
+- ``sim/`` imports nothing of ``calibrate/``, no scenario loader, not ``trainsim.resolve`` and no reader of
+  a user's files (it receives a resolved `Run`, loaded traces and topologies);
 - ``trainsim/formats/`` imports neither ``sim/`` nor ``calibrate/``.
 
 Exit status 1 when a rule is broken, so CI-style runs can use it.
@@ -31,6 +31,13 @@ FOLDERS = {"trainsim": "trainsim", "sim": "trainsim.sim", "calibrate": "trainsim
 SIM_FORBIDDEN = ("trainsim.calibrate", "trainsim.scenarios", "trainsim.api", "trainsim.cli",
                  "trainsim.resolve")
 SCENARIO_LOADERS = ("trainsim.formats.scenario.load_scenario", "trainsim.formats.scenario.read_scenario_data")
+#: what reads a user's input files (topologies, workloads, bundles, traces): trainsim.resolve and
+#: trainsim.traces call them, so that sim/ reads no file of the user's
+FILE_READERS = ("trainsim.topologies.load_topology", "trainsim.topologies.loader.load_topology",
+                "trainsim.formats.workload.load_workload", "trainsim.formats.bundle.load_bundle",
+                "trainsim.formats.kineto.load_trace", "trainsim.formats.kineto.load_traces",
+                "trainsim.formats.chakra.read_et", "trainsim.formats.pytorch_et.link_files",
+                "trainsim.files.read_text")
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -89,7 +96,8 @@ def report(mods, edges) -> dict:
     module_cycles = sorted((c for c in nx.simple_cycles(module_graph)), key=len)
     forbidden = sorted({f"{a} -> {b}{'.' + n if n else ''}" for a, b, n in edges
                         if (a.startswith("trainsim.sim") and (b.startswith(SIM_FORBIDDEN)
-                                                              or f"{b}.{n}" in SCENARIO_LOADERS))
+                                                              or f"{b}.{n}" in SCENARIO_LOADERS
+                                                              or f"{b}.{n}" in FILE_READERS))
                         or (a.startswith("trainsim.formats") and b.startswith(("trainsim.sim",
                                                                                 "trainsim.calibrate")))})
     sizes = Counter({m: len(p.read_text().splitlines()) for m, (p, _) in mods.items()})

@@ -26,7 +26,8 @@ from pathlib import Path
 from trainsim.formats.kineto import load_trace
 from trainsim.sim.replay.engine import replay
 from trainsim.sim.replay.trace_graph import build_graph
-from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, collective_check, memcpy_check
+from trainsim.sim.replay.whatif import WhatIf, collective_check, memcpy_check
+from trainsim.traces import load_checked_topology, whatif_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto-a100-ddp2-rank0.json.gz"
 
@@ -39,10 +40,10 @@ def phases(path: Path) -> dict:
     t2 = time.perf_counter()
     result = replay([graph])
     t3 = time.perf_counter()
-    replay([graph], op_time=WhatIfModel([graph], WhatIf(topology="dgx-a100", gpu="h100-sxm")))
+    replay([graph], op_time=whatif_model([graph], WhatIf(topology="dgx-a100", gpu="h100-sxm")))
     t4 = time.perf_counter()
-    collective_check([graph], "dgx-a100")
-    memcpy_check([graph], "dgx-a100")
+    collective_check([graph], load_checked_topology("dgx-a100", "--topology"))
+    memcpy_check([graph], load_checked_topology("dgx-a100", "--topology"))
     t5 = time.perf_counter()
     errors = [abs(s.error_pct) for s in result.steps]
     return {"import_s": t1 - t0, "graph_s": t2 - t1, "replay_s": t3 - t2, "total_s": t3 - t0,

@@ -27,8 +27,8 @@ import yaml
 from trainsim import api, topologies
 from trainsim.errors import TrainsimError
 from trainsim.sim.output.kineto_ranks import write_rank_traces
-from trainsim.sim.replay.engine import replay_traces
 from trainsim.sim.replay.whatif import WhatIf
+from trainsim.traces import replay_traces
 
 SCENARIOS = {"ddp-resnet50-pcie-4gpu-gen3": "pcie-4gpu-gen3", "ddp-vgg16-dgx1-v100": "dgx1-v100",
              "single-gpu-resnet50": "dgx-a100"}

@@ -41,10 +41,11 @@ from trainsim.errors import TrainsimError
 from trainsim.formats.kineto import load_traces
 from trainsim.hta_agreement import hta_figures, largest_gaps, replayed_figures
 from trainsim.sim.replay import kineto_ranks
-from trainsim.sim.replay.engine import ReplayResult, replay, replay_traces
+from trainsim.sim.replay.engine import ReplayResult, replay
 from trainsim.sim.replay.trace_graph import build_graph
 from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, home_topology, trace_device
 from trainsim.topologies import load_topology
+from trainsim.traces import replay_traces, whatif_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
@@ -89,7 +90,7 @@ def identity(graphs, ran_on: str | None) -> tuple[str, float | None]:
         result = replay(graphs)
         how = "plain replay"
     else:
-        result = replay(graphs, op_time=WhatIfModel(graphs, WhatIf(topology=ran_on, gpu=spec.name,
+        result = replay(graphs, op_time=whatif_model(graphs, WhatIf(topology=ran_on, gpu=spec.name,
                                                                     ran_on=ran_on)))
         how = f"{ran_on} + {spec.name}"
     errors = [abs(s.error_pct) for s in result.steps]
@@ -181,7 +182,7 @@ def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None
     else:
         print(f"   HTA agreement (largest |HTA - trainsim| over ranks): {hta_agreement(paths)}")
     try:
-        model = WhatIfModel(graphs, WhatIf(gpu=gpu, ran_on=ran_on))
+        model = whatif_model(graphs, WhatIf(gpu=gpu, ran_on=ran_on))
     except TrainsimError as exc:
         print(f"   GPU swap: {exc}")
         return
@@ -219,7 +220,7 @@ def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None
     for note in model.notes():
         print(f"   note: {note}")
     try:
-        compressed_model = WhatIfModel(graphs, WhatIf(compression="fp16", ran_on=ran_on))
+        compressed_model = whatif_model(graphs, WhatIf(compression="fp16", ran_on=ran_on))
     except TrainsimError as exc:
         print(f"   compression: {exc}")
         return
@@ -258,7 +259,7 @@ def retime(graphs, ran_on: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home, target = (cluster(name, world, Path(tmp)) for name in (ran_on, other))
         try:
-            model = WhatIfModel(graphs, WhatIf(topology=target, ran_on=home,
+            model = whatif_model(graphs, WhatIf(topology=target, ran_on=home,
                                                collectives="analytic" if world > 16 else "flow"))
             measured, _ = collective_times(replay(graphs), model)
             moved, _ = collective_times(replay(graphs, op_time=model), model)

@@ -34,8 +34,10 @@ def test_the_rules_see_a_forbidden_import(tmp_path, monkeypatch):
         (tmp_path / folder / "__init__.py").write_text("")
     (tmp_path / "sim" / "a.py").write_text("from trainsim.calibrate import b\n")
     (tmp_path / "calibrate" / "b.py").write_text("from trainsim.sim import a\n")
+    (tmp_path / "sim" / "c.py").write_text("from trainsim.topologies import load_topology\n")  # reads a file
     monkeypatch.setattr(module, "ROOT", tmp_path)
     mods = module.modules()
     report = module.report(mods, module.imports(mods))
-    assert report["forbidden_imports"] == ["trainsim.sim.a -> trainsim.calibrate.b"]
+    assert report["forbidden_imports"] == ["trainsim.sim.a -> trainsim.calibrate.b",
+                                           "trainsim.sim.c -> trainsim.topologies.load_topology"]
     assert report["module_cycles"] and report["package_cycles"]

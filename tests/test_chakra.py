@@ -12,9 +12,9 @@ from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.formats import chakra, pytorch_et
 from trainsim.sim.replay import chakra_graph
-from trainsim.sim.replay.engine import replay_traces
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 from trainsim.sim.replay.whatif import WhatIf
+from trainsim.traces import replay_traces
 
 MAIN, WORKER = 1, 2
 A100 = "NVIDIA A100-SXM4-40GB"

@@ -103,7 +103,8 @@ def test_run_measurements_travel_with_the_bundle():
     carried = load_bundle(str(BUNDLE)).with_run(measured)
     assert carried.run == measured
     by_bundle = simulation(scenario, calibration=carried)
-    assert through_api.ctx.settings.prep_s_per_sample == pytest.approx(by_bundle.ctx.settings.prep_s_per_sample)
+    prep = by_bundle.ctx.settings.prep_s_per_sample
+    assert through_api.ctx.settings.prep_s_per_sample == pytest.approx(prep)
     assert by_bundle.ctx.settings.prep_s_per_sample > 2.5e-4  # the loop's cold start and sharing on top
     plain = simulation(scenario, calibration=str(BUNDLE))
     assert plain.ctx.settings.prep_s_per_sample != pytest.approx(by_bundle.ctx.settings.prep_s_per_sample)

@@ -16,8 +16,8 @@ from trainsim.formats.kineto import load_traces
 from trainsim.formats.kineto_writer import check_trace_output, is_single_file, write_rank_folder
 from trainsim.sim.output.kineto_ranks import GPU_STREAM, write_rank_traces
 from trainsim.sim.replay import kineto_ranks as replay_ranks
-from trainsim.sim.replay.engine import replay_traces
 from trainsim.sim.replay.kineto_builder import TraceBuilder
+from trainsim.traces import replay_traces
 
 HTA_RANK_RE = re.compile(r'"rank":\s+(\d+)')      # how HTA finds a file's rank (hta/common/trace_file.py)
 SMALL_DDP = ["workload=tiny-cnn", "batch_size=64", "iterations=3"]

@@ -14,12 +14,13 @@ from trainsim.cli import app
 from trainsim.formats.collectives import call_collective, collective_from_args, merge
 from trainsim.formats.kineto import load_trace, load_traces
 from trainsim.sim.collectives.ops import bus_factor
-from trainsim.sim.replay.engine import replay, replay_traces
+from trainsim.sim.replay.engine import replay
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 from trainsim.sim.replay.nccl_split import NcclSplit
 from trainsim.sim.replay.trace_graph import build_graph
-from trainsim.sim.replay.whatif import WhatIf, WhatIfModel
+from trainsim.sim.replay.whatif import WhatIf
 from trainsim.topologies import load_topology
+from trainsim.traces import replay_traces, whatif_model
 
 MAIN, US = 1, 1e-6
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -166,7 +167,7 @@ def test_retimed_collectives_stay_between_the_wires_and_their_measured_rate(tmp_
     b.launch(MAIN, 1000, 5, stream=9, gpu_ts=1010, gpu_dur=90_000, name=ALLREDUCE,
              **{"Collective name": "allreduce", "In msg nelems": nelems, "dtype": "Float", "Group size": 2})
     g = one_graph(b, tmp_path / "t.json")
-    model = WhatIfModel([g], WhatIf(topology="pcie-4gpu-gen3", ran_on="dgx-a100"))
+    model = whatif_model([g], WhatIf(topology="pcie-4gpu-gen3", ran_on="dgx-a100"))
     replay([g], op_time=model)
     fast, slow = (model.retimed[(0, o.index)] for o in sorted(g.ops, key=lambda o: o.event.ts))
     m = model.nccl.member(0, g.ops[0])
@@ -194,7 +195,7 @@ def test_ranks_whose_collectives_do_not_line_up_are_not_joined(tmp_path):
             b.launch(MAIN, ts + 5, 5, stream=9, gpu_ts=ts + 20, gpu_dur=1500, name=SENDRECV)
         paths.append(b.write(tmp_path / f"rank{rank}.json"))
     graphs = [build_graph(t) for t in load_traces(paths)]
-    model = WhatIfModel(graphs, WhatIf(compression="fp16"))
+    model = whatif_model(graphs, WhatIf(compression="fp16"))
     result = replay(graphs, op_time=model)
     assert len(result.steps) == 2 and model.unjoined
     assert any("do not line up" in n for n in model.notes())
@@ -223,7 +224,7 @@ def test_real_sendrecv_allreduces_compress_by_their_call(shared_file):
     give their sizes (23 to 108 MB of floats): fp16 compression cuts their own time 35-65 %."""
     paths = [shared_file("traces", f"a100-128rank-sampled-rank{r}.json.gz") for r in (0, 1)]
     graphs = [build_graph(t) for t in load_traces(paths)]
-    model = WhatIfModel(graphs, WhatIf(compression="fp16", ran_on="dgx-a100"))
+    model = whatif_model(graphs, WhatIf(compression="fp16", ran_on="dgx-a100"))
     replay(graphs, op_time=model)
     cuts = []
     for (rank, index), row in model.retimed.items():

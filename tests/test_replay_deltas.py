@@ -19,8 +19,9 @@ from trainsim.sim.replay.engine import replay
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 from trainsim.sim.replay.nccl_split import NcclSplit, kernel_algo_proto
 from trainsim.sim.replay.trace_graph import build_graph
-from trainsim.sim.replay.whatif import WhatIf, WhatIfModel
+from trainsim.sim.replay.whatif import WhatIf
 from trainsim.topologies import load_topology
+from trainsim.traces import whatif_model
 
 MAIN, WORKER, US = 1, 2, 1e-6
 A100, V100 = "NVIDIA A100-SXM4-40GB", "Tesla V100-SXM2-16GB"
@@ -247,7 +248,7 @@ def test_topology_whatif_retimes_only_latency_and_transfer(tmp_path):
     b.launch(MAIN, 0, 5, stream=9, gpu_ts=10, gpu_dur=1000, name=SIMPLE, **sized(4 * 2**20))
     b.launch(MAIN, 2000, 5, stream=9, gpu_ts=2010, gpu_dur=2000, name=SIMPLE, **sized(4 * 2**20))
     g = graph_of(b, tmp_path / "t.json")
-    model = WhatIfModel([g], WhatIf(topology="dgx-a100", collectives="analytic"))
+    model = whatif_model([g], WhatIf(topology="dgx-a100", collectives="analytic"))
     rr = replay([g], op_time=model).ranks[0]
     old, new = (collective_time(load_topology(t), "allreduce", ["gpu0", "gpu1"], 16 * 2**20)
                 for t in ("dgx1-v100", "dgx-a100"))
@@ -264,7 +265,7 @@ def test_a_shorter_allreduce_before_does_not_bring_the_peer_sooner(tmp_path):
     b.launch(MAIN, 10, 1, stream=9, gpu_ts=20, gpu_dur=1000, name=LL, **sized(4 * 2**20))
     b.launch(MAIN, 12, 1, stream=9, gpu_ts=1021, gpu_dur=1500, name=LL, **sized(4 * 2**20))
     g = graph_of(b, tmp_path / "t.json")
-    rr = replay([g], op_time=WhatIfModel([g], WhatIf(compression="fp16"))).ranks[0]
+    rr = replay([g], op_time=whatif_model([g], WhatIf(compression="fp16"))).ranks[0]
     lat = ll_latency()
     casts = 2 * 4 * 2**20 * 6 / get_device("a100-40gb").memory_bandwidth
     first, second = sorted(g.ops, key=lambda o: o.event.ts)
@@ -343,10 +344,10 @@ def test_gpu_bound_cuda_graph_step_shortens_on_a_faster_gpu(shared_file):
     """The V100 CUDA-graph trace's 166 ms steps are GPU-bound: on an H100 they save over half the compute
     saved; the identity what-if gives every step back."""
     g = build_graph(load_trace(shared_file("traces", "v100-ddp2-rank1-cudagraph.json.gz")))
-    same = replay([g], op_time=WhatIfModel([g], WhatIf(topology="dgx1-v100", gpu="v100-16gb"))).ranks[0]
+    same = replay([g], op_time=whatif_model([g], WhatIf(topology="dgx1-v100", gpu="v100-16gb"))).ranks[0]
     assert all(abs(s.error_pct) < 0.5 for s in same.steps)
     base = replay([g]).ranks[0]
-    h100 = replay([g], op_time=WhatIfModel([g], WhatIf(gpu="h100-sxm"))).ranks[0]
+    h100 = replay([g], op_time=whatif_model([g], WhatIf(gpu="h100-sxm"))).ranks[0]
     for m, w in zip(base.steps, h100.steps, strict=True):
         if m.step in (1011, 1014):
             saved = m.measured_breakdown["compute_s"] - w.replayed_breakdown["compute_s"]

@@ -538,7 +538,8 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
         return sim, sim.run()
 
     sim, jittered = run("ddp", 2, noisy)
-    assert sim.ctx.settings.jitter_spec.sigma == pytest.approx(0.2) and sim.ctx.settings.jitter_spec.centre == "median"
+    spec = sim.ctx.settings.jitter_spec
+    assert spec.sigma == pytest.approx(0.2) and spec.centre == "median"
     spread = max(jittered.iteration_times_s) - min(jittered.iteration_times_s)
     assert spread > 0.01 * jittered.iteration_time_s  # every iteration draws its passes afresh
     _, nominal = run("ddp", 2, steady)
@@ -548,7 +549,8 @@ def test_calibrated_cpu_ranks_scatter_as_measured_and_wait_for_the_slowest(tmp_p
     # the same spread, shared by the ranks (the host's speed): they move together and nobody waits
     shared = bundle("shared", {"ranks": 2, "points": [[4, 0.01, 0.01, 0.2, None, None, None, 0.0]]})
     sim, together = run("ddp", 2, shared)
-    assert (sim.ctx.settings.jitter_spec.sigma, sim.ctx.settings.jitter_spec.common_sigma) == pytest.approx((0.0, 0.2))
+    spec = sim.ctx.settings.jitter_spec
+    assert (spec.sigma, spec.common_sigma) == pytest.approx((0.0, 0.2))
     steps = together.iteration_times_s
     assert max(steps) - min(steps) > 0.01 * together.iteration_time_s
     ends = {}
@@ -583,7 +585,7 @@ def test_a_loader_thread_in_the_ranks_process_slows_both_as_measured(tmp_path):
         return simulation(scenario, calibration=bundle,
                           measurements=RunMeasurements(prep_s_per_sample=1e-4, loader_overlap=overlap))
 
-    plain, preloading = sim(), sim(optimizations={"preload": True})
+    plain, preloading = sim(), sim(optimizations={"preload": 1})
     assert plain.ctx.settings.prep_s_per_sample == pytest.approx(1e-4)  # no loader thread beside the loop
     assert preloading.ctx.settings.prep_s_per_sample == pytest.approx(1.5e-4)
     gpu = preloading.ranks[0]

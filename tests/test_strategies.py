@@ -3,8 +3,8 @@
 import pytest
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.strategies.registry import get_strategy, strategies
 from trainsim.sim.strategies.ddp import assign_buckets
+from trainsim.sim.strategies.registry import get_strategy, strategies
 
 
 def test_registry_has_the_base_strategies():

@@ -15,11 +15,12 @@ from trainsim.sim.collectives.ops import collective_time, simulate_collective
 from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY
 from trainsim.sim.core.devices import get_device
 from trainsim.sim.core.machine import PAGEABLE_COPY_RATE
-from trainsim.sim.replay.engine import replay, replay_traces
+from trainsim.sim.replay.engine import replay
 from trainsim.sim.replay.kineto_builder import TraceBuilder
 from trainsim.sim.replay.trace_graph import build_graph
-from trainsim.sim.replay.whatif import WhatIf, WhatIfModel, collective_check, compute_ratio, memcpy_check
+from trainsim.sim.replay.whatif import WhatIf, collective_check, compute_ratio, memcpy_check
 from trainsim.topologies import load_topology
+from trainsim.traces import replay_traces, whatif_model
 
 A100 = "NVIDIA A100-SXM4-40GB"
 V100 = "Tesla V100-SXM2-16GB"
@@ -38,7 +39,7 @@ def graph(b: TraceBuilder, path):
 
 
 def whatif_replay(graphs, **options):
-    model = WhatIfModel(graphs, WhatIf(**options))
+    model = whatif_model(graphs, WhatIf(**options))
     return replay(graphs, op_time=model)
 
 
@@ -175,7 +176,7 @@ def test_matrix_kernels_by_their_ops_shapes(tmp_path):
     b.launch(MAIN, 30, 5, stream=7, gpu_ts=240, gpu_dur=100, name=embedding)
     b.launch(MAIN, 40, 5, stream=7, gpu_ts=350, gpu_dur=100, name=nvjet)
     graphs = [graph(b, tmp_path / "t.json")]
-    model = WhatIfModel(graphs, WhatIf(gpu="h100-sxm"))
+    model = whatif_model(graphs, WhatIf(gpu="h100-sxm"))
     rr = replay(graphs, op_time=model).ranks[0]
     a100, h100 = get_device("a100-40gb"), get_device("h100-sxm")
     bandwidth, fp32 = a100.memory_bandwidth / h100.memory_bandwidth, a100.peak("fp32") / h100.peak("fp32")
@@ -242,7 +243,7 @@ def test_unknown_trace_gpu_cannot_be_rescaled(tmp_path):
     b = TraceBuilder()                                  # "Synthetic GPU"
     b.launch(MAIN, 10, 5, stream=7, gpu_ts=20, gpu_dur=100)
     with pytest.raises(TrainsimError, match="not a known device spec"):
-        WhatIfModel([graph(b, tmp_path / "t.json")], WhatIf(gpu="h100-sxm"))
+        whatif_model([graph(b, tmp_path / "t.json")], WhatIf(gpu="h100-sxm"))
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -263,14 +264,14 @@ def test_checks_on_a_synthetic_trace(tmp_path):
     b.launch(MAIN, 20, 5, stream=7, gpu_ts=1100, gpu_dur=20, name="Memcpy DtoD (Device -> Device)",
              kind="gpu_memcpy", bytes=8 * 2**20)
     g = graph(b, tmp_path / "t.json")
-    coll = collective_check([g], "dgx-a100")
+    coll = collective_check([g], load_topology("dgx-a100"))
     # as the kernel ran (its name says ring, its 512 threads LL); one kernel waited for nobody, so all of it
     # is compared
     alone = simulate_collective(load_topology("dgx-a100"), "allreduce", ["gpu0", "gpu1"], nelems * 4,
                                 algo="ring", proto="ll")["time_s"]
     assert coll.summary["count"] == 1
     assert coll.rows[0]["error_pct"] == pytest.approx(100 * (alone - 1000 * US) / (1000 * US))
-    copies = memcpy_check([g], "dgx-a100")
+    copies = memcpy_check([g], load_topology("dgx-a100"))
     expected = 2 * 8 * 2**20 / (get_device("a100-40gb").memory_bandwidth * DEFAULT_EFFICIENCY.memory)
     assert copies.rows[0]["simulated_s"] == pytest.approx(expected)
     assert copies.summary["by_copy"]["D2D"]["count"] == 1

@@ -343,9 +343,9 @@ def replay_cmd(
     from rich.console import Console
 
     from trainsim.provenance import provenance
-    from trainsim.sim.replay import engine as rp
     from trainsim.sim.replay.chakra_graph import check_chakra_folder, write_replay_et
     from trainsim.sim.replay.whatif import WhatIf
+    from trainsim.traces import replay_traces
 
     _distinct_outputs(("--trace", trace_out), ("--chakra", chakra_out))
     _check_trace_output(trace_out)
@@ -355,7 +355,7 @@ def replay_cmd(
     whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
     console = Console(stderr=True)
     with console.status("replaying") as status:
-        report = rp.replay_traces(traces, whatif=whatif, progress=lambda msg: status.update(msg))
+        report = replay_traces(traces, whatif=whatif, progress=lambda msg: status.update(msg))
     prov = provenance(timestamp=False, traces=[str(t) for t in traces], whatif=whatif.to_dict())
     if trace_out:
         from trainsim.sim.replay.kineto_ranks import write_trace
@@ -908,7 +908,7 @@ def simulate_cmd(
 
         write_records(result, records_out)
     if chakra_out:
-        from trainsim.sim.output.chakra_et import write_simulation_et
+        from trainsim.traces import write_simulation_et
 
         write_simulation_et(result, chakra_out, provenance=prov)
     oom_exit = 3 if result.oom and not allow_oom else 0

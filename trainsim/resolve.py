@@ -109,8 +109,9 @@ def load_topology_ref(scenario: Scenario):
 
     source = scenario.topology
     if source is None:
-        raise TrainsimError("missing (required): the machine to simulate on, a preset (`trainsim topo list`), "
-                            "a topology file or a generator mapping", file=scenario.source, field="topology")
+        raise TrainsimError("missing (required): the machine to simulate on, a preset (`trainsim topo "
+                            "list`), a topology file or a generator mapping", file=scenario.source,
+                            field="topology")
     if source == "calibrated":  # validate-cpu/-gpu: the topology is the box's calibration bundle
         raise TrainsimError("'calibrated' is the topology of a calibration bundle (`trainsim calibrate`): "
                             "give the bundle with --calibration DIR (simulate, validate) or its topology "

@@ -302,7 +302,7 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
     offload_reasons = {
         "conv": f"{every} conv layers", "layers": f"{every} a list of layers",
         "contention-aware": "the executor does not stagger offload copies (contention_aware)",
-        "auto-distance": "the executor prefetches a fixed distance: give prefetch_distance a number, not auto"}
+        "auto-distance": "the executor prefetches a fixed distance: give prefetch_distance a number"}
     if opts.offload_activations in offload_reasons:
         return offload_reasons[opts.offload_activations]
     if cfg.strategy == "easgd" and cfg.easgd.variant not in EASGD_VARIANTS:

@@ -320,19 +320,17 @@ def replay(graphs: Iterable[TraceGraph], *, op_time: OpTime | None = None,
     return ReplayResult(ranks)
 
 
-def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, checks: bool = True,
-                  progress: Callable[[str], None] | None = None) -> ReplayReport:
-    """Load per-rank trace files of one run (Kineto traces, Chakra ETs, or PyTorch execution traces with their
-    Kineto traces: `chakra_graph.load_graphs`), build their graphs, replay them with the measured durations
-    and, when ``whatif`` changes something, again under the what-if; with ``checks`` also compare every
-    collective and memcpy with its simulation on the topology the trace ran on."""
-    from trainsim.sim.replay.chakra_graph import load_graphs
-    from trainsim.sim.replay.whatif import WhatIfModel, collective_check, home_topology, memcpy_check
+def replay_graphs(graphs: list[TraceGraph], *, whatif: WhatIf | None = None, home=None, topology=None,
+                  checks: bool = True, progress: Callable[[str], None] | None = None) -> ReplayReport:
+    """Replay the per-rank graphs of one run (`trainsim.traces.load_graphs` reads them) with the measured
+    durations and, when ``whatif`` changes something, again under the what-if; with ``checks`` also compare
+    every collective and memcpy with its simulation on ``home``, the topology the trace ran on. ``home`` and
+    ``topology`` (the what-if's machine) are loaded topologies (`trainsim.traces.replay_topologies`)."""
+    from trainsim.sim.replay.whatif import WhatIfModel, collective_check, memcpy_check
 
-    graphs = load_graphs(list(paths), progress=progress)
     model = None
     if whatif is not None and whatif.active:
-        model = WhatIfModel(graphs, whatif)
+        model = WhatIfModel(graphs, whatif, home=home, topology=topology)
     if progress:
         progress("replaying with the measured durations")
     report = ReplayReport(replay(graphs), whatif_config=whatif)
@@ -348,16 +346,15 @@ def replay_traces(paths: Iterable[str | Path], *, whatif: WhatIf | None = None, 
         if model.sizes_matter():
             if progress:
                 progress("replaying the what-if at the low end of the inferred message sizes")
-            low = WhatIfModel(graphs, whatif, size_bound="low")
+            low = WhatIfModel(graphs, whatif, home=home, topology=topology, size_bound="low")
             report.whatif_low = replay(graphs, op_time=low, untraced_event_s=whatif.untraced_event_s)
     if checks:
-        ran_on = (whatif.ran_on if whatif is not None else None) or home_topology(graphs)
         if progress:
-            progress(f"checking collectives and memcpys against {ran_on or 'the GPU model'}")
-        if ran_on is not None:
+            progress(f"checking collectives and memcpys against {home.name if home else 'the GPU model'}")
+        if home is not None:
             algo = whatif.algo if whatif is not None else "auto"
-            report.checks["collectives"] = collective_check(graphs, ran_on, algo=algo)
-        report.checks["memcpys"] = memcpy_check(graphs, ran_on)
+            report.checks["collectives"] = collective_check(graphs, home, algo=algo)
+        report.checks["memcpys"] = memcpy_check(graphs, home)
     return report
 
 

@@ -65,6 +65,7 @@ from trainsim.sim.core.devices import DeviceSpec, get_device, match_cuda_name
 from trainsim.sim.replay.nccl_split import COLLECTIVE_NAMES as COLLECTIVE_OPS
 from trainsim.sim.replay.nccl_split import Member, NcclSplit, Split
 from trainsim.sim.replay.trace_graph import GpuOp, TraceGraph
+from trainsim.topologies import Topology
 
 COMPRESSIBLE = {"allreduce", "reduce_scatter"}
 COMPRESSION = ("none", "fp16", "bf16")
@@ -133,8 +134,6 @@ class WhatIf:
                      sets: Iterable[str] = ()) -> WhatIf:
         """From CLI options; ``sets`` are ``key=value`` strings for the other fields."""
         fields: dict = {"topology": topology, "gpu": gpu}
-        if topology:
-            load_checked_topology(topology, "--topology")  # before the traces are read
         for item in sets:
             key, sep, value = item.partition("=")
             key = key.strip().replace("-", "_")
@@ -155,8 +154,6 @@ class WhatIf:
                                         field="--set profiler_event_us") from None
             else:
                 fields[key] = value
-        if fields.get("ran_on"):
-            load_checked_topology(fields["ran_on"], "--set ran_on")
         return cls(**fields)
 
     def to_dict(self) -> dict:
@@ -233,31 +230,20 @@ def compute_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec) -> float:
     return kernel_seconds(target, work.flops, work.nbytes, precision) / before
 
 
-def load_checked_topology(source: str, option: str):
-    """The topology ``source`` names, its GPUs' specs known (`check_topology_devices`); an error that names
-    no field is the CLI ``option``'s (``--topology``, ``--set ran_on``)."""
-    from trainsim.sim.core.devices import check_topology_devices
-    from trainsim.topologies import load_topology
-
-    try:
-        topology = load_topology(source)
-        check_topology_devices(topology)
-    except TrainsimError as exc:
-        raise TrainsimError(exc.reason, file=exc.file, field=exc.field or option) from None
-    return topology
-
-
 class WhatIfModel:
     """The ``op_time`` hook of a what-if replay of ``graphs``."""
 
-    def __init__(self, graphs: list[TraceGraph], whatif: WhatIf, *, size_bound: str | None = None):
-        """``size_bound``: "low" or "high" runs each inferred message size at that end of its range
-        (`nccl_split.Split.size_range`); None at the size the split took (its high end)."""
+    def __init__(self, graphs: list[TraceGraph], whatif: WhatIf, *, home: Topology | None = None,
+                 topology: Topology | None = None, size_bound: str | None = None):
+        """``home``: the machine the trace ran on (``whatif.ran_on``, else the preset its GPU implies:
+        `home_topology`); ``topology``: the what-if's machine (``whatif.topology``), both loaded
+        (`trainsim.traces.replay_topologies`). ``size_bound``: "low" or "high" runs each inferred message
+        size at that end of its range (`nccl_split.Split.size_range`); None at the size the split took (its
+        high end)."""
         self.graphs, self.whatif, self.size_bound = graphs, whatif, size_bound
         self.graphs_by_rank = {g.rank: g for g in graphs}
-        home = whatif.ran_on or home_topology(graphs)
-        self.home = load_checked_topology(home, "--set ran_on") if home else None
-        self.topology = load_checked_topology(whatif.topology, "--topology") if whatif.topology else None
+        self.home = home
+        self.topology = topology
         if (self.topology is not None or whatif.pinned) and self.home is None:
             gpu = next((n for g in graphs for n in g.trace.devices.values()), None)
             said = f"its GPU {gpu!r} does not say which" if gpu else "it names no GPU (no deviceProperties)"
@@ -711,10 +697,9 @@ def _as_it_ran(topo, m: Member, gpus: list[str], nbytes: float, algo: str) -> fl
     return simulate_collective(topo, m.op, gpus, nbytes, algo=algo)["time_s"]
 
 
-def collective_check(graphs: list[TraceGraph], topology: str, *, algo: str = "auto") -> CheckResult:
-    """Each NCCL kernel whose size the trace carries: simulated alone on ``topology`` (flows) vs its
+def collective_check(graphs: list[TraceGraph], topo: Topology, *, algo: str = "auto") -> CheckResult:
+    """Each NCCL kernel whose size the trace carries: simulated alone on ``topo`` (flows) vs its
     latency + transfer, the measured kernel less its wait for peers (`nccl_split`)."""
-    topo = load_checked_topology(topology, "--topology")
     split = NcclSplit(graphs, topo)
     cache: dict[tuple, float] = {}
     rows, too_big = [], 0
@@ -775,10 +760,9 @@ def _envelope_rates(rows: list[dict]) -> list[dict]:
     return out
 
 
-def memcpy_check(graphs: list[TraceGraph], topology: str | None) -> CheckResult:
-    """Each memcpy with bytes: host copies against their link alone, on-device copies against the GPU's
-    memory bandwidth (each byte read and written once)."""
-    topo = load_checked_topology(topology, "--topology") if topology else None
+def memcpy_check(graphs: list[TraceGraph], topo: Topology | None) -> CheckResult:
+    """Each memcpy with bytes: host copies against their link (on ``topo``, the machine the trace ran on)
+    alone, on-device copies against the GPU's memory bandwidth (each byte read and written once)."""
     rows = []
     for g in graphs:
         spec = trace_device(g)

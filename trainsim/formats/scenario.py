@@ -431,7 +431,8 @@ class Scenario(_Strict):
         if self.batch_size is None and self.batch_per_gpu is None:
             raise ValueError("give batch_size (the global batch) or batch_per_gpu (samples per GPU)")
         if self.batch_size is not None and self.batch_per_gpu is not None:
-            raise ValueError("give batch_size (the global batch) or batch_per_gpu (samples per GPU), not both")
+            raise ValueError("give batch_size (the global batch) or batch_per_gpu (samples per GPU), "
+                             "not both")
         return self
 
     @model_validator(mode="after")
