@@ -85,7 +85,7 @@ def main() -> int:
         return 0
     print(f"trainsim {' '.join(argv)}: {len(visits)} modules entered")
     print(f"{'module':<44} {'visits':>8}  first entered from")
-    for mod in ("trainsim/cli.py", "trainsim/api.py", "trainsim/resolve.py", "sim/simulation.py"):
+    for mod in ("trainsim/cli/simulate.py", "trainsim/api.py", "trainsim/resolve.py", "sim/simulation.py"):
         if mod in visits:
             print(f"{mod:<44} {visits[mod]:>8}  {callers[mod]}")
     print("busiest modules (called from below or per event, e.g. the machine's resources):")

@@ -187,10 +187,10 @@ def test_first_ctrl_c_asks_to_stop_a_second_interrupts(capsys):
     import os
     import signal
 
-    from trainsim.cli import _stop_on_interrupt
+    from trainsim.cli.common import stop_on_interrupt
 
     asked = []
-    with pytest.raises(KeyboardInterrupt), _stop_on_interrupt(lambda: asked.append(1), "soon"):
+    with pytest.raises(KeyboardInterrupt), stop_on_interrupt(lambda: asked.append(1), "soon"):
         os.kill(os.getpid(), signal.SIGINT)
         assert asked == [1]
         os.kill(os.getpid(), signal.SIGINT)

@@ -1,20 +1,25 @@
-"""The library's front door: resolve a scenario into a `Run`, then simulate it.
+"""The library's front door: one function per command of the `trainsim` CLI, which only parses options,
+calls one of these and prints what it returns.
 
     from trainsim import api
     result = api.simulate("ddp-resnet50-dgx-a100", overrides=["batch_size=512"])
     result = api.simulate("validate-cpu", calibration="bundle-dir", variant="ddp-2")
     run = api.resolve("ddp-resnet50-dgx-a100")      # the resolved Run: scenario, topology, workload, ranks
-    bundle = api.load_bundle("bundle-dir")          # validated; workloads as the simulator's Workload
+    report = api.replay(["rank-0.json.gz", "rank-1.json.gz"], sets=["compression=fp16"])
+    plan = api.plan(scenario="dryden-resnet50")
 
-Reading files is `trainsim.resolve`'s (and `trainsim.formats`'); the simulator
-(`trainsim.sim.simulation.Simulation`) takes a resolved `Run` only.
+Reading a user's files is `trainsim.resolve`'s (scenarios, topologies, workloads, bundles) and
+`trainsim.traces`'s (traces); the simulator (`trainsim.sim.simulation.Simulation`) takes a resolved `Run`.
+Functions that write files take their paths (``trace=``, ``out=``...) and write them completely or not at
+all; ``progress`` callbacks report long work. Every bad input is a one-line `TrainsimError`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.scenario_loader import load_scenario
@@ -26,8 +31,15 @@ from trainsim.sim.simulation import Simulation
 if TYPE_CHECKING:
     from trainsim.formats.bundle import Bundle, RunMeasurements
 
-__all__ = ["Bundle", "Run", "RunMeasurements", "Scenario", "StopFlag", "load_bundle", "load_scenario",
-           "resolve", "resolve_scenario", "simulate", "simulation"]
+__all__ = ["Bundle", "Run", "RunMeasurements", "Scenario", "StopFlag", "bench_collectives", "calibrate",
+           "describe_model", "describe_topology", "device", "devices", "execute", "generate_workload",
+           "load_bundle", "load_scenario", "max_batch", "measure_profiler", "papers", "plan",
+           "profile_layers",
+           "quickstart", "replay", "reproduce", "resolve", "resolve_scenario", "route", "scenario",
+           "scenarios", "simulate", "simulation", "sweep", "topologies", "topology", "validate", "version",
+           "workload", "workload_times", "workloads"]
+
+Progress = Callable[..., None]
 
 
 def __getattr__(name: str):
@@ -37,6 +49,16 @@ def __getattr__(name: str):
 
         return getattr(bundle, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def version() -> str:
+    """trainsim's version."""
+    import trainsim
+
+    return trainsim.__version__
+
+
+# ---- simulate, max-batch, scenarios ------------------------------------------------------------------------
 
 
 def simulation(
@@ -64,13 +86,464 @@ def simulate(
     variant: str | None = None,
     record: bool = True,
     stop: StopFlag | None = None,
+    trace: str | None = None,
+    records: str | None = None,
+    chakra: str | None = None,
+    provenance: dict | None = None,
 ) -> Result:
     """Resolve ``scenario`` (and the calibration bundle), simulate it, return the Result.
 
     ``record``: keep every op, flow, link-rate change and memory change (what records and traces are
-    written from); False keeps one record per stretch of back-to-back layers, enough for the Result, which
-    is far cheaper in time and memory at scale. ``stop``: once requested (e.g. from a signal handler), the
-    run ends when the next iteration has finished on every rank, and the Result covers the iterations done
-    (``stopped_early``)."""
-    return simulation(scenario, calibration=calibration, overrides=overrides, variant=variant,
-                      record=record, stop=stop).run()
+    written from; on whenever a file is asked for); False keeps one record per stretch of back-to-back
+    layers, enough for the Result, which is far cheaper in time and memory at scale. ``stop``: once
+    requested (e.g. from a signal handler), the run ends when the next iteration has finished on every
+    rank, and the Result covers the iterations done (``stopped_early``). ``trace`` (a Kineto folder or a
+    Chrome file), ``records`` (CSV) and ``chakra`` (a folder of Chakra ETs) are written with
+    ``provenance``."""
+    record = record or bool(trace or records or chakra)
+    result = simulation(scenario, calibration=calibration, overrides=overrides, variant=variant,
+                        record=record, stop=stop).run()
+    if trace:
+        from trainsim.sim.output.kineto_ranks import write_trace
+
+        write_trace(result, trace, provenance=provenance)
+    if records:
+        from trainsim.sim.output.records import write_records
+
+        write_records(result, records)
+    if chakra:
+        from trainsim.traces import write_simulation_et
+
+        write_simulation_et(result, chakra, provenance=provenance)
+    return result
+
+
+def max_batch(scenario: str | os.PathLike | dict | Scenario, *, overrides: Sequence[str] = (),
+              variant: str | None = None, policy: str | list[str] = "all") -> dict:
+    """The largest per-GPU batch of ``scenario`` that fits in GPU memory without and with activation offload
+    (``policy`` where the scenario offloads nothing: all, conv or layer names), and the samples/s at each
+    (`trainsim.sim.planning.max_batch`)."""
+    from trainsim.sim.planning.max_batch import max_batch as search
+
+    return search(resolve(scenario, overrides=overrides, variant=variant), policy=policy)
+
+
+def scenarios() -> dict[str, str]:
+    """The shipped scenarios: name -> description."""
+    from trainsim.formats.scenario_loader import list_scenarios
+
+    return list_scenarios()
+
+
+def scenario(source: str | os.PathLike | dict, *, overrides: Sequence[str] = (),
+             variant: str | None = None) -> Scenario:
+    """The validated scenario ``source`` names, with ``overrides`` and ``variant`` applied."""
+    return resolve_scenario(source, overrides, variant=variant)
+
+
+# ---- sweep -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepOutcome:
+    """A sweep's report, its results file, and the Pareto front of its plot (when one was drawn)."""
+
+    report: Any  # trainsim.sweeps.report.SweepReport
+    out: str
+    front: list[dict] | None = None
+
+
+def sweep(spec: str | os.PathLike, *, out: str | None = None, workers: int | None = None,
+          ray: str | None = None, retry_failed: bool = False, plot: str | None = None,
+          axis: str = "gpu_seconds_per_sample", started: Callable[[str, str, int], None] | None = None,
+          progress: Progress | None = None) -> SweepOutcome:
+    """Run every point of the sweep ``spec`` not yet in its results CSV (``out``, default ``NAME.csv``),
+    locally on ``workers`` processes or on Ray; with ``plot`` draw throughput against ``axis``.
+    ``started(name, out, points)`` is called once the spec is read, ``progress(done, total, row)`` as points
+    finish (row None: points the file already held)."""
+    from trainsim.sweeps import load_spec, run_sweep
+    from trainsim.sweeps.plot import check_axis, plot_sweep
+
+    loaded = load_spec(spec)
+    check_axis(axis)
+    out = f"{loaded.spec.name}.csv" if out is None else out
+    if started is not None:
+        started(loaded.spec.name, out, len(loaded.points))
+    report = run_sweep(loaded, out, workers=workers, ray=ray, retry_failed=retry_failed, progress=progress)
+    front = plot_sweep(report.rows, axis, plot, title=loaded.spec.name) if plot else None
+    return SweepOutcome(report, out, front)
+
+
+def sweep_results_file(spec: str | os.PathLike, out: str | None) -> str:
+    """The results CSV a sweep writes: ``out``, else ``NAME.csv`` for the sweep's name."""
+    if out is not None:
+        return out
+    from trainsim.sweeps import load_spec
+
+    return f"{load_spec(spec).spec.name}.csv"
+
+
+# ---- replay ------------------------------------------------------------------------------------------------
+
+
+def replay(traces: Sequence[str | os.PathLike], *, topology: str | None = None, gpu: str | None = None,
+           sets: Sequence[str] = (), trace: str | None = None, chakra: str | None = None,
+           provenance: dict | None = None, progress: Callable[[str], None] | None = None):
+    """Replay one run's per-rank traces (Kineto, Chakra ET, or PyTorch execution traces with their Kineto
+    traces) against their measured steps, and the what-if the options describe (``topology``, ``gpu``,
+    ``sets``: `trainsim.sim.replay.whatif.WhatIf.from_options`); ``trace`` and ``chakra`` write the replay
+    (the what-if, if any). Returns the `ReplayReport`."""
+    from trainsim.sim.replay.whatif import WhatIf
+    from trainsim.traces import replay_traces
+
+    whatif = WhatIf.from_options(topology=topology, gpu=gpu, sets=sets)
+    report = replay_traces(traces, whatif=whatif, progress=progress)
+    if trace:
+        from trainsim.sim.replay.kineto_ranks import write_trace
+
+        write_trace(report, trace, provenance=provenance)
+    if chakra:
+        from trainsim.sim.replay.chakra_graph import write_replay_et
+
+        write_replay_et(report, chakra, provenance=provenance)
+    return report
+
+
+# ---- topologies, workloads, devices ------------------------------------------------------------------------
+
+
+def topologies() -> list[dict]:
+    """The built-in topologies: name, GPU count and kind, description."""
+    from trainsim.topologies.analysis import preset_rows
+
+    return preset_rows()
+
+
+def topology(source: str | os.PathLike | dict):
+    """The topology ``source`` names (a preset, a YAML file, a generator mapping), loaded and every GPU's
+    spec known to the device library."""
+    from trainsim.sim.core.devices import check_topology_devices
+    from trainsim.topologies import load_topology
+
+    loaded = load_topology(source)
+    check_topology_devices(loaded)
+    return loaded
+
+
+def describe_topology(source, *, png: str | None = None,
+                      progress: Callable[[str], None] | None = None) -> dict:
+    """Nodes, links, per-GPU injection and bisection bandwidth, the kinds of path between GPUs; with
+    ``png`` the topology is drawn there too."""
+    from trainsim.errors import TrainsimError
+    from trainsim.topologies.analysis import describe, draw_png
+
+    loaded = topology(source)
+    desc = describe(loaded, progress=progress)
+    if png:
+        try:
+            draw_png(loaded, png)
+        except OSError as exc:
+            raise TrainsimError(f"cannot write the drawing: {exc.strerror or exc}", file=png) from None
+    return desc
+
+
+def route(source, src: str, dst: str) -> dict:
+    """The links a transfer from ``src`` to ``dst`` uses on the topology ``source`` names."""
+    from trainsim.topologies.analysis import route_report
+
+    return route_report(topology(source), src, dst)
+
+
+@dataclass
+class BenchOutcome:
+    rows: list[dict]
+    title: str
+
+
+def bench_collectives(source, collective: str = "allreduce", *, algo: str = "auto", proto: str = "auto",
+                      sizes: str = "1K:1G", gpus: str | None = None, method: str = "both",
+                      progress: Callable[[int], None] | None = None) -> BenchOutcome:
+    """nccl-tests-style rows of ``collective`` on the topology ``source`` names: per size (``sizes``:
+    ``MIN:MAX[:FACTOR]`` or a comma list) and method (flow, analytic or both), time, algbw and busbw.
+    ``progress(total)`` is called once with the number of rows, then with no argument after each."""
+    from trainsim.errors import TrainsimError
+    from trainsim.sim.collectives import ops as coll
+
+    methods = coll.METHODS if method == "both" else (method,)
+    if method != "both" and method not in coll.METHODS:
+        raise TrainsimError(f"unknown method {method!r}; valid choices: both, flow, analytic", field="method")
+    topo = topology(source)
+    size_list = coll.parse_sizes(sizes)
+    group = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
+    if progress is not None:
+        progress(len(size_list) * len(methods))
+    rows = coll.bench(topo, collective, size_list, algo=algo, proto=proto, gpus=group, methods=methods,
+                      progress=(lambda: progress()) if progress is not None else None)
+    n = len(coll.resolve_gpus(topo, group))
+    title = (f"{collective} on {topo.name}, {n} GPUs, algo {algo}, proto {proto}; "
+             f"busbw = algbw x {coll.bus_factor(collective, n):.3f}")
+    return BenchOutcome(rows, title)
+
+
+def workloads() -> list[dict]:
+    """The built-in workloads' summaries."""
+    from trainsim.formats.workload import list_workloads, load_workload
+
+    return [load_workload(name).summary() for name in list_workloads()]
+
+
+def workload(source: str | os.PathLike):
+    """The workload ``source`` names: a built-in or a JSON file."""
+    from trainsim.formats.workload import load_workload
+
+    return load_workload(source)
+
+
+def generate_workload(model: str, options: Sequence[str] = (), *, out: str | None = None):
+    """An analytic workload (shapes, bytes, FLOPs; no torch) of ``model`` with ``options`` (``key=value``);
+    written to ``out`` when given."""
+    from trainsim.formats.workload import save_workload
+    from trainsim.sim.compute.analytic_models import build_analytic, parse_options
+
+    built = build_analytic(model, **parse_options(list(options)))
+    if out:
+        save_workload(built, out)
+    return built
+
+
+def workload_times(source: str | os.PathLike, device_name: str, batch: int = 32,
+                   precision: str = "fp32") -> dict:
+    """Per-layer forward/backward time of a workload on a device: measured, retargeted or roofline."""
+    from trainsim.sim.compute.roofline import times_report
+
+    return times_report(workload(source), device_name, batch, precision)
+
+
+def devices() -> list:
+    """The built-in device specs."""
+    from trainsim.sim.core.devices import DEVICES
+
+    return list(DEVICES.values())
+
+
+def device(name: str):
+    """One device spec by name or alias."""
+    from trainsim.sim.core.devices import get_device
+
+    return get_device(name)
+
+
+# ---- calibration (torch) -----------------------------------------------------------------------------------
+
+
+def calibrate(model: str, *, out: str = "calibration", device: str = "auto", ranks: int | None = None,
+              quick: bool = False, resume: bool = False, batch_sizes: str = "8,16,32",
+              precisions: str = "fp32", progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """Calibrate this box into the bundle ``out`` and return its summary (`runner.summarize`).
+    ``progress(text, done, total)`` follows the steps. Ctrl-C raises `CalibrationInterrupted` with a usable
+    partial bundle; ``resume`` continues it."""
+    from trainsim.calibrate.measure import runner
+
+    config = runner.CalibrationConfig(model=model, out=out, device=device, ranks=ranks, quick=quick,
+                                      resume=resume, batch_sizes=runner.parse_batch_sizes(batch_sizes),
+                                      precisions=tuple(p.strip() for p in precisions.split(",") if p.strip()))
+    runner.validate(config)  # bad input fails here, before any step
+    total, done = len(config.steps), 0
+
+    def report(step: str, detail: str) -> None:
+        nonlocal done
+        if detail in ("done", "done earlier (resumed)"):
+            done += 1
+        if progress is not None:
+            progress(f"{step}: {detail}", done, total)
+
+    if progress is not None:
+        progress("calibrate", 0, total)
+    return runner.summarize(runner.run_calibration(config, progress=report))
+
+
+def describe_model(model: str, settings: Sequence[str] = (), *, out: str | None = None):
+    """(workload, written path): per-layer shapes, bytes and FLOPs of a zoo model read off torch."""
+    from trainsim.calibrate.measure.describe import describe, parse_overrides
+    from trainsim.formats.workload import save_workload
+
+    described = describe(model, **parse_overrides(list(settings or [])))
+    return described, save_workload(described, out) if out else None
+
+
+def profile_layers(model: str, *, device: str = "auto", batch_sizes: str = "8,16,32", repeats: int = 10,
+                   warmup: int = 3, optimizer: str = "sgd", threads: int | None = None,
+                   precision: str = "fp32", timing: str = "clock", settings: Sequence[str] = (),
+                   out: str | None = None, progress: Callable[[str], None] | None = None):
+    """(workload, written path): a zoo model's per-layer forward/backward times measured at each batch."""
+    from trainsim.calibrate.measure.describe import parse_overrides
+    from trainsim.calibrate.measure.layer_profile import AUTOCAST, TIMINGS
+    from trainsim.calibrate.measure.layer_profile import profile_layers as measure
+    from trainsim.calibrate.measure.runner import parse_batch_sizes
+    from trainsim.errors import unknown_name
+    from trainsim.formats.workload import save_workload
+
+    if precision not in AUTOCAST:
+        raise unknown_name("precision", precision, AUTOCAST, field="--precision")
+    if timing not in TIMINGS:
+        raise unknown_name("layer timing", timing, TIMINGS, field="--layer-timing")
+    measured = measure(model, device, parse_batch_sizes(batch_sizes), repeats=repeats, warmup=warmup,
+                       optimizer=optimizer, threads=threads, precision=precision, timing=timing,
+                       progress=progress, **parse_overrides(list(settings or [])))
+    return measured, save_workload(measured, out) if out else None
+
+
+def measure_profiler(model: str, *, device: str = "auto", batch: int = 8, repeats: int = 20, warmup: int = 5,
+                     precision: str = "fp32", optimizer: str = "sgd", settings: Sequence[str] = (),
+                     progress: Callable[[str], None] | None = None):
+    """What torch.profiler costs this box's host per recorded event (`profiler_cost.ProfilerCost`)."""
+    from trainsim.calibrate.measure.describe import parse_overrides
+    from trainsim.calibrate.measure.profiler_cost import measure_profiler_cost
+
+    return measure_profiler_cost(model, device, batch, repeats, warmup, optimizer=optimizer,
+                                 precision=precision, progress=progress,
+                                 **parse_overrides(list(settings or [])))
+
+
+# ---- execute, validate, quickstart (torch) -----------------------------------------------------------------
+
+
+@dataclass
+class Execution:
+    """What `execute` measured: each variant's outcome and the versioned document."""
+
+    outcomes: list
+    doc: dict
+
+    @property
+    def failed(self) -> bool:
+        return any(o.failed for o in self.outcomes)
+
+
+def execute(scenario_source: str, *, variants: Sequence[str] = (), iterations: int | None = None,
+            warmup: int | None = None, out: str | None = None, profile: str | None = None,
+            provenance: dict | None = None, progress: Callable[[str], None] | None = None) -> Execution:
+    """Run a scenario's variants (default all, or the scenario itself) for real with PyTorch on this box;
+    variants it cannot run are skipped with the reason. ``out``: the measurements as JSON; ``profile``: a
+    torch.profiler trace of each variant's last warm-up iteration in that folder."""
+    from trainsim.calibrate.execute.config import load_scenario_dict
+    from trainsim.calibrate.execute.executor import execution_report, run_scenario, write_measurements
+
+    overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
+    outcomes = run_scenario(load_scenario_dict(scenario_source), list(variants) or None, file=scenario_source,
+                            progress=progress, profile_dir=profile, **overrides)
+    doc = execution_report(outcomes, provenance=provenance)
+    if out:
+        write_measurements(doc, out)
+    return Execution(outcomes, doc)
+
+
+def variant_count(scenario_source: str) -> int:
+    """How many runs a scenario makes (its variants, or one)."""
+    from trainsim.calibrate.execute.config import load_scenario_dict, scenario_variants
+
+    return len(scenario_variants(load_scenario_dict(scenario_source))) or 1
+
+
+@dataclass
+class Validation:
+    """Predicted vs measured (`ValidationResult`) and the files written (name -> path)."""
+
+    result: Any
+    files: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+def validate(scenario_source: str, calibration: str, *, variants: Sequence[str] | None = None,
+             baseline: str | None = None, iterations: int | None = None, warmup: int | None = None,
+             report: str | None = None, rounds: int = 1, force: bool = False,
+             progress: Callable[..., None] | None = None) -> Validation:
+    """Simulate each variant from the calibration bundle and execute it for real: predicted vs measured
+    iteration time and speedups over ``baseline``. ``report``: a folder for report.md, a chart,
+    validation.json and both traces of each variant."""
+    from trainsim.calibrate.validate import report as reports
+    from trainsim.calibrate.validate.run import validate as run_validation
+
+    overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
+    result = run_validation(scenario_source, calibration, list(variants) if variants else None, force=force,
+                            report_dir=report, baseline=baseline, progress=progress, rounds=rounds,
+                            **overrides)
+    files = reports.write_report(result, report) if report else {}
+    return Validation(result, files or {})
+
+
+def quickstart_variant_count(device_name: str = "auto", variants: Sequence[str] | None = None) -> int:
+    """How many variants quickstart runs on this box (for a progress bar)."""
+    if variants:
+        return len(variants)
+    from trainsim.calibrate.measure.runner import resolve_device
+    from trainsim.calibrate.validate import quickstart as qs
+
+    return variant_count(qs.SCENARIOS[resolve_device(device_name)])
+
+
+def quickstart(out: str = "trainsim-quickstart", *, device: str = "auto",
+               variants: Sequence[str] | None = None, iterations: int | None = None,
+               warmup: int | None = None,
+               resume: bool = False, progress: Callable[..., None] | None = None) -> Validation:
+    """Calibrate this box quickly, simulate the validation scenario from that bundle, execute it for real
+    and write the report under ``out`` (CUDA when present, else the CPU)."""
+    from trainsim.calibrate.validate import quickstart as qs
+
+    overrides = {k: v for k, v in (("iterations", iterations), ("warmup", warmup)) if v is not None}
+
+    def calibrating(step: str, detail: str) -> None:
+        if progress is not None:
+            progress(f"calibrating this box (quick): {step}: {detail}", advance=False)
+
+    done = qs.quickstart(out, device=device, variants=list(variants) if variants else None, resume=resume,
+                         progress=progress, calibration_progress=calibrating, **overrides)
+    return Validation(done.validation, {**done.files, "bundle": done.calibration},
+                      {"scenario_run": done.scenario})
+
+
+# ---- plan, reproduce ---------------------------------------------------------------------------------------
+
+
+def plan(scenario_source: str | None = None, *, workload_source: str | None = None,
+         topology_source: str | None = None, batch: int | None = None, gpus: int | None = None,
+         precision: str | None = None, overrides: Sequence[str] = (), simulate_plan: bool = True):
+    """Each layer's spatial/hybrid decomposition for a model, machine and batch (`spatial_plan`): from a
+    scenario (with ``overrides``, ``gpus``, ``precision``), or from ``workload_source``, ``topology_source``
+    and ``batch``; with ``simulate_plan`` the plan and pure data parallelism are simulated too."""
+    from trainsim.errors import TrainsimError
+    from trainsim.sim.planning import spatial_plan
+
+    if precision is not None and precision not in ("fp32", "tf32", "fp16", "bf16"):
+        raise TrainsimError(f"unknown precision {precision!r}; valid choices: bf16, fp16, fp32, tf32",
+                            field="--precision")
+    if scenario_source is not None:
+        if workload_source or topology_source or batch:
+            raise TrainsimError("give SCENARIO or --workload/--topology/--batch, not both", field="SCENARIO")
+        sets = [*overrides, *([f"gpus={gpus}"] if gpus is not None else []),
+                *([f"precision={precision}"] if precision is not None else [])]
+        return spatial_plan.plan_scenario(resolve(scenario_source, overrides=sets), simulate=simulate_plan)
+    given = (("--workload", workload_source), ("--topology", topology_source), ("--batch", batch))
+    missing = [name for name, value in given if value is None]
+    if missing:
+        raise TrainsimError(f"without SCENARIO, give {', '.join(missing)}", field=missing[0])
+    if overrides:
+        raise TrainsimError("overrides a scenario's fields, and none is given: give SCENARIO, or say it "
+                            "with --workload, --topology, --batch, --gpus and --precision", field="--set")
+    return spatial_plan.plan(workload(workload_source), topology(topology_source), batch, gpus,
+                             precision or "fp32", simulate=simulate_plan,
+                             base={"topology": topology_source, "workload": workload_source})
+
+
+def papers() -> dict[str, str]:
+    """The papers `reproduce` knows: key -> title."""
+    from trainsim.scenarios.papers.reproduce import list_papers
+
+    return list_papers()
+
+
+def reproduce(paper: str, *, progress: Callable[[int, int, str], None] | None = None):
+    """Run a paper's scenarios and set our figures beside the published ones (`Reproduction`)."""
+    from trainsim.scenarios.papers.reproduce import reproduce as run
+
+    return run(paper, progress=progress)

@@ -75,7 +75,7 @@ def check_bundle(calibration_dir: str | os.PathLike, *, force: bool = False, her
     """Load the bundle (one-line error if corrupt or incomplete for simulation) and check it is this box's.
 
     Returns (bundle, notes); a bundle from another machine raises TrainsimError unless ``force``."""
-    from trainsim.api import load_bundle
+    from trainsim.resolve import load_bundle
 
     bundle = load_bundle(calibration_dir)
     missing = [what for what, part in (("topology.yaml", bundle.topology), ("a workload", bundle.workload))
@@ -152,13 +152,15 @@ def predict(scenario: str, variant: str | None, calibration: str, *, prep_s_per_
     """Simulate ``variant`` from the bundle, which carries what was measured for this variant here (its input
     pipeline, the preload thread's interference, the hook's cost); returns the Result (TrainsimError if it
     cannot be modelled)."""
-    from trainsim import api
+    from trainsim.formats.bundle import RunMeasurements
+    from trainsim.resolve import resolve
+    from trainsim.sim.simulation import Simulation
 
     # the bundle measured the default pipeline; this variant's executor data config may cost more
-    measured = api.RunMeasurements(prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap,
-                                   codec_s=codec_s)
-    sim = api.simulation(scenario, variant=variant, calibration=calibration, measurements=measured)
-    result = sim.run()
+    measured = RunMeasurements(prep_s_per_sample=prep_s_per_sample, loader_overlap=loader_overlap,
+                               codec_s=codec_s)
+    result = Simulation(resolve(scenario, variant=variant, calibration=calibration,
+                                measurements=measured)).run()
     if trace_path is not None:
         from trainsim.sim.output.chrome_trace import write_chrome_trace
 

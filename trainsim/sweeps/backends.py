@@ -45,7 +45,8 @@ def run_local(tasks: Iterable[Task], workers: int) -> Iterator[tuple[str, dict]]
         for key, scenario in itertools.chain(first, tasks):
             yield key, run_point(scenario)
         return
-    import trainsim.api  # noqa: F401 - the simulator, imported once here so that forked workers inherit it
+    import trainsim.resolve  # noqa: F401 - the simulator, imported once here so that forked workers inherit it
+    import trainsim.sim.simulation  # noqa: F401
 
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupt)
     queued = itertools.chain(first, tasks)

@@ -11,11 +11,12 @@ from trainsim.formats.scenario import Scenario
 
 def run_point(scenario: Scenario) -> dict:
     """``{"status": "ok", <figures of results.METRICS>}`` or ``{"status": "error", "error": one line}``."""
-    from trainsim import api  # the simulator, imported where a point runs
+    from trainsim.resolve import resolve  # the simulator, imported where a point runs
+    from trainsim.sim.simulation import Simulation
 
     start = time.perf_counter()
     try:
-        result = api.simulation(scenario, record=False).run()  # a row needs no per-op records
+        result = Simulation(resolve(scenario), record=False).run()  # a row needs no per-op records
     except TrainsimError as exc:
         return failure(str(exc))
     except Exception as exc:  # noqa: BLE001 - any failure is this point's, recorded in its row

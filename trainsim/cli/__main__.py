@@ -1,0 +1,7 @@
+"""``python -m trainsim.cli``: the `trainsim` command."""
+
+import sys
+
+from trainsim.cli import main
+
+sys.exit(main())
