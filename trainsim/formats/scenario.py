@@ -49,6 +49,8 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 MAX_ITERATIONS = 10_000
 #: the largest batch a scenario may give (global or per GPU): 2^24 samples is far beyond any training run
 MAX_BATCH = 2**24
+#: the most GPUs a topology has (topologies/machines.py builds no larger one)
+MAX_GPUS = 262_144
 
 
 class _Strict(BaseModel):
@@ -172,6 +174,7 @@ class HostSpec(_Strict):
     data_workers: int = Field(
         default=4,
         ge=0,
+        le=1024,
         description="worker processes per DataLoader (per rank, or per machine with loader: shared); 0: the "
         "training loop prepares each batch itself, between iterations (PyTorch num_workers=0)",
     )
@@ -260,7 +263,8 @@ class Optimizations(_Strict):
         default=False, description="the host splits the batch and copies each GPU its shard (vs GPU0 scatter)"
     )
     preload: int = Field(
-        default=0, ge=0, description="batches copied ahead on the H2D copy engine (1: double buffering)"
+        default=0, ge=0, le=MAX_ITERATIONS,
+        description="batches copied ahead on the H2D copy engine (1: double buffering)"
     )
     param_compression: CompressionSpec | None = Field(
         default=None, description="fp16 | bf16 | int8 | {method: topk, ratio} | {method: powersgd, rank}"
@@ -417,11 +421,15 @@ class Scenario(_Strict):
     def _gpus(cls, gpus):
         if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus < 1:
             raise ValueError("a GPU count must be >= 1")
+        if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > MAX_GPUS:
+            raise ValueError(f"a GPU count must be at most {MAX_GPUS:,} (the largest topology there is)")
         if isinstance(gpus, list):
             if not gpus:
                 raise ValueError("give at least one GPU index")
             if any(g < 0 for g in gpus):
                 raise ValueError("GPU indices must be >= 0")
+            if len(gpus) > MAX_GPUS or any(g >= MAX_GPUS for g in gpus):
+                raise ValueError(f"GPU indices must be below {MAX_GPUS:,} (the largest topology there is)")
             if len(set(gpus)) != len(gpus):
                 raise ValueError("a GPU index appears twice")
         return gpus
