@@ -37,7 +37,7 @@ from trainsim.sim.run import Run, rank_names
 from trainsim.sim.strategies.context import Context
 from trainsim.sim.strategies.registry import get_strategy
 from trainsim.sim.strategies.settings import RunSettings
-from trainsim.sim.symmetry import mirror_ranks
+from trainsim.sim.symmetry import Mirror, mirror_ranks
 from trainsim.topologies.machine_classes import prefix
 
 __all__ = ["CountingEnvironment", "Simulation", "build_machine"]
@@ -114,7 +114,10 @@ class Simulation:
         if jitter is None and self.host is not None:  # the spread the host plug-in measured
             jitter = self.host.jitter(list(rank_devices.values()), per_gpu)
         self.mirror = None
-        if mirror:
+        alike = self.strategy.representatives(run)
+        if alike is not None:  # the strategy's ranks are alike by construction (the mesh's stages)
+            self.mirror = Mirror(stands_for=alike, machines={})
+        elif mirror:
             self.mirror = mirror_ranks(sc, topology, self.ranks, costs, detail=record, host=self.host,
                                        jitter=jitter)
         measured = run.measured  # RunMeasurements; None: nothing measured

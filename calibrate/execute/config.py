@@ -48,7 +48,7 @@ DEVICES = ("cpu", "cuda")
 # what the executor runs
 STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "easgd", "pipeline", "spatial")
 # what a scenario may name (the simulator's strategies): the executor reports the others as skipped
-SCENARIO_STRATEGIES = (*STRATEGIES, "hybrid")
+SCENARIO_STRATEGIES = (*STRATEGIES, "hybrid", "mesh")
 BATCHNORM_MODELS = ("resnet18", "resnet50", "googlenet")  # no spatial split without synchronised BatchNorm
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "message-driven")
 OPTIMIZERS = ("sgd", "momentum", "adam")

@@ -4,7 +4,8 @@ A `Strategy` says what it asks of a run before it starts — whether it can mode
 batch each rank's per-layer costs are computed at (``rank_batch``: the global batch over the ranks by
 default; a pipeline's micro-batch; a spatial split's sample group), how many samples a rank's loader
 prepares at once (``loaded_batch``) and whether the training loop keeps the model's output through backward
-(``loop_holds_output``) — and then starts its SimPy processes on a `Context` (``start``), which call
+(``loop_holds_output``), and which ranks it simulates where they are alike by construction
+(``representatives``) — and then starts its SimPy processes on a `Context` (``start``), which call
 ``ctx.finish(iteration, gpu)`` when a rank is done with an iteration. The simulator asks only these; it
 never branches on a strategy's name.
 
@@ -44,6 +45,8 @@ class Strategy(Protocol):
 
     def loaded_batch(self, run: Run, per_rank: int) -> int: ...
 
+    def representatives(self, run: Run) -> dict[str, list[str]] | None: ...
+
     def start(self, ctx: Context) -> None: ...
 
 
@@ -62,6 +65,7 @@ class StrategyDef:
     loaded_batch_of: Callable[[Scenario, int], int] | None = None
     check_run: Callable[[Run], None] | None = None
     loop_holds_output: bool = True
+    representatives_of: Callable[[Run], dict[str, list[str]]] | None = None
 
     def check(self, run: Run) -> None:
         if self.check_run is not None:
@@ -73,13 +77,21 @@ class StrategyDef:
         if self.rank_batch_of is not None:
             return self.rank_batch_of(sc, list(run.ranks), run.workload)
         if sc.batch_size % n:
-            raise TrainsimError(f"batch_size {sc.batch_size} does not divide over {n} GPUs", file=sc.source,
-                                field="batch_size")
+            raise TrainsimError(
+                f"batch_size {sc.batch_size} does not divide over {n} GPUs",
+                file=sc.source,
+                field="batch_size",
+            )
         return sc.batch_size // n
 
     def loaded_batch(self, run: Run, per_rank: int) -> int:
         """By default a rank's loader prepares the rank's batch."""
         return self.loaded_batch_of(run.scenario, per_rank) if self.loaded_batch_of else per_rank
+
+    def representatives(self, run: Run) -> dict[str, list[str]] | None:
+        """The ranks the strategy simulates, each with the ranks it stands for (itself first), where its
+        ranks are alike by construction; None: the simulator looks for symmetry itself (sim/symmetry.py)."""
+        return self.representatives_of(run) if self.representatives_of else None
 
     def start(self, ctx: Context) -> None:
         self.starts(ctx)
@@ -88,8 +100,17 @@ class StrategyDef:
 _REGISTRY: dict[str, StrategyDef] = {}
 
 #: the module of this package that registers each shipped strategy
-MODULES = {"single": "ddp", "ddp": "ddp", "dp-gpu0": "dp_gpu0", "parameter-server": "parameter_server",
-           "easgd": "easgd", "pipeline": "pipeline", "spatial": "spatial", "hybrid": "spatial"}
+MODULES = {
+    "single": "ddp",
+    "ddp": "ddp",
+    "dp-gpu0": "dp_gpu0",
+    "parameter-server": "parameter_server",
+    "easgd": "easgd",
+    "pipeline": "pipeline",
+    "spatial": "spatial",
+    "hybrid": "spatial",
+    "mesh": "mesh",
+}
 
 
 def _load(name: str) -> None:
@@ -98,13 +119,21 @@ def _load(name: str) -> None:
         importlib.import_module(f"{__package__}.{MODULES[name]}")
 
 
-def register(name: str, *, rank_batch: RankBatch | None = None,
-             loaded_batch: Callable[[Scenario, int], int] | None = None,
-             check: Callable[[Run], None] | None = None, loop_holds_output: bool = True):
+def register(
+    name: str,
+    *,
+    rank_batch: RankBatch | None = None,
+    loaded_batch: Callable[[Scenario, int], int] | None = None,
+    check: Callable[[Run], None] | None = None,
+    loop_holds_output: bool = True,
+    representatives: Callable[[Run], dict[str, list[str]]] | None = None,
+):
     """Register the decorated ``start(ctx)`` as strategy ``name``, with its hooks (see `StrategyDef`)."""
 
     def wrap(start: Callable[[Context], None]) -> Callable[[Context], None]:
-        _REGISTRY[name] = StrategyDef(name, start, rank_batch, loaded_batch, check, loop_holds_output)
+        _REGISTRY[name] = StrategyDef(
+            name, start, rank_batch, loaded_batch, check, loop_holds_output, representatives
+        )
         return start
 
     return wrap

@@ -32,13 +32,15 @@ from .scenario_options import (
     CompressionSpec,
     EasgdOptions,
     JitterSpec,
+    MeshOptions,
     PipelineOptions,
     check_combinations,
     one_grammar,
 )
 
 SCHEMA = "trainsim.scenario/1"
-STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd")
+STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd",
+              "mesh")
 #: the strategies whose ranks can stream their optimizer state (optimizations.offload_optimizer_state)
 OPTIMIZER_OFFLOAD_STRATEGIES = ("single", "ddp", "pipeline")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -87,7 +89,8 @@ class WorkloadRef(_Strict):
 class StrategySpec(_Strict):
     """The parallel strategy and its options (an option another strategy ignores is harmless)."""
 
-    name: Literal["single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd"]
+    name: Literal["single", "dp-gpu0", "ddp", "parameter-server", "spatial", "hybrid", "pipeline", "easgd",
+                  "mesh"]
     bucket_cap_mb: MiB = Field(default=25.0, gt=0, description="DDP gradient bucket size (MiB, as PyTorch)")
     first_bucket_cap_mb: MiB | None = Field(
         default=None, gt=0, description="DDP's first bucket (PyTorch: 1 MiB); default bucket_cap_mb"
@@ -127,6 +130,9 @@ class StrategySpec(_Strict):
         description="spatial/hybrid: simulate the first block of sample groups only and mirror it onto the "
         "others (needs collectives: analytic; for large GPU counts)",
     )
+    mesh: MeshOptions | None = Field(
+        default=None, description="mesh: tensor, context, pipeline, expert and data parallelism, ZeRO/FSDP"
+    )
     pipeline: PipelineOptions | None = Field(
         default=None, description="pipeline: stages, micro-batches, schedule"
     )
@@ -139,6 +145,7 @@ class StrategySpec(_Strict):
     def _options_match_strategy(self):
         for option, owners in (
             ("pipeline", ("pipeline",)),
+            ("mesh", ("mesh",)),
             ("easgd", ("easgd",)),
             ("jitter", ("pipeline", "easgd")),
         ):

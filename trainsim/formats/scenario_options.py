@@ -121,6 +121,60 @@ class PipelineOptions(BaseModel):
         return self
 
 
+class MeshOptions(BaseModel):
+    """``strategy.mesh``: the parallel dimensions of strategy ``mesh`` (large-model training as it is run
+    today), mapped onto the GPUs with tensor parallelism innermost, then context, then data, then pipeline
+    outermost; expert parallelism is carved out of data parallelism. The data-parallel degree is what is
+    left: GPUs / (tp x cp x pp)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tp: int = Field(default=1, ge=1, le=4096, description="tensor parallelism (Megatron column/row)")
+    cp: int = Field(default=1, ge=1, le=4096, description="context parallelism: the sequence split")
+    pp: int = Field(default=1, ge=1, le=4096, description="pipeline stages")
+    ep: int = Field(default=1, ge=1, le=4096,
+                    description="expert parallelism: experts split over this many data-parallel ranks")
+    zero: Literal[0, 1, 2, 3] = Field(
+        default=0, description="0: DDP (all-reduce); 1: optimizer state sharded; 2: and gradients; 3: and "
+                               "parameters (FSDP: all-gathered per block, gradients reduce-scattered)")
+    shard: int | None = Field(
+        default=None, ge=1, le=262_144,
+        description="HSDP: shard over groups of this many data-parallel ranks, replicate across groups "
+                    "(an all-reduce of the shards); default: every data-parallel rank")
+    sequence_parallel: bool = Field(
+        default=False, description="with tp: norms and dropout split by tokens, all-gather and "
+                                   "reduce-scatter instead of all-reduce")
+    micro_batch: int = Field(default=1, ge=1, le=2**24, description="samples (sequences) per micro-batch")
+    recompute: Literal["none", "selective", "full"] = Field(
+        default="none", description="selective: the attention core is recomputed in backward; full: each "
+                                    "block keeps only its input and runs its forward again")
+    schedule: Literal["1f1b", "gpipe"] = Field(default="1f1b", description="the pipeline schedule")
+    stage_blocks: list[int] | None = Field(
+        default=None, description="transformer blocks per pipeline stage, in order (default: blocks / pp "
+                                  "each; Llama 3 405B ran 126 blocks over 16 stages as 7, 8 x 14, 7)")
+    context: Literal["allgather", "ring"] = Field(
+        default="allgather", description="cp: keys and values all-gathered before the attention (Llama 3), "
+                                         "or passed around the ring under the attention compute")
+    reshard_after_forward: bool = Field(
+        default=True, description="zero 3: free a block's gathered parameters after its forward (and gather "
+                                  "them again for backward), as FSDP2 does by default")
+    expert_imbalance: float = Field(
+        default=1.0, ge=1.0, le=64.0,
+        description="the busiest expert rank's routed tokens over the average (top-k routing's imbalance)")
+    mirror: bool = Field(
+        default=True, description="simulate one rank per pipeline stage, standing for the stage's others "
+                                  "(they run the same work); false: every rank (to check that, at small scale)")
+
+    @model_validator(mode="after")
+    def _stage_blocks(self):
+        if self.stage_blocks is not None:
+            if len(self.stage_blocks) != self.pp:
+                raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries for pp {self.pp}")
+            if any(k < 1 for k in self.stage_blocks):
+                raise ValueError("every stage needs at least one block")
+        return self
+
+
 # ---- optimizations.param_compression -----------------------------------------------------------------------
 
 class CompressionSpec(BaseModel):
