@@ -163,7 +163,7 @@ class MeshOptions(BaseModel):
         description="the busiest expert rank's routed tokens over the average (top-k routing's imbalance)")
     mirror: bool = Field(
         default=True, description="simulate one rank per pipeline stage, standing for the stage's others "
-                                  "(they run the same work); false: every rank (to check that, at small scale)")
+                                  "(they run the same work); false: every rank (to check that, small runs)")
 
     @model_validator(mode="after")
     def _stage_blocks(self):
