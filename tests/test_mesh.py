@@ -128,6 +128,22 @@ def test_a_1f1b_pipeline_runs_m_micro_batches_plus_the_fill():
     assert first.memory_at_peak["activations"] > last.memory_at_peak["activations"]  # 1F1B: 4 vs 1 in flight
 
 
+def test_interleaved_virtual_stages_shrink_the_bubble():
+    idle = {}
+    for v in (1, 2, 4):
+        _, result = simulate({"pp": 4, "virtual_stages": v}, gpus=4, batch_size=16)
+        idle[v] = result.breakdown_s["idle"]
+        assert result.breakdown_s["compute"] == pytest.approx(0.598, rel=0.05)
+    assert idle[1] > idle[2] > idle[4]
+
+
+def test_an_interleaved_pipeline_needs_micro_batches_in_groups_of_pp():
+    with pytest.raises(TrainsimError, match="not a multiple of pp 4"):
+        simulate({"pp": 4, "virtual_stages": 2}, gpus=4, batch_size=6)
+    with pytest.raises(TrainsimError, match="virtual_stages interleaves a 1f1b pipeline"):
+        simulate({"virtual_stages": 2})
+
+
 def test_tensor_parallelism_pays_its_all_reduces_and_sequence_parallelism_the_same_bytes():
     _, plain = simulate({"tp": 8})
     _, sp = simulate({"tp": 8, "sequence_parallel": True})

@@ -105,12 +105,18 @@ def _checked_micro_batch(scenario, ranks, workload) -> int:
         workload,
         tp=o.tp,
         cp=o.cp,
-        pp=o.pp,
+        pp=o.pp * o.virtual_stages,
         ep=o.ep,
         sequence_parallel=o.sequence_parallel,
         stage_blocks=o.stage_blocks,
     )
-    micro_batches(scenario, mesh)
+    m = micro_batches(scenario, mesh)
+    if o.virtual_stages > 1 and m % o.pp:
+        raise TrainsimError(
+            f"an interleaved pipeline runs its micro-batches in groups of pp: {m} micro-batches (batch_size "
+            f"/ (dp x micro_batch)) is not a multiple of pp {o.pp}",
+            field="batch_size",
+        )
     return o.micro_batch
 
 
@@ -170,19 +176,22 @@ class _Mesh:
         )
         self.top_k = config.get("num_experts_per_tok") or 0
         self.act = WEIGHT_BYTES[ctx.settings.precision]  # bytes per activation value
+        self.v = self.o.virtual_stages
         splits = split_stages(
             workload,
             tp=self.o.tp,
             cp=self.o.cp,
-            pp=self.o.pp,
+            pp=self.o.pp * self.v,
             ep=self.o.ep,
             sequence_parallel=self.o.sequence_parallel,
             expert_imbalance=self.o.expert_imbalance,
             stage_blocks=self.o.stage_blocks,
         )
-        self.stages: dict[str, _Stage] = {}
+        # each simulated rank's model chunks: chunk k of pipeline rank s is split s + k x pp
+        self.chunks: dict[str, list[_Stage]] = {}
         for gpu in ctx.simulated:
-            self.stages[gpu] = self._stage(gpu, splits[self.mesh.stage(gpu)])
+            s = self.mesh.stage(gpu)
+            self.chunks[gpu] = [self._stage(gpu, splits[s + k * self.o.pp]) for k in range(self.v)]
         self.inbox: dict = {}
         self._times: dict = {}
         self._calls: dict = {}  # collectives some of whose simulated ranks have arrived
@@ -285,8 +294,8 @@ class _Mesh:
         return out
 
     # ---- one block's pass -------------------------------------------------------------------------------
-    def _block(self, gpu: str, it: int, m: int, b: int, kind: str):
-        ctx, machine, stage = self.ctx, self.ctx.machine, self.stages[gpu]
+    def _block(self, gpu: str, it: int, m: int, k: int, b: int, kind: str):
+        ctx, machine, stage = self.ctx, self.ctx.machine, self.chunks[gpu][k]
         block = stage.split.blocks[b]
         compute = stage.forward_s[b] if kind == "F" else stage.backward_s[b]
         comms = self._inline(gpu, stage, b, kind)
@@ -328,7 +337,7 @@ class _Mesh:
     def _collective(self, gpu: str, op: str, nbytes: float, it: int, *, gpus: list[str], label: str = ""):
         """A process body: a collective of ``gpus`` that each of its simulated ranks calls: the last to
         arrive runs it (`Context.collective`) and every caller waits for it to end."""
-        simulated = [g for g in gpus if g in self.stages]
+        simulated = [g for g in gpus if g in self.chunks]
         key = (op, it, label, tuple(gpus))
         if key not in self._calls:
             self._calls[key] = [0, self.ctx.env.event()]
@@ -342,22 +351,22 @@ class _Mesh:
             yield entry[1]
 
     # ---- ZeRO-3 / FSDP: gathered blocks ------------------------------------------------------------------
-    def _gather(self, gpu: str, it: int, b: int, label: str):
-        """A process body: block b's parameters all-gathered over the shard group, then held."""
-        stage = self.stages[gpu]
+    def _gather(self, gpu: str, it: int, k: int, b: int, label: str):
+        """A process body: chunk k's block b's parameters all-gathered over the shard group, then held."""
+        stage = self.chunks[gpu][k]
         full = stage.params[b]
         group = self.mesh.group(gpu, "shard")
         yield from self._collective(gpu, "allgather", full, it, gpus=group, label=f":{label}")
         self.ctx.machine.gpus[gpu].memory.alloc(self.ctx.env.now, full - full / len(group), "gathered_params")
 
-    def _release(self, gpu: str, b: int) -> None:
-        stage, group = self.stages[gpu], self.mesh.group(gpu, "shard")
+    def _release(self, gpu: str, k: int, b: int) -> None:
+        stage, group = self.chunks[gpu][k], self.mesh.group(gpu, "shard")
         full = stage.params[b]
         self.ctx.machine.gpus[gpu].memory.free(self.ctx.env.now, full - full / len(group), "gathered_params")
 
-    def _pass(self, gpu: str, it: int, m: int, kind: str):
-        """Micro-batch m's forward or backward through the stage's blocks."""
-        ctx, stage = self.ctx, self.stages[gpu]
+    def _pass(self, gpu: str, it: int, m: int, kind: str, k: int = 0):
+        """Micro-batch m's forward or backward through the blocks of the rank's chunk k."""
+        ctx, stage = self.ctx, self.chunks[gpu][k]
         memory = ctx.machine.gpus[gpu].memory
         blocks = list(range(len(stage.split.blocks)))
         order = blocks if kind == "F" else blocks[::-1]
@@ -365,17 +374,19 @@ class _Mesh:
         gather = zero3 and (kind == "F" or self.o.reshard_after_forward)
         pending = {}
         if gather:
-            pending[order[0]] = ctx.env.process(self._gather(gpu, it, order[0], f"{kind}{m}:{order[0]}"))
+            pending[order[0]] = ctx.env.process(
+                self._gather(gpu, it, k, order[0], f"{kind}{m}:{k}:{order[0]}")
+            )
         last = m == self.M - 1
-        for k, b in enumerate(order):
+        for j, b in enumerate(order):
             if gather:
                 yield pending.pop(b)
-                if k + 1 < len(order):  # prefetch the next block while this one runs
-                    nxt = order[k + 1]
-                    pending[nxt] = ctx.env.process(self._gather(gpu, it, nxt, f"{kind}{m}:{nxt}"))
+                if j + 1 < len(order):  # prefetch the next block while this one runs
+                    nxt = order[j + 1]
+                    pending[nxt] = ctx.env.process(self._gather(gpu, it, k, nxt, f"{kind}{m}:{k}:{nxt}"))
             if kind == "F":
                 memory.alloc(ctx.env.now, stage.saved[b], "activations")
-            yield from self._block(gpu, it, m, b, kind)
+            yield from self._block(gpu, it, m, k, b, kind)
             if kind == "B":
                 memory.free(ctx.env.now, stage.saved[b], "activations")
                 if m == 0 and self.o.zero < 2:  # the first backward writes the gradients
@@ -383,32 +394,33 @@ class _Mesh:
                 elif m == 0:  # sharded gradients: this rank keeps 1/shard
                     memory.alloc(ctx.env.now, stage.params[b] / self.mesh.shard_size, "grads")
                 if last:
-                    self.synced[it, gpu, b] = ctx.env.process(self._sync(gpu, it, b))
+                    self.synced[it, gpu, k, b] = ctx.env.process(self._sync(gpu, it, k, b))
             if gather and (kind == "B" or self.o.reshard_after_forward):
-                self._release(gpu, b)
+                self._release(gpu, k, b)
 
     # ---- gradients --------------------------------------------------------------------------------------
-    def _sync(self, gpu: str, it: int, b: int):
-        """Block b's gradients synchronised over data parallelism (see the module)."""
-        stage, mesh, o = self.stages[gpu], self.mesh, self.o
-        dense, experts = stage.params[b] - stage.expert_params[b], stage.expert_params[b]
+    def _sync(self, gpu: str, it: int, k: int, b: int):
+        """Chunk k's block b's gradients synchronised over data parallelism (see the module)."""
+        stage, mesh, o = self.chunks[gpu][k], self.mesh, self.o
+        grads, experts = stage.params[b], stage.expert_params[b]
+        label = f":b{k}.{b}"
         if mesh.dp == 1:
             return
         if o.zero == 0:
             yield from self._collective(
-                gpu, "allreduce", dense, it, gpus=mesh.group(gpu, "dp"), label=f":b{b}"
+                gpu, "allreduce", grads - experts, it, gpus=mesh.group(gpu, "dp"), label=label
             )
             if experts > 0:
                 yield from self._collective(
-                    gpu, "allreduce", experts, it, gpus=self._expert_dp(gpu), label=f":b{b}:experts"
+                    gpu, "allreduce", experts, it, gpus=self._expert_dp(gpu), label=f"{label}:experts"
                 )
             return
         shard = mesh.group(gpu, "shard")
-        yield from self._collective(gpu, "reduce_scatter", stage.params[b], it, gpus=shard, label=f":b{b}")
+        yield from self._collective(gpu, "reduce_scatter", grads, it, gpus=shard, label=label)
         replicas = mesh.group(gpu, "replica")
         if len(replicas) > 1:
             yield from self._collective(
-                gpu, "allreduce", stage.params[b] / len(shard), it, gpus=replicas, label=f":b{b}:replicas"
+                gpu, "allreduce", grads / len(shard), it, gpus=replicas, label=f"{label}:replicas"
             )
 
     def _expert_dp(self, gpu: str) -> list[str]:
@@ -417,69 +429,90 @@ class _Mesh:
         return [mesh.gpu(**{**c, "dp": c["dp"] % mesh.ep + k * mesh.ep}) for k in range(mesh.dp // mesh.ep)]
 
     # ---- pipeline messages ------------------------------------------------------------------------------
-    def _event(self, gpu: str, it: int, kind: str, m: int):
-        key = (gpu, it, kind, m)
+    def _event(self, gpu: str, it: int, kind: str, g: int, m: int):
+        """Fires when ``gpu`` has the message of global chunk ``g``'s micro-batch m for a pass of ``kind``."""
+        key = (gpu, it, kind, g, m)
         if key not in self.inbox:
             self.inbox[key] = self.ctx.env.event()
         return self.inbox[key]
 
-    def _send(self, src: str, dst: str, it: int, kind: str, m: int):
+    def _send(self, src: str, dst: str, it: int, kind: str, g: int, m: int):
         nbytes = self._hidden_bytes() / (self.o.tp if self.o.sequence_parallel else 1)
         op = "send_activation" if kind == "F" else "send_gradient"
         yield from self.ctx.machine.peer_copy(
             src, dst, nbytes, iteration=it, op=op, engine_gpu=src, stream="d2h", category=COMM
         )
-        self._event(dst, it, kind, m).succeed()
+        self._event(dst, it, kind, g, m).succeed()
 
     # ---- the iteration ----------------------------------------------------------------------------------
+    def order(self, s: int) -> list[tuple[str, int, int]]:
+        """(pass, chunk, micro-batch) in the order pipeline rank ``s`` runs them: 1F1B or GPipe, or
+        interleaved 1F1B over its chunks (Megatron-LM's: micro-batches in groups of pp through each chunk in
+        turn, the warm-up (pp - s - 1) x 2 + (v - 1) x pp forwards)."""
+        o, pp, v, M = self.o, self.o.pp, self.v, self.M
+        if v == 1:
+            return [(kind, 0, m) for kind, m in schedule_order(o.schedule, s, pp, M)]
+
+        def unit(i: int, backward: bool) -> tuple[int, int]:
+            group, within = divmod(i, pp * v)
+            k = within // pp
+            return (v - 1 - k if backward else k), group * pp + within % pp
+
+        total = M * v
+        warm = min((pp - s - 1) * 2 + (v - 1) * pp, total)
+        out = [("F", *unit(i, False)) for i in range(warm)]
+        for i in range(total - warm):
+            out += [("F", *unit(warm + i, False)), ("B", *unit(i, True))]
+        return out + [("B", *unit(i, True)) for i in range(total - warm, total)]
+
     def stage_process(self, gpu: str):
-        ctx, mesh, stage, o = self.ctx, self.mesh, self.stages[gpu], self.o
-        s, memory = stage.index, ctx.machine.gpus[gpu].memory
+        ctx, mesh, o = self.ctx, self.mesh, self.o
+        chunks = self.chunks[gpu]
+        s, memory = mesh.stage(gpu), ctx.machine.gpus[gpu].memory
         c = mesh.coords(gpu)
-        prev = mesh.gpu(**{**c, "pp": s - 1}) if s > 0 else None
-        nxt = mesh.gpu(**{**c, "pp": s + 1}) if s < mesh.pp - 1 else None
+        last = o.pp * self.v - 1  # the last global chunk
+
+        def rank_of(g: int) -> str:
+            return mesh.gpu(**{**c, "pp": g % o.pp})
+
         shard = self.mesh.shard_size if o.zero >= 1 else 1
+        blocks = [(k, b) for k in range(self.v) for b in range(len(chunks[k].split.blocks))]
         for it in range(ctx.total_iterations):
             if s == 0:
                 yield from ctx.get_batch(gpu, it, batch=o.micro_batch * self.M)
-            for kind, m in schedule_order(o.schedule, s, mesh.pp, self.M):
-                source = prev if kind == "F" else nxt
-                if source is not None:
-                    yield self._event(gpu, it, kind, m)
-                yield from self._pass(gpu, it, m, kind)
-                target = nxt if kind == "F" else prev
-                if target is not None:
-                    ctx.env.process(self._send(gpu, target, it, kind, m))
-            yield ctx.env.all_of([self.synced[it, gpu, b] for b in range(len(stage.split.blocks))])
+            for kind, k, m in self.order(s):
+                g = s + k * o.pp
+                if (kind == "F" and g > 0) or (kind == "B" and g < last):
+                    yield self._event(gpu, it, kind, g, m)
+                yield from self._pass(gpu, it, m, kind, k)
+                target = g + 1 if kind == "F" else g - 1
+                if 0 <= target <= last:
+                    ctx.env.process(self._send(gpu, rank_of(target), it, kind, target, m))
+            yield ctx.env.all_of([self.synced[it, gpu, k, b] for k, b in blocks])
+            step = sum(chunk.costs.step_s for chunk in chunks) / shard
             yield from ctx.machine.run(
-                gpu,
-                "compute",
-                stage.costs.step_s / shard,
-                op="optimizer",
-                iteration=it,
-                optimizer=ctx.settings.optimizer,
+                gpu, "compute", step, op="optimizer", iteration=it, optimizer=ctx.settings.optimizer
             )
-            grads = sum(stage.params) / (self.mesh.shard_size if o.zero >= 2 else 1)
-            memory.free(ctx.env.now, grads, "grads")
+            params = sum(sum(chunk.params) for chunk in chunks)
+            memory.free(ctx.env.now, params / (self.mesh.shard_size if o.zero >= 2 else 1), "grads")
             if o.zero in (1, 2) and self.mesh.shard_size > 1:  # the updated shards to every rank
                 yield from self._collective(
-                    gpu, "allgather", sum(stage.params), it, gpus=mesh.group(gpu, "shard"), label=":params"
+                    gpu, "allgather", params, it, gpus=mesh.group(gpu, "shard"), label=":params"
                 )
             ctx.finish(it, gpu)
 
     def start(self) -> None:
         ctx, o = self.ctx, self.o
         for gpu in ctx.simulated:
-            stage, memory = self.stages[gpu], ctx.machine.gpus[gpu].memory
-            params = sum(stage.params)
+            chunks, memory = self.chunks[gpu], ctx.machine.gpus[gpu].memory
+            params = sum(sum(chunk.params) for chunk in chunks)
             held = params / self.mesh.shard_size if o.zero == 3 else params
-            state = params * stage.state_per_param / (self.mesh.shard_size if o.zero >= 1 else 1)
+            state = sum(sum(ch.params) * ch.state_per_param for ch in chunks)
             memory.alloc(ctx.env.now, held, "params")
-            memory.alloc(ctx.env.now, stage.costs.workspace_bytes, "workspaces")
-            memory.alloc(ctx.env.now, state, "optimizer_state")
-            ctx.costs[gpu] = stage.costs
+            memory.alloc(ctx.env.now, chunks[0].costs.workspace_bytes, "workspaces")
+            memory.alloc(ctx.env.now, state / (self.mesh.shard_size if o.zero >= 1 else 1), "optimizer_state")
+            ctx.costs[gpu] = chunks[0].costs
             ctx.env.process(self.stage_process(gpu))
-        first = self.stages[ctx.simulated[0]]
         ctx.extra["mesh"] = {
             "tp": o.tp,
             "cp": o.cp,
@@ -493,7 +526,8 @@ class _Mesh:
             "sequence_parallel": o.sequence_parallel,
             "recompute": o.recompute,
             "schedule": o.schedule,
-            "blocks_per_stage": len(first.split.blocks),
+            "virtual_stages": self.v,
+            "blocks_per_stage": sum(len(ch.split.blocks) for ch in self.chunks[ctx.simulated[0]]),
             "notes": self._notes(),
         }
 

@@ -149,6 +149,10 @@ class MeshOptions(BaseModel):
         default="none", description="selective: the attention core is recomputed in backward; full: each "
                                     "block keeps only its input and runs its forward again")
     schedule: Literal["1f1b", "gpipe"] = Field(default="1f1b", description="the pipeline schedule")
+    virtual_stages: int = Field(
+        default=1, ge=1, le=64,
+        description="model chunks per pipeline rank (interleaved 1F1B: the bubble shrinks by this factor; "
+                    "the blocks split into pp x virtual_stages chunks, chunk c on rank c mod pp)")
     stage_blocks: list[int] | None = Field(
         default=None, description="transformer blocks per pipeline stage, in order (default: blocks / pp "
                                   "each; Llama 3 405B ran 126 blocks over 16 stages as 7, 8 x 14, 7)")
@@ -168,10 +172,14 @@ class MeshOptions(BaseModel):
     @model_validator(mode="after")
     def _stage_blocks(self):
         if self.stage_blocks is not None:
-            if len(self.stage_blocks) != self.pp:
-                raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries for pp {self.pp}")
+            chunks = self.pp * self.virtual_stages
+            if len(self.stage_blocks) != chunks:
+                raise ValueError(f"stage_blocks has {len(self.stage_blocks)} entries for pp x virtual_stages "
+                                 f"= {chunks} chunks")
             if any(k < 1 for k in self.stage_blocks):
                 raise ValueError("every stage needs at least one block")
+        if self.virtual_stages > 1 and (self.pp == 1 or self.schedule != "1f1b"):
+            raise ValueError("virtual_stages interleaves a 1f1b pipeline: give pp > 1 and schedule 1f1b")
         return self
 
 
