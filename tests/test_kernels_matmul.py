@@ -6,7 +6,8 @@ import pytest
 from kernel_fixtures import GPU4, params
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.kernels.matmul import conv_time, gemm_core, gemm_time, tile_factor
+from trainsim.sim.compute.kernels.matmul import (ROOFLINE_FRACTION, conv_time, gemm_core, gemm_time, layout_bytes,
+                                                  tile_factor)
 from trainsim.sim.compute.kernels.specs import Conv2d, Gemm
 from trainsim.sim.core.devices import DeviceSpec, get_device
 
@@ -68,8 +69,27 @@ def test_a_matrix_vector_product_is_memory_bound():
 def test_tensor_cores_run_at_their_precisions_peak():
     fp32 = gemm_time(Gemm(m=256, n=256, k=1024), GPU4, params())
     bf16 = gemm_time(Gemm(m=256, n=256, k=1024, dtype="bf16"), GPU4, params())
-    assert bf16.seconds == pytest.approx(fp32.seconds / 2)  # 8 vs 4 TFLOP/s
-    assert "tensor cores not fitted" in bf16.detail["efficiency_from"]
+    # no tensor-core figure: the roofline's fraction of the 8 TFLOP/s bf16 peak (fp32: all of 4 TFLOP/s)
+    assert bf16.seconds == pytest.approx(fp32.seconds / 2 / ROOFLINE_FRACTION)
+    assert "roofline fraction" in bf16.detail["efficiency_from"]
+    fitted = params(matmul={"tensor_efficiency_bf16": 0.5})
+    assert gemm_time(Gemm(m=256, n=256, k=1024, dtype="bf16"), GPU4, fitted).seconds == pytest.approx(
+        fp32.seconds)  # half of twice the peak
+
+
+def test_a_precision_without_a_figure_takes_its_stand_in():
+    tf32 = params(matmul={"tensor_efficiency_tf32": 0.25})
+    bf16 = gemm_time(Gemm(m=256, n=256, k=1024, dtype="bf16"), GPU4, tf32)
+    assert bf16.detail["efficiency"] == 0.25 and "tf32 figure: no bf16 rows" in bf16.detail["efficiency_from"]
+
+
+def test_a_misaligned_tensor_core_gemm_runs_at_its_share():
+    fitted = params(matmul={"tensor_efficiency_bf16": 0.5, "misaligned": 0.25})
+    aligned = gemm_time(Gemm(m=256, n=256, k=1024, dtype="bf16"), GPU4, fitted)
+    odd = gemm_time(Gemm(m=256, n=257, k=1024, dtype="bf16"), GPU4, fitted)  # 257 x 2 B: not 16 B multiples
+    assert odd.detail["efficiency"] == pytest.approx(aligned.detail["efficiency"] * 0.25)
+    fp32 = params(matmul={"misaligned": 0.25})
+    assert gemm_time(Gemm(m=256, n=257, k=1024), GPU4, fp32).detail["efficiency"] == 1.0  # SIMT: no rule
 
 
 def test_tf32_on_a_v100_is_refused():
@@ -107,3 +127,16 @@ def test_conv_kernels_add_their_fixed_gpu_time():
     conv = Conv2d(batch=1, in_channels=256, out_channels=256, height=32, width=32, kernel=(3, 3), padding=1)
     base = conv_time(conv, GPU4, params()).seconds
     assert conv_time(conv, GPU4, params(conv={"kernel_s": 1e-6})).seconds == pytest.approx(base + 2e-6)
+
+
+def test_a_tensor_core_convolution_turns_its_tensors_to_nhwc_and_back():
+    conv = Conv2d(batch=2, in_channels=8, out_channels=16, height=8, width=8, kernel=(3, 3), padding=1,
+                  dtype="bf16")
+    # input 2x8x8x8 and output 2x16x8x8 elements, each read and written once at 2 bytes
+    assert layout_bytes(conv) == 2 * 2 * (2 * 8 * 64 + 2 * 16 * 64)
+    assert layout_bytes(dataclasses.replace(conv, dtype="fp32")) == 0  # SIMT kernels read NCHW
+    one = dataclasses.replace(conv, kernel=(1, 1), padding=0)
+    assert layout_bytes(one) == 0  # a 1x1 convolution is a GEMM over the NCHW tensors
+    with_call = params(conv={"tensor_call_s": 1e-3})
+    assert conv_time(conv, GPU4, with_call).seconds == pytest.approx(conv_time(conv, GPU4, params()).seconds
+                                                                      + 1e-3)

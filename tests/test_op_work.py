@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from trainsim.sim.compute.kernels.layers import op_kernels
 from trainsim.sim.replay.op_work import op_work
 
 FLOAT = ["float", "float"]
@@ -22,6 +23,7 @@ def test_matmuls_by_hand():
     assert (addmm.flops, addmm.nbytes) == (mm.flops, mm.nbytes + 32 * 4)
     bmm = op_work("aten::bmm", [[3, 4, 5], [3, 5, 6]], ["c10::BFloat16"] * 2)
     assert (bmm.flops, bmm.nbytes, bmm.precision) == (2 * 3 * 4 * 5 * 6, 3 * (20 + 30 + 24) * 2, "bf16")
+    assert (mm.shape, addmm.shape, bmm.shape) == (("gemm", 1, 64, 32, 128),) * 2 + (("gemm", 3, 4, 6, 5),)
 
 
 @pytest.mark.parametrize("name, shapes, types, concrete", [
@@ -94,6 +96,11 @@ def test_convolution_bytes_by_hand():
                    "[False, True, True]"])
     assert bwd.flops == fwd.flops
     assert bwd.nbytes == (2 * 8 * 64 + 2 * 3 * 256 + 8 * 27) * 4
+    # the geometry the kernel model rebuilds them from (`replay --gpu`), the same FLOPs
+    assert fwd.shape == ("conv", 2, 3, 8, 16, 16, 3, 3, 2, 1, 1, "forward")
+    assert bwd.shape == ("conv", 2, 3, 8, 16, 16, 3, 3, 2, 1, 1, "backward_weight")
+    for work in (fwd, bwd):
+        assert sum(k.flops for k in op_kernels(work.shape, "fp32")) == work.flops
 
 
 def test_grouped_convolution_by_hand():
@@ -107,6 +114,7 @@ def test_grouped_convolution_by_hand():
                   ["", "", "", "[8]", "[1, 1]", "[0, 0]", "[2, 2]", "False", "[0, 0]", "2",
                    "[True, True, True]"])
     assert bwd.flops == 2 * fwd.flops
+    assert fwd.shape == bwd.shape == ()  # dilated: no kernel-model form, the what-if goes by FLOPs and bytes
 
 
 def test_attention_flops_match_pytorchs_formulas_on_a_recorded_step(tmp_path):

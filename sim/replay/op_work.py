@@ -62,12 +62,18 @@ _ATTENTION_BACKWARD = {"aten::_scaled_dot_product_flash_attention_backward": 11,
 @dataclass(frozen=True, slots=True)
 class OpWork:
     """What one op computes: FLOPs, the bytes it must move at least, and the precision its dtype implies
-    (None where the dtype has no peak of its own: the kernel's name decides)."""
+    (None where the dtype has no peak of its own: the kernel's name decides). ``shape``: the op's geometry
+    as plain values, from which `op_kernels` makes the kernel model's specs: ``("gemm", batch, m, n, k)``,
+    ``("conv", batch, in_c, out_c, h, w, kh, kw, stride, padding, groups, passes)`` with passes of
+    ``forward``/``backward_data``/``backward_weight`` joined by ``+``, ``("attention", batch, heads, q_len,
+    kv_len, head_dim, causal, backward)``; empty where the op has no such form (a 3-D convolution, a
+    dilated or transposed one, uneven strides)."""
 
     op: str
     flops: float
     nbytes: float
     precision: str | None
+    shape: tuple = ()
 
 
 def op_work(name: str, shapes, types, concrete=None) -> OpWork | None:
@@ -121,7 +127,8 @@ def _matmul(name: str, shapes, types) -> OpWork:
     elements = batch * (m * k + k * n + m * n)
     if first:
         elements += math.prod(_dims(shapes[0]))
-    return OpWork(name, 2.0 * batch * m * k * n, float(elements * size), DTYPE_PRECISION.get(types[first]))
+    return OpWork(name, 2.0 * batch * m * k * n, float(elements * size), DTYPE_PRECISION.get(types[first]),
+                  ("gemm", batch, m, n, k))
 
 
 def _concrete(concrete, index: int):
@@ -169,8 +176,19 @@ def _convolution(name: str, shapes, types, concrete) -> OpWork | None:
         raise ValueError("an empty output")
     bias = math.prod(_dims(shapes[2])) if len(shapes) > 2 and shapes[2] else 0
     elements = math.prod(x) + math.prod(w) + x[0] * out_channels * math.prod(out) + bias
+    transposed = bool(_concrete(concrete, 6))
+    groups = _concrete(concrete, 8) or 1
+    shape = _conv_shape(x, w, stride, padding, dilation, groups, "forward") if not transposed else ()
     return OpWork(name, 2.0 * x[0] * positions * math.prod(w), float(elements * _element_bytes(types, 0)),
-                  DTYPE_PRECISION.get(types[0]))
+                  DTYPE_PRECISION.get(types[0]), shape)
+
+
+def _conv_shape(x, w, stride, padding, dilation, groups, passes: str) -> tuple:
+    """A 2-D convolution's ``shape`` (see `OpWork`), empty where the kernel model has no form for it."""
+    if len(x) != 4 or len(set(stride)) != 1 or len(set(padding)) != 1 or set(dilation) != {1} \
+            or not isinstance(groups, int) or groups < 1:
+        return ()
+    return ("conv", x[0], x[1], w[0], x[2], x[3], w[2], w[3], stride[0], padding[0], groups, passes)
 
 
 def _convolution_backward(name: str, shapes, types, concrete) -> OpWork:
@@ -189,8 +207,17 @@ def _convolution_backward(name: str, shapes, types, concrete) -> OpWork:
     if grad_weight:                         # reads the input, writes grad_weight
         elements += math.prod(x) + math.prod(w)
     size = _element_bytes(types, 0)
+    passes = "+".join(p for p, on in (("backward_data", grad_input), ("backward_weight", grad_weight)) if on)
+    shape = ()
+    if not transposed and passes:
+        rank = len(x) - 2
+        stride, padding = _concrete(concrete, 4), _concrete(concrete, 5)
+        if stride is not None and padding is not None:
+            shape = _conv_shape(x, w, _spatial(stride, rank, 1), _spatial(padding, rank, 0),
+                                _spatial(_concrete(concrete, 6), rank, 1), _concrete(concrete, 9) or 1,
+                                passes)
     return OpWork(name, 2.0 * products * x[0] * positions * math.prod(w), float(elements * size),
-                  DTYPE_PRECISION.get(types[0]))
+                  DTYPE_PRECISION.get(types[0]), shape)
 
 
 def _attention(name: str, shapes, types, causal: bool, backward: bool) -> OpWork:
@@ -215,4 +242,6 @@ def _attention(name: str, shapes, types, causal: bool, backward: bool) -> OpWork
         products = 2 * products + 2.0 * batch * heads * pairs * features
         elements = 2 * elements
     return OpWork(name, products, float(elements * _element_bytes(types, first)),
-                  DTYPE_PRECISION.get(types[first]))
+                  DTYPE_PRECISION.get(types[first]),
+                  ("attention", batch, heads, rows, keys, features, causal, backward)
+                  if features == value_features else ())

@@ -24,7 +24,7 @@ import math
 from trainsim.sim.core.devices import DeviceSpec
 
 from .hardware import matrix_peak, require
-from .matmul import gemm_time
+from .matmul import gemm_time, tensor_efficiency
 from .memory_bound import streaming_time
 from .params import KernelParams
 from .specs import Attention, Gemm, KernelEstimate, Streaming
@@ -40,11 +40,10 @@ def attention_time(spec: Attention, device: DeviceSpec, params: KernelParams) ->
 def _fused(spec: Attention, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
     peak = matrix_peak(device, spec.dtype)
     sms = int(require(device, "sm_count", "attention"))
-    figure = "efficiency" if spec.dtype == "fp32" else "tensor_efficiency"
-    try:
-        efficiency, where = params.figure(device, "matmul", figure)
-    except Exception:  # tensor cores not fitted yet: the fp32 figure (params.json "unfitted")
+    if spec.dtype == "fp32":
         efficiency, where = params.figure(device, "matmul", "efficiency")
+    else:
+        efficiency, where = tensor_efficiency(device, params, "matmul", spec.dtype)
     memory_eff, _ = params.figure(device, "matmul", "memory_efficiency")
     blocks = spec.batch * spec.heads * math.ceil(spec.q_len / BLOCK_Q)
     waves = math.ceil(blocks / sms)

@@ -37,7 +37,7 @@ from trainsim.sim.core.devices import DeviceSpec
 
 from .hardware import matrix_peak, require
 from .params import KernelParams
-from .specs import Conv2d, Gemm, KernelEstimate
+from .specs import DTYPE_BYTES, Conv2d, Gemm, KernelEstimate
 
 SPLITS = (1, 2, 4, 8, 16)
 #: kernels a convolution launches (each costs ``conv.kernel_s`` on the GPU): cuDNN's implicit GEMM computes
@@ -95,24 +95,61 @@ def winograd_core(batch, in_c, out_c, height, width, out_h, out_w, **gemm):
     return seconds + transforms / gemm["bandwidth"]
 
 
+#: tensor-core precisions without rows of their own take the next one's figure: fp8 fp16's, fp16 bf16's
+#: (one peak for both since Ampere), bf16 tf32's (a stand-in: the same fraction of a higher peak)
+TENSOR_STAND_IN = {"fp8": "fp16", "fp16": "bf16", "bf16": "tf32"}
+#: the fraction of a tensor-core peak taken where no precision of the chain has a figure: the roofline's
+#: compute efficiency (`trainsim.sim.compute.roofline.Efficiency.compute`), not fitted
+ROOFLINE_FRACTION = 0.7
+#: elements a tensor-core GEMM's leading dimensions must be a multiple of (16 bytes) for cuBLAS's aligned
+#: kernels; a misaligned operand (GPT-2's vocabulary of 50,257) runs narrower loads at ``misaligned`` of it
+ALIGN_BYTES = 16
+
+
+def tensor_efficiency(device: DeviceSpec, params: KernelParams, cls: str, dtype: str) -> tuple[float, str]:
+    """The fraction of ``dtype``'s tensor-core peak class ``cls`` reaches on ``device``: its figure
+    ``tensor_efficiency_<dtype>``, else that of the next precision of `TENSOR_STAND_IN`, each found as
+    `params.KernelParams.figure` finds figures; else `ROOFLINE_FRACTION` (``unfitted`` in params.json)."""
+    name = dtype
+    while name is not None:
+        try:
+            value, where = params.figure(device, cls, f"tensor_efficiency_{name}")
+        except TrainsimError:
+            name = TENSOR_STAND_IN.get(name)
+            continue
+        return value, where if name == dtype else f"{where} ({name} figure: no {dtype} rows)"
+    return ROOFLINE_FRACTION, "roofline fraction (no tensor-core rows)"
+
+
 def _setup(device: DeviceSpec, params: KernelParams, dtype: str, cls: str):
     peak = matrix_peak(device, dtype)
     sms = int(require(device, "sm_count", cls))
     if dtype != "fp32":
-        try:
-            efficiency, where = params.figure(device, cls, "tensor_efficiency")
-        except TrainsimError:  # not fitted yet: the fp32 figure, uncapped (params.json "unfitted")
-            efficiency, where = params.figure(device, cls, "efficiency")
-            where += " (fp32 figure: tensor cores not fitted)"
+        efficiency, where = tensor_efficiency(device, params, cls, dtype)
     else:
         efficiency, where = params.efficiency(device, cls, "efficiency")
     memory_eff, _ = params.figure(device, "matmul", "memory_efficiency")
     return peak, sms, efficiency, where, device.memory_bandwidth * memory_eff
 
 
+def aligned(spec: Gemm) -> bool:
+    """Whether a tensor-core GEMM's dimensions are multiples of 16 bytes of its elements (fp32 SIMT GEMMs
+    need no alignment)."""
+    if spec.dtype == "fp32":
+        return True
+    step = ALIGN_BYTES // DTYPE_BYTES[spec.dtype]
+    return all(d % step == 0 for d in (spec.n, spec.k))
+
+
 def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
     """The kernel model's time for a (batched) GEMM on ``device``."""
     peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "matmul")
+    if not aligned(spec):
+        try:
+            scale, _ = params.figure(device, "matmul", "misaligned")
+            efficiency, where = efficiency * scale, f"{where}, misaligned x{scale:.3f}"
+        except TrainsimError:
+            pass
     kind = "batched" if spec.batch > 1 and not spec.shared_b else "single"
     tiles = params.tiles(device, kind)
     seconds, compute, memory, tile, split = gemm_core(
@@ -147,12 +184,47 @@ def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelE
         wino += WINOGRAD_KERNELS * kernel_s
         if wino < seconds:
             seconds, compute, algorithm = wino, wino, "winograd"
-    detail = {"algorithm": algorithm, "efficiency": efficiency, "efficiency_from": where, "peak": peak}
+    transforms = layout_bytes(spec)
+    if transforms:
+        stream, _ = params.figure(device, "elementwise", "efficiency")
+        seconds += transforms / (device.memory_bandwidth * stream)
+    if spec.dtype != "fp32":
+        seconds += tensor_call_seconds(device, params)
+    detail = {"algorithm": algorithm, "efficiency": efficiency, "efficiency_from": where, "peak": peak,
+              "layout_bytes": transforms}
     return _estimate(seconds, compute, memory, spec, params, "conv", detail)
+
+
+def tensor_call_seconds(device: DeviceSpec, params: KernelParams) -> float:
+    """The fixed GPU time of a tensor-core convolution pass beyond its GEMM (``conv.tensor_call_s``: the
+    workspace initialisation, filter transforms, split reductions and the gaps between them that the traces
+    show around each), 0 where not fitted."""
+    try:
+        return params.figure(device, "conv", "tensor_call_s")[0]
+    except TrainsimError:
+        return 0.0
+
+
+def layout_bytes(spec: Conv2d) -> float:
+    """Bytes cuDNN's layout transforms move around a tensor-core convolution of NCHW tensors: its NHWC
+    kernels need the tensors they read turned to NHWC and what they write turned back (the H200 traces
+    show ``nchwToNhwcKernel`` and ``nhwcToNchwKernel`` around every tf32 convolution). Each transform
+    reads and writes its tensor once: the forward turns its input and output, the data gradient the
+    output's gradient and the input's, the weight gradient the output's gradient and the input. 0 for fp32
+    (SIMT kernels read NCHW) and for a 1x1 stride-1 convolution, which cuDNN runs as a GEMM over the NCHW
+    tensors as they are (the traces' ``xmma_gemm`` kernels with no transform around them)."""
+    if spec.dtype == "fp32" or (spec.kernel == (1, 1) and spec.stride == 1 and spec.padding == 0):
+        return 0.0
+    size = DTYPE_BYTES[spec.dtype]
+    inputs = spec.batch * spec.in_channels * spec.height * spec.width
+    outputs = spec.batch * spec.out_channels * spec.out_h * spec.out_w
+    return 2.0 * size * (inputs + outputs)
 
 
 def _estimate(seconds, compute, memory, spec, params, cls, detail) -> KernelEstimate:
     low, high = params.held_out(cls)
+    if spec.dtype != "fp32" and cls == "conv" and f"tensor.conv2d.{spec.dtype}" in params.data["held_out"]:
+        low, high = params.held_out(f"tensor.conv2d.{spec.dtype}")  # the layer fit's held-out band
     compute_bound = compute >= memory
     achieved = (spec.flops if compute_bound else spec.bytes) / seconds if seconds > 0 else 0.0
     return KernelEstimate(seconds=seconds, bound="compute" if compute_bound else "memory", achieved=achieved,

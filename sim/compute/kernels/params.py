@@ -157,7 +157,7 @@ def _check_entry(entry, file, where) -> None:
     if not isinstance(entry, dict):
         raise TrainsimError("should be a mapping", file=file, field=where)
     for cls, figures in entry.items():
-        if cls in ("from", "architecture", "tiles"):
+        if cls in ("from", "architecture", "tiles", "tensor_evidence"):
             continue
         if not isinstance(figures, dict):
             raise TrainsimError("should be a mapping of figures", file=file, field=f"{where}.{cls}")
