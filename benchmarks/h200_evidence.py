@@ -21,6 +21,17 @@ Printed per row: the measured mean (and its interquartile range), the prediction
 the error now, and the peak memory measured, predicted now and its error. Then the judge's figures of issue 21
 over all sets (median and worst |error|, speedups, peak memory), as `validate` computes them.
 
+Options that judge the compute model (`compute_model: roofline | kernels`) on these runs; the default
+predicts each row from its own bundle as `validate` does, which a compute model does not change (the layers
+were measured on this GPU in this precision):
+
+- ``--compute-model kernels``: predict with the kernel model instead of the roofline;
+- ``--from-fp32``: predict the bf16 rows from the fp32 workload of their bundle (the bf16 one removed from
+  the scratch copy): each layer's fp32 time moved to bf16 by the compute model's ratio on the same GPU;
+- ``--uncalibrated``: every layer's measured time, the measured optimizer step and the iteration record
+  removed from the scratch copy: the compute model's own estimates (analytic times), judged against the
+  measured iterations (the links and the input pipeline stay measured).
+
 Rows left out, with the reason printed: run 3's `offload-prefetch-*` (the executor of that run de-duplicated
 offload copies by storage address and moved fewer bytes than a correct run; backed out in 54e0593), and rows
 the simulator cannot model from the bundle (another model than the one calibrated).
@@ -56,11 +67,21 @@ VOID_REASON = "void in run 3: its executor moved de-duplicated offload copies (b
 MIB = 2**20
 
 
-def as_calibrated_today(bundle: Path, into: Path) -> Path:
+def as_calibrated_today(bundle: Path, into: Path, *, from_fp32: bool = False,
+                        uncalibrated: bool = False) -> Path:
     """A copy of ``bundle`` in ``into`` whose workloads carry what `layer_profile` records today besides the
     timings: the input spec and each layer's bytes from `describe_layers`, with the bytes under autocast
-    (CUDA's policy) for a 16-bit bundle. Measured times and everything else are kept."""
+    (CUDA's policy) for a 16-bit bundle. Measured times and everything else are kept, unless ``from_fp32``
+    (16-bit workloads removed) or ``uncalibrated`` (every measured compute time removed)."""
     shutil.copytree(bundle, into)
+    if from_fp32:
+        gone = {path.name for path in into.glob("workload-*.*.json")}
+        for name in gone:
+            (into / name).unlink()
+        meta = json.loads((into / "meta.json").read_text())
+        for step in meta.get("steps_done", {}).values():
+            step["files"] = [f for f in step.get("files", []) if f not in gone]
+        (into / "meta.json").write_text(json.dumps(meta, indent=1))
     for path in sorted(into.glob("workload-*.json")):
         old = load_workload(path)
         cfg = dict(old.provenance.config or {})
@@ -70,10 +91,15 @@ def as_calibrated_today(bundle: Path, into: Path) -> Path:
         precision = getattr(old.provenance, "precision", None) or "fp32"
         under = (autocast_bytes(old.name, "cpu", precision, cuda_policy=True, **cfg) if precision != "fp32"
                  else [None] * len(static))
-        layers = [now.model_copy(update={"forward": then.forward, "backward": then.backward, "autocast": a})
+        layers = [now.model_copy(update={"forward": None if uncalibrated else then.forward,
+                                         "backward": None if uncalibrated else then.backward, "autocast": a})
                   for now, then, a in zip(static, old.layers, under, strict=True)]
         spec = input_spec(old.name, old.input.prep_s_per_sample, **cfg)
-        save_workload(old.model_copy(update={"layers": layers, "input": spec}), path)
+        update = {"layers": layers, "input": spec}
+        if uncalibrated:
+            update["optimizer_step"] = None
+            update["provenance"] = old.provenance.model_copy(update={"iteration": None, "layer_host_s": None})
+        save_workload(old.model_copy(update=update), path)
     return into
 
 
@@ -82,12 +108,25 @@ def _row(data: dict) -> ValidationRow:
     return ValidationRow(**{k: v for k, v in data.items() if k in names})
 
 
-def predict_again(row: ValidationRow, scenario: str, calibration: Path) -> dict:
-    """Predict ``row``'s variant from ``calibration`` now; returns what changed (or why it cannot)."""
+def predict_again(row: ValidationRow, scenario: str, calibration: Path,
+                  compute_model: str | None = None) -> dict:
+    """Predict ``row``'s variant from ``calibration`` now (with ``compute_model`` set where given); returns
+    what changed (or why it cannot)."""
     then = {"predicted_s": row.predicted_s, "predicted_peak_memory_bytes": row.predicted_peak_memory_bytes}
     try:
-        result = predict(scenario, row.variant, str(calibration), prep_s_per_sample=row.prep_s_per_sample,
-                         loader_overlap=row.loader_overlap, codec_s=row.codec_s)
+        if compute_model is None:
+            result = predict(scenario, row.variant, str(calibration), prep_s_per_sample=row.prep_s_per_sample,
+                             loader_overlap=row.loader_overlap, codec_s=row.codec_s)
+        else:  # as `validate.run.predict`, with the compute model overridden
+            from trainsim.formats.bundle import RunMeasurements
+            from trainsim.resolve import resolve
+            from trainsim.sim.simulation import Simulation
+
+            measured = RunMeasurements(prep_s_per_sample=row.prep_s_per_sample,
+                                       loader_overlap=row.loader_overlap, codec_s=row.codec_s)
+            result = Simulation(resolve(scenario, overrides=[f"compute_model={compute_model}"],
+                                        variant=row.variant, calibration=str(calibration),
+                                        measurements=measured)).run()
     except TrainsimError as exc:
         # the bundle's folder as the repository names it, not as this machine does
         return {"then": then, "not_simulated": str(exc).split(": ", 1)[-1]}
@@ -108,16 +147,19 @@ def evidence_sets(root: Path = EVIDENCE):
             yield name, repeat, scenario, bundle, json.loads(report.read_text())
 
 
-def run(root: Path = EVIDENCE) -> dict:
-    """Every kept repeat predicted again; per set the rows and validate's accuracy figures, and all pooled."""
+def run(root: Path = EVIDENCE, **options) -> dict:
+    """Every kept repeat predicted again; per set the rows and validate's accuracy figures, and all pooled.
+    ``options``: ``compute_model``, ``from_fp32``, ``uncalibrated`` (module doc)."""
     with tempfile.TemporaryDirectory() as scratch:
-        return _run(root, Path(scratch))
+        return _run(root, Path(scratch), **options)
 
 
-def _run(root: Path, scratch: Path) -> dict:
+def _run(root: Path, scratch: Path, *, compute_model: str | None = None, from_fp32: bool = False,
+         uncalibrated: bool = False) -> dict:
     sets, pooled = [], []
     for name, repeat, scenario, bundle, report in evidence_sets(root):
-        calibration = as_calibrated_today(bundle, scratch / name / bundle.name)
+        calibration = as_calibrated_today(bundle, scratch / name / bundle.name, from_fp32=from_fp32,
+                                          uncalibrated=uncalibrated)
         rows, left_out, then = [], {}, {}
         for data in report["rows"]:
             row = _row(data)
@@ -126,7 +168,7 @@ def _run(root: Path, scratch: Path) -> dict:
             if row.variant in VOID:
                 left_out[row.variant] = VOID_REASON
                 continue
-            outcome = predict_again(row, scenario, calibration)
+            outcome = predict_again(row, scenario, calibration, compute_model)
             then[row.variant] = outcome["then"]
             if "not_simulated" in outcome:
                 left_out[row.variant] = outcome["not_simulated"]
@@ -189,8 +231,14 @@ def print_report(out: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--compute-model", choices=("roofline", "kernels"), default=None,
+                        help="the scenario's compute_model (default: the scenario's own)")
+    parser.add_argument("--from-fp32", action="store_true",
+                        help="predict the bf16 rows from the fp32 workload (the compute model's ratio)")
+    parser.add_argument("--uncalibrated", action="store_true",
+                        help="remove the measured layer and optimizer times: the compute model's estimates")
     args = parser.parse_args(argv)
-    out = run()
+    out = run(compute_model=args.compute_model, from_fp32=args.from_fp32, uncalibrated=args.uncalibrated)
     if args.json:
         for s in out["sets"]:
             s["rows"] = [r.to_dict() for r in s["rows"]]

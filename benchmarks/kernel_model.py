@@ -18,7 +18,13 @@ Reads the NeuSight per-kernel dataset (``DIR``: its ``train/`` and ``test/`` fol
   rows (the dataset's own held-out GPUs).
 
 Each measured row is one eager PyTorch op timed by CUDA events (dispatch + GPU time), so small ops measure
-the host that ran them as much as the GPU. Takes about a minute and a half.
+the host that ran them as much as the GPU.
+
+Then the tensor-core figures (`trainsim.sim.compute.kernels.layer_fit`) on the H200 bundles' measured layers
+(``benchmarks/data/h200-run3``): fitted on the GPU-bound layer passes of ResNet-50's stem, first and third
+stages, judged on its second and fourth (shapes the fit did not see), with the fp32 GEMMs of GPT-2 small
+(NeuSight's H100 figures, not fitted here) as a check on a GPU NeuSight did not measure. Takes about two
+minutes in all.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from trainsim.sim.core.devices import get_device
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "kernels" / "neusight"
+H200 = ROOT / "benchmarks" / "data" / "h200-run3"
 TRAIN_GPUS = ("a100-pcie-40gb", "a100-pcie-80gb", "v100-pcie-32gb", "p100-pcie", "t4", "p4")
 
 
@@ -101,11 +108,51 @@ def print_table(records: list[dict], names: list[str]) -> None:
         print(f"{record['class']:12s} {record['gpu']:16s} {rows:6d}{cells}")
 
 
+def tensor_table() -> dict:
+    """The layer fit's split on the H200 bundles: figures, fitted and held-out errors per (kind, dtype)."""
+    from fit_layer_figures import load_rows
+
+    from trainsim.sim.compute.kernels import layer_fit
+
+    rows = load_rows([str(H200)])
+    out = layer_fit.split_fit(rows)
+    fitted = {f"{cls}.{name}": round(v, 6) for (cls, name), v in out["fit"].figures.items()}
+    if out["fit"].misaligned is not None:
+        fitted["matmul.misaligned"] = round(out["fit"].misaligned, 4)
+    key = "{0[0]} {0[1]}".format
+    return {"figures": fitted, "tied": {f"{c}.{n}": (f"{v[0]}.{v[1]}" if isinstance(v, tuple) else v)
+                                        for (c, n), v in out["tied"].items()},
+            "fitted": {key(k): v for k, v in layer_fit.errors(out["train"], out["fit"]).items()},
+            "held_out": {key(k): v for k, v in layer_fit.errors(out["test"], out["held"]).items()}
+            if "held" in out else {}}
+
+
+def print_tensor(table: dict) -> None:
+    print("\ntensor-core figures on the H200's measured layers (benchmarks/data/h200-run3; layer_fit): "
+          "|predicted / measured - 1|")
+    for name, value in table["figures"].items():
+        print(f"  {name} = {value:.4g}")
+    for name, source in table["tied"].items():
+        print(f"  {name}: too few GPU-bound rows, takes {source}")
+    print("  (fit split: the fp32 linear and attention rows are checks of NeuSight's H100 figures on the "
+          "H200, not fitted here)")
+    for split in ("fitted", "held_out"):
+        for key, e in table[split].items():
+            print(f"  {split:9s} {key:24s} rows {e['rows']:4d}  median {e['median_abs'] * 100:5.1f} %  "
+                  f"p10 {e['p10'] * 100:+6.1f} %  p90 {e['p90'] * 100:+6.1f} %")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(DATA), help="the NeuSight dataset folder (train/, test/)")
     parser.add_argument("--json", action="store_true", help="print the records as JSON")
+    parser.add_argument("--tensor-only", action="store_true",
+                        help="only the tensor-core figures on the H200 layers (seconds, not minutes)")
     args = parser.parse_args(argv)
+    if args.tensor_only:
+        table = tensor_table()
+        print(json.dumps(table, indent=1)) if args.json else print_tensor(table)
+        return 0
     try:
         rows = load_neusight(args.data)
     except TrainsimError as exc:
@@ -120,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         "NeuSight split": neusight_split(rows),
     }
     records = table(rows, columns)
+    tensor = tensor_table()
     if args.json:
-        print(json.dumps(records, indent=1))
+        print(json.dumps({"neusight": records, "tensor": tensor}, indent=1))
         return 0
     print(f"kernel model vs today's roofline: |predicted / measured - 1| over {len(rows)} NeuSight rows "
           f"({len({r.device for r in rows})} GPUs)\n")
     print_table(records, list(columns))
+    print_tensor(tensor)
     return 0
 
 

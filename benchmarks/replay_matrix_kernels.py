@@ -34,7 +34,7 @@ TRACES = {
 }
 
 
-def measure(path: Path, ran_on: str | None, gpus: list[str]) -> dict:
+def measure(path: Path, ran_on: str | None, gpus: list[str], compute_model: str = "roofline") -> dict:
     graph = build_graph(load_trace(path))
     source = trace_device(graph) or get_device(ran_on)
     kernels = [o for o in graph.ops if o.kind == "kernel"]
@@ -50,7 +50,7 @@ def measure(path: Path, ran_on: str | None, gpus: list[str]) -> dict:
         target = get_device(name)
         if (target.peak_flops, target.memory_bandwidth) == (source.peak_flops, source.memory_bandwidth):
             continue                        # the same GPU (V100 16 and 32 GB): nothing to rescale
-        with_shapes = sum(o.event.dur * compute_ratio(o, source, target) for o in kernels)
+        with_shapes = sum(o.event.dur * compute_ratio(o, source, target, compute_model) for o in kernels)
         works = {o.index: o.work for o in kernels}
         for o in kernels:
             o.work = None
@@ -66,9 +66,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", default="h100-sxm,a100-80gb,v100-32gb", help="what-if GPUs, comma list")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--compute-model", choices=("roofline", "kernels"), default="roofline",
+                        help="how a matrix kernel with shapes is rescaled (default roofline)")
     args = parser.parse_args()
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
-    rows = [measure(path, ran_on, gpus) for path, ran_on in TRACES.items() if path.exists()]
+    rows = [measure(path, ran_on, gpus, args.compute_model) for path, ran_on in TRACES.items()
+            if path.exists()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return

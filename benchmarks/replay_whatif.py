@@ -83,7 +83,7 @@ def cpu_waited_s(graph, step: int | None) -> float:
     return waited
 
 
-def identity(graphs, ran_on: str | None) -> tuple[str, float | None]:
+def identity(graphs, ran_on: str | None, compute_model: str = "roofline") -> tuple[str, float | None]:
     """(how, largest |step change| in %) of the identity what-if."""
     spec = trace_device(graphs[0])
     if spec is None or ran_on is None:
@@ -91,7 +91,8 @@ def identity(graphs, ran_on: str | None) -> tuple[str, float | None]:
         how = "plain replay"
     else:
         result = replay(graphs, op_time=whatif_model(graphs, WhatIf(topology=ran_on, gpu=spec.name,
-                                                                    ran_on=ran_on)))
+                                                                    ran_on=ran_on,
+                                                                    compute_model=compute_model)))
         how = f"{ran_on} + {spec.name}"
     errors = [abs(s.error_pct) for s in result.steps]
     return how, max(errors) if errors else None
@@ -160,7 +161,8 @@ def hta_agreement(paths: list[Path]) -> str:
     return ", ".join(f"{k.removesuffix('_pct')} {v:.2f}" for k, v in gaps.items()) + " points (aim <= 2)"
 
 
-def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None:
+def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str,
+            compute_model: str = "roofline") -> None:
     print(f"\n== {name} ({len(paths)} file{'s' * (len(paths) > 1)})")
     try:
         traces = load_traces(paths)
@@ -175,14 +177,14 @@ def run_job(name: str, paths: list[Path], gpu: str, default_ran_on: str) -> None
     whole = base.steps[0].step is None      # no ProfilerStep spans: the whole trace is one window
     ran_on = home_topology(graphs) or (default_ran_on if trace_device(graphs[0]) is None and
                                        not graphs[0].trace.devices else None)
-    how, ident = identity(graphs, ran_on)
+    how, ident = identity(graphs, ran_on, compute_model)
     print(f"   identity ({how}): max |step change| {ident:.4f} %")
     if whole:
         print("   no ProfilerStep#N spans: the whole trace is one window (HTA reads steps: not compared)")
     else:
         print(f"   HTA agreement (largest |HTA - trainsim| over ranks): {hta_agreement(paths)}")
     try:
-        model = whatif_model(graphs, WhatIf(gpu=gpu, ran_on=ran_on))
+        model = whatif_model(graphs, WhatIf(gpu=gpu, ran_on=ran_on, compute_model=compute_model))
     except TrainsimError as exc:
         print(f"   GPU swap: {exc}")
         return
@@ -292,11 +294,13 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100-sxm", help="GPU to swap in (default h100-sxm)")
     parser.add_argument("--ran-on", default="dgx-a100",
                         help="machine of traces that name no GPU (default dgx-a100)")
+    parser.add_argument("--compute-model", choices=("roofline", "kernels"), default="roofline",
+                        help="how the GPU swap rescales matrix kernels with shapes (default roofline)")
     args = parser.parse_args()
     if not args.traces.is_dir():
         raise SystemExit(f"no traces folder at {args.traces}")
     for name, paths in jobs(args.traces).items():
-        run_job(name, paths, args.gpu, args.ran_on)
+        run_job(name, paths, args.gpu, args.ran_on, args.compute_model)
 
 
 if __name__ == "__main__":

@@ -157,7 +157,8 @@ class Simulation:
                 scale = self.host.step_scale(device, batch, sharing[gpu]) if self.host else 1.0
                 cache[key] = rank_costs(self.workload, device, batch, sc.precision, sc.optimizer.name,
                                         measured_on=measured_on, scale=scale,
-                                        mixed_precision=sc.mixed_precision, workspace_config=workspace_config)
+                                        mixed_precision=sc.mixed_precision, workspace_config=workspace_config,
+                                        compute_model=sc.compute_model)
             return cache[key]
 
         return costs_for

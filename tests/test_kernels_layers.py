@@ -25,7 +25,8 @@ def test_a_linear_layer_is_its_gemm_with_both_gradients():
     assert backward[0] == Gemm(m=8 * 512, n=768, k=3072, dtype="bf16", shared_b=True)  # dX
     assert backward[1] == Gemm(m=3072, n=768, k=8 * 512, dtype="bf16")  # dW
     assert isinstance(backward[2], Streaming) and backward[2].kind == "reduction"  # the bias gradient
-    assert sum(k.flops for k in forward) == pytest.approx(8 * _layer(gpt, "h.0.mlp.c_fc").flops_forward_per_sample)
+    per_sample = _layer(gpt, "h.0.mlp.c_fc").flops_forward_per_sample
+    assert sum(k.flops for k in forward) == pytest.approx(8 * per_sample)
 
 
 def test_a_tied_head_without_bias():

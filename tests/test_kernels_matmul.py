@@ -6,8 +6,14 @@ import pytest
 from kernel_fixtures import GPU4, params
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.kernels.matmul import (ROOFLINE_FRACTION, conv_time, gemm_core, gemm_time, layout_bytes,
-                                                  tile_factor)
+from trainsim.sim.compute.kernels.matmul import (
+    ROOFLINE_FRACTION,
+    conv_time,
+    gemm_core,
+    gemm_time,
+    layout_bytes,
+    tile_factor,
+)
 from trainsim.sim.compute.kernels.specs import Conv2d, Gemm
 from trainsim.sim.core.devices import DeviceSpec, get_device
 

@@ -312,11 +312,12 @@ def generate_workload(model: str, options: Sequence[str] = (), *, out: str | Non
 
 
 def workload_times(source: str | os.PathLike, device_name: str, batch: int = 32,
-                   precision: str = "fp32") -> dict:
-    """Per-layer forward/backward time of a workload on a device: measured, retargeted or roofline."""
+                   precision: str = "fp32", compute_model: str = "roofline") -> dict:
+    """Per-layer forward/backward time of a workload on a device (measured, retargeted or estimated by
+    ``compute_model``: roofline or kernels), with each pass's kernel class, bound, achieved rate and range."""
     from trainsim.sim.compute.roofline import times_report
 
-    return times_report(workload(source), device_name, batch, precision)
+    return times_report(workload(source), device_name, batch, precision, model=compute_model)
 
 
 def devices() -> list:

@@ -124,20 +124,26 @@ def rank_costs(
     scale: float = 1.0,
     mixed_precision: str = "master",
     workspace_config: str | None = None,
+    compute_model: str = "roofline",
 ) -> RankCosts:
     """The costs of one rank running ``batch`` samples of ``workload`` on ``device`` (``measured_on``: the
     device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU).
     ``scale``: the factor on times measured on this device (a host plug-in's, e.g. ranks sharing cores).
     ``mixed_precision``: how a 16-bit ``precision`` keeps its weights (`MIXED_MODES`, module docstring).
     ``workspace_config``: the process's ``CUBLAS_WORKSPACE_CONFIG`` (None: PyTorch's default,
-    `workspaces`)."""
+    `workspaces`). ``compute_model``: how times not measured on ``device`` are estimated
+    (`roofline.COMPUTE_MODELS`)."""
     from . import roofline  # the roofline module owns "measured or estimated"
 
     if batch < 1:
         raise TrainsimError(f"per-GPU batch must be >= 1, got {batch}", field="batch_size")
     if mixed_precision not in MIXED_MODES:
         raise unknown_name("mixed_precision", mixed_precision, MIXED_MODES, field="mixed_precision")
-    times = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on)
+    if device.kind == "gpu":
+        device.peak(precision)  # a precision the GPU has not got (TF32 on a V100) names the ones it has
+    times = roofline.layer_times(workload, device, batch, precision, measured_on=measured_on,
+                                 model=compute_model,
+                                 autocast=mixed(precision) and mixed_precision == "autocast")
     if len(times) != len(workload.layers):
         raise TrainsimError(
             f"got {len(times)} layer times for {len(workload.layers)} layers", field="workload.layers"

@@ -32,7 +32,10 @@ the measurement back.
   by a matmul, convolution or fused attention the trace recorded with its shapes (``record_shapes=True``,
   `op_work`) scales by the ratio of the roofline times of that op's FLOPs and bytes on the two GPUs, so a
   matrix-vector product stays memory-bound; one without shapes by the ratio of peak FLOP/s. The precision
-  is the one the name shows (tf32 / s1688 / fp16 / bf16), else the op's dtype, else fp32.
+  is the one the name shows (tf32 / s1688 / fp16 / bf16), else the op's dtype, else fp32. With
+  ``compute_model=kernels`` a matrix kernel whose op has shapes scales by the kernel model's ratio
+  (`kernel_ratio`: the op's GEMM, convolution or attention rebuilt, timed in the precision it ran in and,
+  on the what-if GPU, in what PyTorch runs there: TF32 as FP32 on a V100).
 - **Compression** (``compression=fp16|bf16``, the parameter compression of docs/techniques.md, section 1, as
   DDP's ``fp16_compress_hook``): 4-byte-float all-reduce and reduce-scatter messages are halved (the transfer
   part shrinks with the bytes at the kernel's own rate; latency stays); the casts cost 6 bytes of memory
@@ -77,7 +80,8 @@ _PRECISION = [("bf16", re.compile(r"bf16", re.I)),
               ("tf32", re.compile(r"tf32|s1688|s16816|tensorop_s", re.I))]
 ALGORITHMS = ("auto", "ring", "tree", "nvls", "nvls_tree")
 SET_KEYS = ("algo", "collectives", "compression", "network", "pinned", "ran_on", "untraced",
-            "profiler_event_us")
+            "profiler_event_us", "compute_model")
+COMPUTE_MODELS = ("roofline", "kernels")
 # Presets a trace's GPU most likely ran in, for the checks when no topology is named.
 HOME_TOPOLOGY = {"a100": "dgx-a100", "h100": "dgx-h100", "h200": "dgx-h100", "v100": "dgx1-v100"}
 
@@ -87,7 +91,7 @@ class WhatIf:
     """What to change in a replay (all optional). Validated on creation; errors name the field."""
 
     topology: str | None = None       # preset name or YAML file: collectives and host copies re-simulated
-    gpu: str | None = None            # device spec name: compute rescaled by the roofline ratio
+    gpu: str | None = None            # device spec name: compute rescaled by the compute model's ratio
     compression: str = "none"         # none | fp16 | bf16 on fp32 all-reduce / reduce-scatter payloads
     pinned: bool = False              # host copies as pinned DMA
     collectives: str = "flow"         # flow | analytic
@@ -96,6 +100,7 @@ class WhatIf:
     ran_on: str | None = None         # topology the trace ran on (for the checks); default from its GPU
     untraced: bool = False            # CPU threads without the profiler's own time (CpuPoint.untraced_own)
     profiler_event_us: float = 0.0    # with untraced: the profiler's cost per host event it records
+    compute_model: str = "roofline"   # roofline | kernels: how --gpu rescales a matrix kernel with shapes
 
     def __post_init__(self):
         if self.compression not in COMPRESSION:
@@ -107,6 +112,9 @@ class WhatIf:
             raise unknown_name("algorithm", self.algo, ALGORITHMS, field="--set algo")
         if self.network not in ("isolated", "shared"):
             raise unknown_name("network", self.network, ("isolated", "shared"), field="--set network")
+        if self.compute_model not in COMPUTE_MODELS:
+            raise unknown_name("compute model", self.compute_model, COMPUTE_MODELS,
+                               field="--set compute_model")
         if self.gpu is not None:
             try:
                 get_device(self.gpu)
@@ -217,10 +225,16 @@ def is_memory_bound(op: GpuOp, device: DeviceSpec) -> bool:
             > kernel_seconds(device, op.work.flops, 0.0, precision))
 
 
-def compute_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec) -> float:
-    """Target time / measured time of a compute kernel, memset or on-device copy (see the module doc)."""
+def compute_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec, model: str = "roofline") -> float:
+    """Target time / measured time of a compute kernel, memset or on-device copy (see the module doc);
+    ``model`` ``kernels``: a matrix kernel whose op was recorded with its shapes by the kernel model's ratio
+    (`kernel_ratio`)."""
     if op.kind != "kernel" or not is_matrix_kernel(op.name):
         return source.memory_bandwidth / target.memory_bandwidth
+    if model == "kernels":
+        ratio = kernel_ratio(op, source, target)
+        if ratio is not None:
+            return ratio
     work, precision = op.work, matrix_precision(op, source, target)
     if work is None:
         return source.peak(precision) / target.peak(precision)
@@ -228,6 +242,30 @@ def compute_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec) -> float:
     if before <= 0:
         return source.memory_bandwidth / target.memory_bandwidth
     return kernel_seconds(target, work.flops, work.nbytes, precision) / before
+
+
+def kernel_ratio(op: GpuOp, source: DeviceSpec, target: DeviceSpec) -> float | None:
+    """The kernel model's time of a matrix kernel's op on ``target`` over its time on ``source``: the op's
+    Gemm, Conv2d or Attention rebuilt from its recorded shapes (`op_work.OpWork.shape`), in the precision its
+    name shows on ``source`` (else its dtype's) and in what PyTorch runs on ``target`` where that lacks it
+    (TF32 as FP32 on a V100: `kernels.layers.runs_as`). None where the op has no shape or a device is not a
+    GPU the kernel model knows."""
+    from trainsim.sim.compute.kernels.layers import kernel_estimates, op_kernels
+
+    work = op.work
+    if work is None or not work.shape or source.kind != "gpu" or target.kind != "gpu":
+        return None
+    precision = kernel_precision(op.name) or work.precision or "fp32"
+    if precision not in source.peak_flops:
+        precision = "fp32"
+    kernels = op_kernels(work.shape, precision)
+    flags = {"tf32_conv": False, "tf32_matmul": False}  # the precision is the one the kernel ran in
+    try:
+        before = sum(e.seconds for e in kernel_estimates(kernels, source, **flags))
+        after = sum(e.seconds for e in kernel_estimates(kernels, target, **flags))
+    except TrainsimError:  # a device spec without the figures the kernel model needs
+        return None
+    return after / before if before > 0 else None
 
 
 class WhatIfModel:
@@ -420,7 +458,10 @@ class WhatIfModel:
                 shaped += 1
                 memory_bound += is_memory_bound(o, source)
         out = []
-        if shaped:
+        if shaped and self.whatif.compute_model == "kernels":
+            out.append(f"{shaped} matrix kernels rescaled by the kernel model of their ops' recorded shapes "
+                       "(each in the precision it ran in, on the what-if GPU in what PyTorch runs there)")
+        elif shaped:
             out.append(f"{shaped} matrix kernels rescaled by the roofline of their ops' recorded shapes "
                        f"({memory_bound} of them memory-bound on the trace's GPU)")
         if unshaped:
@@ -472,7 +513,8 @@ class WhatIfModel:
             return self._host_copy(env, rank, op)
         if op.kind in ("kernel", "memset") or (op.kind == "memcpy" and op.event.copy_kind == "D2D"):
             if self.target is not None:
-                return op.event.dur * compute_ratio(op, self.sources[rank], self.target)
+                return op.event.dur * compute_ratio(op, self.sources[rank], self.target,
+                                                    self.whatif.compute_model)
         return None
 
     def _bandwidth(self, rank: int) -> float:

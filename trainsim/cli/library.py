@@ -76,20 +76,44 @@ def workload_times(
     device: str = typer.Option(..., "--device", "-d", help="Device spec (`trainsim device list`)."),
     batch: int = typer.Option(32, "--batch", "-b", help="Per-device batch size."),
     precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, fp16 or bf16."),
+    compute_model: str = typer.Option("roofline", "--compute-model",
+                                      help="roofline or kernels: how times not measured here are estimated."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Per-layer forward/backward time on a device: measured, retargeted from another device, or roofline."""
+    """Per-layer forward/backward time on a device: measured, retargeted from another device, or estimated
+    (roofline or kernel model); per pass the kernel class, what bounds it, the rate it achieves and its
+    low-high range."""
     from trainsim import api
 
-    report = api.workload_times(workload, device, batch, precision)
+    report = api.workload_times(workload, device, batch, precision, compute_model)
     if as_json:
         print_json(report)
         return
+    typer.echo(f"  {'layer':<36} {'forward ms (low-high)':>24} {'backward ms (low-high)':>24}  "
+               f"{'class':<9} {'bound':<8} {'achieved':>12}  source")
     for layer in report["layers"]:
-        typer.echo(f"  {layer['name']:<36} {layer['forward_s'] * 1e3:9.3f} ms "
-                   f"{layer['backward_s'] * 1e3:9.3f} ms  {layer['source']}")
-    typer.echo(f"{report['workload']} on {report['device']} ({precision}, batch {batch}): forward "
-               f"{report['forward_s'] * 1e3:.2f} ms, backward {report['backward_s'] * 1e3:.2f} ms")
+        cells = [f"{_ms(layer[p]['s'])} ({_ms(layer[p]['low_s']).strip()}-{_ms(layer[p]['high_s']).strip()})"
+                 for p in ("forward", "backward")]
+        main = max(("forward", "backward"), key=lambda p: layer[p]["s"])
+        typer.echo(f"  {layer['name']:<36} {cells[0]:>24} {cells[1]:>24}  {layer[main]['kernel_class']:<9} "
+                   f"{layer[main]['bound']:<8} {_rate(layer[main]):>12}  {layer['source']}")
+    typer.echo(f"{report['workload']} on {report['device']} ({precision}, batch {batch}, "
+               f"{report['compute_model']}): forward {report['forward_s'] * 1e3:.2f} ms "
+               f"({report['forward_low_s'] * 1e3:.2f}-{report['forward_high_s'] * 1e3:.2f}), backward "
+               f"{report['backward_s'] * 1e3:.2f} ms ({report['backward_low_s'] * 1e3:.2f}-"
+               f"{report['backward_high_s'] * 1e3:.2f})")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:8.3f}"
+
+
+def _rate(detail: dict) -> str:
+    if not detail["achieved"]:
+        return "-"
+    if detail["achieved_unit"] == "FLOP/s":
+        return f"{detail['achieved'] / 1e12:.1f} TFLOP/s"
+    return f"{detail['achieved'] / 1e9:.0f} GB/s"
 
 
 @device_app.command("list")

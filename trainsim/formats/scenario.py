@@ -380,6 +380,13 @@ class Scenario(_Strict):
         description="how fp16/bf16 training keeps its weights: master (16-bit weights and gradients, an fp32 "
                     "master copy in the optimizer: Megatron, DeepSpeed) or autocast (torch.autocast: fp32 "
                     "weights and gradients, 16-bit copies made in the forward; what `validate` executes)")
+    compute_model: Literal["roofline", "kernels"] = Field(
+        default="roofline",
+        description="how a layer's time is estimated where it was not measured on the GPU it runs on "
+                    "(analytic workloads, and the ratio that moves measured times to another GPU or "
+                    "precision): roofline (a fixed fraction of peak FLOP/s or bandwidth) or kernels (the "
+                    "kernel model: each layer's kernels timed from figures fitted on measured kernels); CPU "
+                    "devices keep the roofline")
     host: HostSpec = Field(default_factory=HostSpec)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -1,5 +1,5 @@
-"""Tensor-core efficiency fitted on measured layers: each layer pass of a calibrated workload is a kernel group
-whose shape the workload records (`layers.layer_kernels`), timed on the GPU that measured it.
+"""Tensor-core efficiency fitted on measured layers: each layer pass of a calibrated workload is a kernel
+group whose shape the workload records (`layers.layer_kernels`), timed on the GPU that measured it.
 
 Evidence: the per-layer forward and backward times of ``trainsim calibrate`` bundles measured on a GPU, in
 fp32 and under autocast to bf16 (``benchmarks/data/h200-run3``: ResNet-18, ResNet-50 and GPT-2 small on one
@@ -25,30 +25,26 @@ attention core and LM head for matrix products; the figures fitted on ResNet-50 
 predicted with the figures fitted without them, their own floors fitted with the figures fixed; the error is
 reported for all of them and for those above their floor.
 
-    python -m trainsim.sim.compute.kernels.layer_fit BUNDLE_DIR... [--device h200] [--write]
+    python benchmarks/fit_layer_figures.py BUNDLE_DIR... [--device h200] [--write]
 
-prints the fit and its held-out error; ``--write`` stores the figures in the shipped `params.json` (the
-device's entry, its architecture's and, as a stated guess for generations without tensor-core rows, the
-default), with the rows each rests on.
+reads the bundles' workloads (this module reads no file), prints the fit and its held-out error; ``--write``
+stores the figures in the shipped `params.json` (`store`: the device's entry, its architecture's and, as a
+stated guess for generations without tensor-core rows, the default), with the rows each rests on.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from trainsim.errors import TrainsimError
 from trainsim.sim.core.devices import DeviceSpec, get_device
 
 from .layers import LayerUnknown, layer_kernels, runs_as
 from .model import kernel_time
-from .params import PARAMS_FILE, KernelParams, load_params
+from .params import KernelParams, load_params
 
 MATRIX_KINDS = ("conv2d", "linear", "attention", "flash_attention")
 #: efficiency grid the matrix kernels are timed on once (the fit interpolates in log space)
@@ -82,7 +78,8 @@ class LayerRow:
 
 def _flags(workload) -> dict:
     prov = workload.provenance.model_dump() if workload.provenance else {}
-    return {"tf32_conv": bool(prov.get("tf32_cudnn", True)), "tf32_matmul": bool(prov.get("tf32_matmul", False))}
+    return {"tf32_conv": bool(prov.get("tf32_cudnn", True)),
+            "tf32_matmul": bool(prov.get("tf32_matmul", False))}
 
 
 def layer_rows(workload, source: str, device: DeviceSpec | None = None) -> list[LayerRow]:
@@ -214,9 +211,9 @@ def floors(rows: list[LayerRow]) -> dict:
 
 
 def gpu_bound(rows: list[LayerRow]) -> list[bool]:
-    """Which rows the GPU's time sets, not the host's: in a run the hooks did not stretch (`LayerRow.run_ratio`
-    at most `GPU_BOUND_RUN`), those at least `ABOVE_FLOOR` times their group's floor; in any run, a layer
-    pass at least `ALONE` times it (one long kernel the host cannot outlast)."""
+    """Which rows the GPU's time sets, not the host's: in a run the hooks did not stretch
+    (`LayerRow.run_ratio` at most `GPU_BOUND_RUN`), those at least `ABOVE_FLOOR` times their group's floor;
+    in any run, a layer pass at least `ALONE` times it (one long kernel the host cannot outlast)."""
     floor = floors(rows)
     out = []
     for row in rows:
@@ -258,8 +255,9 @@ def fit(table: Table, *, fixed: dict | None = None, fixed_misaligned: float | No
         return np.log(table.gpu_seconds(figures, bad) / measured)
 
     def bound(name, which):
-        return {"start": CALL_START, "lower": CALL_BOUNDS[0], "upper": CALL_BOUNDS[1]}[which] if name == CALL \
-            else {"start": 0.5, "lower": FIGURE_BOUNDS[0], "upper": FIGURE_BOUNDS[1]}[which]
+        if name == CALL:
+            return {"start": CALL_START, "lower": CALL_BOUNDS[0], "upper": CALL_BOUNDS[1]}[which]
+        return {"start": 0.5, "lower": FIGURE_BOUNDS[0], "upper": FIGURE_BOUNDS[1]}[which]
 
     start = [bound(n, "start") for n in names] + ([0.5] if fit_bad else [])
     if start:
@@ -365,10 +363,11 @@ def store(data: dict, device: str, architecture: str, figures: dict, notes: dict
     held-out band in ``held_out`` and the ``unfitted`` note replaced."""
     data = json.loads(json.dumps(data))
     for (cls, name), value in figures.items():
-        for entry in (data["devices"].setdefault(device, {}), data["architectures"].setdefault(architecture, {}),
-                      data["default"]):
+        for entry in (data["devices"].setdefault(device, {}),
+                      data["architectures"].setdefault(architecture, {}), data["default"]):
             entry.setdefault(cls, {})[name] = float(f"{float(value):.4g}")
-        data["devices"][device].setdefault("tensor_evidence", {})[f"{cls}.{name}"] = notes.get((cls, name), "")
+        evidence = data["devices"][device].setdefault("tensor_evidence", {})
+        evidence[f"{cls}.{name}"] = notes.get((cls, name), "")
     data["held_out"].update({f"tensor.{k}": v for k, v in held.items()})
     data["unfitted"].pop("matmul.tensor_efficiency", None)
     data["unfitted"]["tensor_efficiency.other_generations"] = (
@@ -381,98 +380,7 @@ def store(data: dict, device: str, architecture: str, figures: dict, notes: dict
         take = f"{source[0]}.{source[1]}" if isinstance(source, tuple) else \
             f"the roofline fraction {source:g} (matmul.ROOFLINE_FRACTION)"
         data["unfitted"][f"{cls}.{name}"] = (
-            f"fewer than {MIN_ROWS} GPU-bound layer passes: the bf16 bundles' layers were timed with the host "
-            "behind the GPU (their hooked layers sum to 1.2-1.6x the plain iteration, and layers of any size "
-            f"take the same ~0.1/0.2 ms), so they only bound it from below; it takes {take}")
+            f"fewer than {MIN_ROWS} GPU-bound layer passes: the bf16 bundles' layers were timed with the "
+            "host behind the GPU (their hooked layers sum to 1.2-1.6x the plain iteration, and layers of any "
+            f"size take the same ~0.1/0.2 ms), so they only bound it from below; it takes {take}")
     return data
-
-
-def load_rows(paths: list[str], device: str | None = None) -> list[LayerRow]:
-    """The layer rows of every calibrated workload file under ``paths`` (bundle folders or files)."""
-    from trainsim.formats.workload import load_workload
-
-    files = []
-    for path in paths:
-        p = Path(path)
-        files += sorted(p.rglob("workload-*.json")) if p.is_dir() else [p]
-    rows = []
-    spec = get_device(device) if device else None
-    for file in files:
-        workload = load_workload(file)
-        if not any(layer.forward for layer in workload.layers):
-            continue
-        label = "/".join(file.parts[-3:])
-        rows += layer_rows(workload, label, spec)
-    return rows
-
-
-def _print_errors(title: str, errs: dict) -> None:
-    print(title)
-    for (kind, dtype), e in errs.items():
-        print(f"  {kind:16s} {dtype:10s} rows {e['rows']:4d}  median |error| {e['median_abs'] * 100:5.1f} %  "
-              f"p10 {e['p10'] * 100:+6.1f} %  p50 {e['p50'] * 100:+6.1f} %  p90 {e['p90'] * 100:+6.1f} %")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", help="calibration bundles (folders) or workload files")
-    parser.add_argument("--device", help="the device spec they were measured on (default: each file's)")
-    parser.add_argument("--write", action="store_true", help="store the figures in the shipped params.json")
-    args = parser.parse_args(argv)
-    try:
-        rows = load_rows(args.paths, args.device)
-        out = split_fit(rows)
-        kept, tied = supported([r for r, k in zip(rows, gpu_bound(rows), strict=True) if k])
-        full_table = Table(kept)
-        full = fit(full_table, tied=tied)  # the figures kept: fitted on every usable row (the split judges)
-    except TrainsimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    result = out["fit"]
-    print(f"{len(kept)} of {len(rows)} layer passes GPU-bound and usable; fitted on {len(out['train'])}, "
-          f"held out {len(out['test'])}")
-    for (cls, name), source in sorted(tied.items()):
-        take = f"{source[0]}.{source[1]}" if isinstance(source, tuple) else f"{source:g} (roofline fraction)"
-        print(f"  {cls}.{name}: fewer than {MIN_ROWS} GPU-bound rows, takes {take}")
-    for (cls, name), value in sorted(full.figures.items()):
-        split = result.figures.get((cls, name))
-        print(f"  {cls}.{name} = {value:.4g} (split: {split:.4g})" if split is not None
-              else f"  {cls}.{name} = {value:.4g} (no row in the fitted split)")
-    if full.misaligned is not None:
-        print(f"  matmul.misaligned = {full.misaligned:.4f}")
-    _print_errors("fitted rows (the split's figures):", errors(out["train"], result))
-    held = errors(out["test"], out["held"]) if "held" in out else {}
-    _print_errors("held-out rows:", held)
-    if out["unjudged"]:
-        print(f"  (held-out figures no fitted row has, fitted on the held-out rows: {out['unjudged']})")
-    if args.write:
-        device = rows[0].device
-        figures = dict(full.figures)
-        notes = {which: evidence_note(kept, which, full_table) for which in full.figures}
-        notes[CALL] = notes.get(("conv", "tensor_efficiency_tf32"), "")
-        if full.misaligned is not None:
-            figures[("matmul", "misaligned")] = full.misaligned
-            notes[("matmul", "misaligned")] = evidence_note(kept, ("matmul", "tensor_efficiency_bf16"),
-                                                            full_table, misaligned=True)
-        band = {f"{kind}.{dtype}": {"p10": round(e["p10"], 4), "p90": round(e["p90"], 4),
-                                    "median_abs": round(e["median_abs"], 4), "rows": e["rows"]}
-                for (kind, dtype), e in held.items()}
-        data = store(load_params().data, device, get_device(device).architecture, figures, notes, band, tied)
-        data["evidence"]["h200_layers"] = {
-            "what": "per-layer forward/backward times of trainsim calibrate bundles (CUDA events at each "
-                    "layer's hooks), fp32 (cuDNN TF32 convolutions, fp32 GEMMs) and bf16 autocast; only "
-                    f"GPU-bound passes: >= {ABOVE_FLOOR:g}x the 10th percentile of their file, pass and kind "
-                    f"in a run whose hooked layers sum to <= {GPU_BOUND_RUN:g}x its plain iteration, or "
-                    f">= {ALONE:g}x it in any run",
-            "files": sorted({r.source for r in rows}),
-            "fit": "python -m trainsim.sim.compute.kernels.layer_fit benchmarks/data/h200-run3 --write",
-            "held_out": "ResNet-50's layer2 and layer4 (and ResNet-18) predicted from figures fitted on its "
-                        "stem, layer1 and layer3",
-        }
-        PARAMS_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {PARAMS_FILE.name}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

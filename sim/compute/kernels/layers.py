@@ -55,6 +55,9 @@ STREAMING = {
     "swiglu": "elementwise", "maxpool": "elementwise", "avgpool": "elementwise", "add": "elementwise",
     "embedding": "embedding", "moe_dispatch": "copy", "moe_combine": "copy",
 }
+#: the layer kinds CUDA's autocast runs in fp32 (layer norm, RMSNorm as HF computes it, batch norm's cuDNN
+#: kernels read and write the fp32 activations around them)
+FP32_UNDER_AUTOCAST = ("layernorm", "rmsnorm", "batchnorm")
 MATRIX_KINDS = ("conv2d", "linear", "router", "expert_linear", "attention", "flash_attention")
 DEFAULT_HEAD_DIM = 64
 
@@ -121,12 +124,15 @@ def _gemm_passes(m: int, n: int, k: int, dtype: str, *, data_grad: bool, bias: b
 
 
 def layer_kernels(layer, batch: int, precision: str = "fp32", dtype: str = "float32", *,
-                  config: dict | None = None) -> tuple[list, list]:
+                  config: dict | None = None, autocast: bool = False) -> tuple[list, list]:
     """The (forward, backward) kernels of ``layer`` at ``batch`` (see the module doc); ``dtype``: the
-    workload's, which its bytes were recorded at; ``config``: the workload's ``provenance.config``. Raises
-    `LayerUnknown` where the layer's shape cannot be inferred."""
+    workload's, which its bytes were recorded at; ``config``: the workload's ``provenance.config``;
+    ``autocast``: a 16-bit ``precision`` under torch.autocast, which keeps norms and softmax in fp32 (their
+    bytes stay fp32). Raises `LayerUnknown` where the layer's shape cannot be inferred."""
     itemsize = _ITEMSIZE[dtype]
     storage = STORAGE[precision]
+    if autocast and layer.kind in FP32_UNDER_AUTOCAST:
+        storage = "fp32"
     scale = {"fp32": 4, "fp16": 2, "bf16": 2}[storage] / itemsize
     kind = layer.kind
     data_grad = layer.flops_backward_per_sample >= 1.5 * layer.flops_forward_per_sample
@@ -166,7 +172,7 @@ def layer_kernels(layer, batch: int, precision: str = "fp32", dtype: str = "floa
                                storage, row=experts)
         return forward, backward
     if kind in ("attention", "flash_attention"):
-        return _attention(layer, batch, precision, storage, itemsize, config)
+        return _attention(layer, batch, precision, storage, itemsize, config, autocast)
     streaming = STREAMING.get(kind, "elementwise")
     out_elements = batch * layer.output_bytes_per_sample / itemsize
     row = None
@@ -186,7 +192,7 @@ def layer_kernels(layer, batch: int, precision: str = "fp32", dtype: str = "floa
             _streaming(streaming, bwd_bytes, elements, storage, row))
 
 
-def _attention(layer, batch, precision, storage, itemsize, config) -> tuple[list, list]:
+def _attention(layer, batch, precision, storage, itemsize, config, autocast=False) -> tuple[list, list]:
     out_elements = layer.output_bytes_per_sample / itemsize
     flops = layer.flops_forward_per_sample
     if flops <= 0 or out_elements <= 0:
@@ -216,6 +222,10 @@ def _attention(layer, batch, precision, storage, itemsize, config) -> tuple[list
                     Streaming("copy", out, dtype=STORAGE[precision])]
         backward += [Streaming("copy", qkv, dtype=STORAGE[precision]),
                      Streaming("copy", out, dtype=STORAGE[precision])]
+        if autocast and STORAGE[precision] != "fp32":  # the softmax runs in fp32: its 16-bit scores are
+            scores = batch * heads * seq * seq       # read as fp32-sized values and cast back for P·V
+            forward += [Streaming("softmax", scores, reads=1, writes=1, dtype=STORAGE[precision], row=seq)]
+            backward += [Streaming("softmax", scores, reads=2, writes=1, dtype=STORAGE[precision], row=seq)]
     return forward, backward
 
 
@@ -239,7 +249,8 @@ def runs_as(kernel, device: DeviceSpec, *, tf32_conv: bool = True, tf32_matmul: 
 @dataclass(frozen=True)
 class LayerEstimate:
     """A layer pass on one device: its kernels' GPU seconds summed, with their range, and the class, bound
-    and achieved rate (FLOP/s or bytes/s) of the kernel that takes longest."""
+    on the GPU (compute or memory: the host's dispatch is not in these times) and achieved rate (FLOP/s or
+    bytes/s) of the kernel that takes longest."""
 
     seconds: float
     low: float
@@ -271,7 +282,8 @@ def layer_estimate(kernels, device: DeviceSpec | str, params: KernelParams | Non
     top = max(estimates, key=lambda e: e.seconds)
     return LayerEstimate(seconds=sum(e.seconds for e in estimates), low=sum(e.low for e in estimates),
                          high=sum(e.high for e in estimates), kernel_class=top.kernel_class,
-                         bound=top.bound, achieved=top.achieved, kernels=len(estimates))
+                         bound=top.detail.get("gpu_bound", top.bound), achieved=top.achieved,
+                         kernels=len(estimates))
 
 
 def op_kernels(shape, dtype: str) -> list:

@@ -33,4 +33,5 @@ def kernel_time(kernel, device: DeviceSpec | str, params: KernelParams | None = 
         raise TypeError(f"not a kernel spec: {kernel!r}; valid: Gemm, Conv2d, Attention, Streaming")
     dispatch_s, _ = dispatch(kernel, device, params)
     bound = "launch" if dispatch_s > estimate.seconds else estimate.bound
-    return dataclasses.replace(estimate, dispatch_s=dispatch_s, bound=bound)
+    detail = {**estimate.detail, "gpu_bound": estimate.bound}  # what bounds it on the GPU, dispatch aside
+    return dataclasses.replace(estimate, dispatch_s=dispatch_s, bound=bound, detail=detail)
