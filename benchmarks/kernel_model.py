@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the tensor-core figures on the H200 layers (seconds, not minutes)")
     args = parser.parse_args(argv)
     if args.tensor_only:
-        table = tensor_table()
-        print(json.dumps(table, indent=1)) if args.json else print_tensor(table)
+        tensor = tensor_table()
+        print(json.dumps(tensor, indent=1)) if args.json else print_tensor(tensor)
         return 0
     try:
         rows = load_neusight(args.data)
