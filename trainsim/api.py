@@ -36,8 +36,8 @@ __all__ = ["Bundle", "Run", "RunMeasurements", "Scenario", "StopFlag", "bench_co
            "load_bundle", "load_scenario", "max_batch", "measure_profiler", "papers", "plan",
            "profile_layers",
            "quickstart", "replay", "reproduce", "resolve", "resolve_scenario", "route", "scenario",
-           "scenarios", "simulate", "simulation", "sweep", "topologies", "topology", "validate", "version",
-           "workload", "workload_times", "workloads"]
+           "scenarios", "search", "simulate", "simulation", "sweep", "topologies", "topology", "validate",
+           "version", "workload", "workload_times", "workloads"]
 
 Progress = Callable[..., None]
 
@@ -548,3 +548,147 @@ def reproduce(paper: str, *, progress: Callable[[int, int, str], None] | None = 
     from trainsim.scenarios.papers.reproduce import reproduce as run
 
     return run(paper, progress=progress)
+
+
+# ---- search ------------------------------------------------------------------------------------------------
+
+
+def search(scenario_source: str | os.PathLike | None = None, *, model: str | dict | None = None,
+           topology_source: str | dict | None = None, gpus: int | Sequence[int] | None = None,
+           batch: int | None = None, tokens_per_step: int | None = None, precision: str | None = None,
+           optimizer: str | None = None, overrides: Sequence[str] = (), objective: str = "throughput",
+           tokens: float | None = None, price: float | None = None, top: int = 10,
+           collectives: str = "analytic", space=None, headroom: float = 0.0,
+           progress: Callable[[str, int, int], None] | None = None, out: str | None = None,
+           plot: str | None = None, plot_x: str = "memory", provenance: dict | None = None):
+    """The best parallel layouts (strategy ``mesh``) of a transformer on a machine (`SearchReport`):
+    every layout of ``space`` (`SearchSpace`; tp x cp x pp x ep x zero and HSDP shards x micro-batch x
+    recompute x schedule x virtual stages x sequence parallelism) that the model, ``gpus`` (one count or
+    several) and the global batch admit, kept where its closed-form memory peak fits the GPU
+    (`trainsim.sim.parallel.memory`; ``headroom``: a fraction kept free), ranked by ``objective`` on the
+    closed-form step (`trainsim.sim.parallel.analytic`); then the best ``top`` are simulated in full
+    (``collectives``: analytic or flow) and ordered by the simulated figure.
+
+    The model, machine and batch come from a scenario (``scenario_source`` with ``overrides``) or from
+    ``model`` (a workload name, file or mapping such as ``{name: llama3-70b, seq_len: 8192}``),
+    ``topology_source`` (a preset, file, or generator mapping) and ``batch`` (sequences) or
+    ``tokens_per_step``. ``out`` (JSON) and ``plot`` (PNG: throughput against ``plot_x``) are written
+    whole or not at all."""
+    import time as _time
+
+    from trainsim.errors import TrainsimError
+    from trainsim.sim.core.devices import get_device
+    from trainsim.sim.parallel import search as ps
+    from trainsim.sim.parallel.analytic import LayoutTimer
+    from trainsim.sim.parallel.stage_costs import ModelCosts
+
+    def tell(phase: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress(phase, done, total)
+
+    counts = [gpus] if isinstance(gpus, int) else list(gpus or [])
+    if any(n < 1 for n in counts):
+        raise TrainsimError("a GPU count must be at least 1", field="--gpus")
+    if collectives not in ("analytic", "flow"):
+        raise TrainsimError(f"unknown collectives {collectives!r}; valid choices: analytic, flow",
+                            field="--collectives")
+    if top < 0:
+        raise TrainsimError("--top must be >= 0", field="--top")
+    if not 0 <= headroom < 1:
+        raise TrainsimError(f"headroom is a fraction of the GPU's memory in [0, 1), got {headroom}",
+                            field="--headroom")
+    if scenario_source is not None:
+        if model is not None or topology_source is not None:
+            raise TrainsimError("give SCENARIO or --model/--topology, not both", field="SCENARIO")
+        sets = [*overrides, *([f"precision={precision}"] if precision else []),
+                *([f"optimizer.name={optimizer}"] if optimizer else [])]
+        if batch is not None:
+            sets.append(f"batch_size={batch}")
+        base = resolve(scenario_source, overrides=sets)
+    else:
+        given = (("--model", model), ("--topology", topology_source))
+        missing = [name for name, value in given if value is None]
+        if missing:
+            raise TrainsimError(f"without SCENARIO, give {' and '.join(missing)}", field=missing[0])
+        if overrides:
+            raise TrainsimError("overrides a scenario's fields, and none is given", field="--set")
+        doc = {"name": "search", "topology": _mapping_or_name(topology_source, "--topology", "topology"),
+               "workload": _mapping_or_name(model, "--model", "workload"),
+               "strategy": {"name": "mesh"}, "batch_size": batch or 1,
+               "precision": precision or "bf16", "optimizer": {"name": optimizer or "adam"}}
+        base = resolve(doc)
+    cfg = ps.transformer_config_of(base.workload)
+    seq = cfg["seq_len"]
+    if tokens_per_step is not None:
+        if batch is not None:
+            raise TrainsimError("give --batch or --tokens-per-step, not both", field="--tokens-per-step")
+        if tokens_per_step % seq:
+            raise TrainsimError(f"{tokens_per_step} tokens per step is not a whole number of {seq}-token "
+                                "sequences", field="--tokens-per-step")
+        batch = tokens_per_step // seq
+    elif batch is None:
+        if scenario_source is None:
+            raise TrainsimError("give --batch (sequences per step) or --tokens-per-step", field="--batch")
+        batch = base.scenario.batch_size
+    available = len(base.topology.gpus)
+    counts = counts or [len(base.ranks)]
+    for n in counts:
+        if n > available:
+            raise TrainsimError(f"{n} GPUs asked for; the topology has {available}", field="--gpus")
+    device = get_device(base.topology.gpu_spec(base.topology.gpus[0]))
+    if base.devices:
+        device = base.devices.get(device.name, device)
+    objective_ = ps.Objective(objective, tokens=tokens, price=price, tdp_watts=device.tdp_watts)
+    sc = base.scenario
+    costs = ModelCosts(base.workload, device, sc.precision, sc.optimizer.name, sc.mixed_precision,
+                       getattr(sc, "compute_model", "roofline"))
+    per_machine = ps.gpus_per_machine(base.topology)
+    space = space or ps.SearchSpace()
+    targets, runs = [], {}
+    for n in counts:
+        scenario = sc.model_copy(update={"gpus": n, "batch_size": batch, "batch_per_gpu": None})
+        runs[n] = base.with_scenario(scenario)
+        timer = LayoutTimer(costs, base.topology, runs[n].ranks, batch, algo=sc.strategy.collective_algo)
+        targets.append((n, costs, timer, base.topology.gpu_memory(runs[n].ranks[0])))
+    ranking = ps.rank_layouts(targets, batch, batch * seq, space, objective_, gpus_per_machine=per_machine,
+                              headroom=headroom, progress=lambda d, t: tell("ranking", d, t))
+    if not ranking.enumerated:
+        raise TrainsimError(ps.no_layout_reason(costs, counts, batch, space, per_machine), field="--gpus")
+    notes = []
+    start = _time.perf_counter()
+    chosen = ranking.candidates[:top]
+    for i, cand in enumerate(chosen):
+        tell("simulating", i, len(chosen))
+        strategy = sc.strategy.model_validate(
+            {"name": "mesh", "collectives": collectives, "mesh": cand.layout.mesh_options()})
+        scenario = sc.model_copy(update={"gpus": cand.gpus, "batch_size": batch, "batch_per_gpu": None,
+                                         "strategy": strategy, "iterations": 1, "warmup_iterations": 0})
+        result = simulate(runs[cand.gpus].with_scenario(scenario), record=False)
+        cand.simulated_step_s = result.iteration_time_s
+        cand.simulated_memory = max(g.memory_peak_bytes for g in result.gpus)
+        cand.simulated_oom = bool(result.oom)
+        cand.simulated_figures = objective_.figures(cand.gpus, batch * seq, result.iteration_time_s)
+    tell("simulating", len(chosen), len(chosen))
+    chosen.sort(key=lambda c: (bool(c.simulated_oom), objective_.score(c.simulated_figures or c.figures)))
+    if objective_.tdp_watts and objective_.tokens:
+        notes.append(f"energy is an upper bound: {len(counts) > 1 and 'each' or 'the'} GPU count x "
+                     f"{objective_.tdp_watts:g} W rated board power ({device.name}) x time; GPUs seldom draw "
+                     "their rated power throughout")
+    report = ps.SearchReport(model=base.workload.name, device=device.name, gpus=counts, batch=batch,
+                             seq_len=seq, objective=objective_, ranking=ranking, top=chosen,
+                             simulate_seconds=_time.perf_counter() - start, collectives=collectives,
+                             notes=notes)
+    if out:
+        ps.write_report({**report.to_dict(), "provenance": provenance or {}}, out)
+    if plot and ranking.candidates:
+        ps.plot_search(report, plot, plot_x)
+    return report
+
+
+def _mapping_or_name(value, option: str, what: str):
+    """A name, a file, or (text starting with ``{``) an inline YAML mapping."""
+    if isinstance(value, dict) or not str(value).lstrip().startswith("{"):
+        return value
+    from trainsim.yamlio import parse_yaml_mapping
+
+    return parse_yaml_mapping(str(value), option, what)

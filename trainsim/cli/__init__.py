@@ -28,7 +28,7 @@ def version(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
 
 
 # the command groups register themselves on `app` when imported, in the order --help lists them
-from . import replay, topo, calibrate, library, simulate, sweep, validate, plan  # noqa: E402, F401, I001
+from . import replay, topo, calibrate, library, simulate, sweep, validate, plan, search  # noqa: E402, F401, I001
 
 __all__ = ["app", "main"]
 

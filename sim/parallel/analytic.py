@@ -1,0 +1,296 @@
+"""Iteration time of a parallel layout in closed form: what strategy ``mesh`` simulates, without simulating.
+
+From the same per-block costs (`stage_costs.BlockTable`: the split layers' times at the micro-batch) and
+the same analytic collective model on the same groups of the topology (sim/collectives/ops.py) as the
+strategy, per pipeline stage s:
+
+- a pass (one micro-batch's forward or backward through the stage's blocks) is each block's compute plus
+  its critical-path collectives (tensor parallelism's all-reduces or all-gathers/reduce-scatters, context
+  parallelism's key/value exchange, expert parallelism's all-to-alls, as the strategy issues them); under
+  ZeRO-3 the first block's all-gather is exposed and each next one is prefetched on the communication
+  channel while the current block computes (exposed where it is slower);
+- the last micro-batch's backward also synchronises each block's gradients as its backward ends (all-reduce,
+  or reduce-scatter and HSDP's replica all-reduce) on the same channel, queued with the prefetches; what
+  the backward does not hide is the stage's exposed data-parallel sync;
+- then the optimizer steps its shard, and ZeRO-1/2 all-gather the updated parameters.
+
+The pipeline: with W_s = F_s + B_s a stage's forward and backward of one micro-batch and k the slowest
+stage, stage 0's last backward ends at ``M W_k + sum_{s != k} W_s / v + 2 (pp - 1) p`` (1F1B: the other
+stages' one micro-batch each is the fill; with v virtual stages the bubble is (pp - 1) / v of a
+micro-batch; GPipe fills forward and backward apart, with the slowest forward and backward stage), p a
+stage-to-stage message; the last micro-batch's backward (with its syncs) replaces a plain one on the
+drain (stages 0..k). Stage s's last backward ends ``sum_{s' < s} (BL_s' + p)`` earlier than stage 0's; it
+finishes after its exposed sync, step and gather; the iteration is the last stage to finish.
+
+Everything per stage is cached on the `BlockTable` (per block range and the layout's fields that matter),
+so a layout whose stages were seen costs a few additions per stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainsim.sim.collectives.ops import collective_time
+
+from .layout import Mesh
+from .stage_costs import BlockTable, Layout, ModelCosts, stage_ranges
+
+__all__ = ["IterationTime", "LayoutTimer"]
+
+
+@dataclass(frozen=True)
+class IterationTime:
+    """A layout's iteration in seconds, with its parts (the slowest stage's, for the parts)."""
+
+    iteration_s: float
+    pipeline_s: float  # stage 0's last backward ends
+    compute_s: float  # one micro-batch's compute on the slowest stage (forward + backward) x M
+    inline_comm_s: float  # its critical-path collectives x M
+    bubble_s: float  # the pipeline fill and drain
+    exposed_sync_s: float  # the last stage to finish's exposed data-parallel sync
+    optimizer_s: float
+    param_gather_s: float  # ZeRO-1/2's all-gather after the step
+    micro_batches: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Passes:
+    """One stage's pass durations: forward, backward, the last backward, and its figures."""
+
+    forward: float
+    backward: float
+    last_backward: float
+    sync_tail: float  # the last backward's syncs still running after its compute
+    compute: float  # forward + backward compute of one micro-batch (no collectives)
+    inline: float  # forward + backward critical-path collectives of one micro-batch
+    step: float
+    params: float  # weight bytes of the stage (ZeRO-1/2 all-gather them after the step)
+
+
+class LayoutTimer:
+    """Iteration times of layouts of one model on one topology's GPUs (``ranks``, rank order), at global
+    ``batch_size``. ``algo``: the scenario's ``collective_algo``. ``symmetric``: a stage whose ranks are
+    whole machines times its collectives as stage 0's (exact on a machine-symmetric fabric, and what
+    keeps a search from planning every stage's groups)."""
+
+    def __init__(self, model: ModelCosts, topology, ranks, batch_size: int, *, algo: str = "auto",
+                 symmetric: bool = True):
+        self.model, self.topology, self.ranks = model, topology, tuple(ranks)
+        self.batch_size, self.algo, self.symmetric = batch_size, algo, symmetric
+        self._coll: dict = {}
+        self._per_machine = self._gpus_per_machine()
+
+    def _gpus_per_machine(self) -> int | None:
+        counts: dict = {}
+        for g in self.ranks:
+            m = self.topology.machine_of(g)
+            counts[m] = counts.get(m, 0) + 1
+        sizes = set(counts.values())
+        return sizes.pop() if len(sizes) == 1 else None
+
+    # ---- collectives ------------------------------------------------------------------------------------
+    def coll(self, op: str, group, nbytes: float) -> float:
+        if len(group) < 2 or nbytes <= 0:
+            return 0.0
+        key = (op, tuple(group), nbytes)
+        t = self._coll.get(key)
+        if t is None:
+            t = self._coll[key] = collective_time(self.topology, op, list(group), nbytes, algo=self.algo)
+        return t
+
+    def p2p(self, src: str, dst: str, nbytes: float) -> float:
+        """A stage-to-stage message: each leg's latency and bytes at its bottleneck (no contention)."""
+        key = ("p2p", src, dst, nbytes)
+        t = self._coll.get(key)
+        if t is None:
+            topo = self.topology
+            legs = topo.gpu_copy_legs(src, dst)
+            t = sum(topo.route_latency(leg) + nbytes / topo.bottleneck(leg) for leg in legs)
+            self._coll[key] = t
+        return t
+
+    # ---- per stage --------------------------------------------------------------------------------------
+    def _groups(self, mesh: Mesh, gpu: str, layout: Layout) -> dict:
+        key = ("groups", mesh.tp, mesh.cp, mesh.pp, mesh.ep, mesh.shard, gpu)
+        g = self._coll.get(key)
+        if g is None:
+            g = {dim: tuple(mesh.group(gpu, dim)) for dim in ("tp", "cp", "dp", "ep", "shard", "replica")}
+            c = mesh.coords(gpu)
+            g["expert_dp"] = tuple(mesh.gpu(**{**c, "dp": c["dp"] % mesh.ep + k * mesh.ep})
+                                   for k in range(mesh.dp // mesh.ep))
+            self._coll[key] = g
+        return g
+
+    def _inline(self, table: BlockTable, b: int, layout: Layout, groups: dict, hidden: float, kind: str
+                ) -> float:
+        """Block b's critical-path collectives in one pass (as the strategy's ``_inline``)."""
+        cfg = self.model.config
+        total = 0.0
+        points = table.row_layers[b] + (1 if table.names[b] in ("pre", "post") and layout.tp > 1 else 0)
+        if layout.tp > 1 and points:
+            ops = ("allgather", "reduce_scatter") if layout.sequence_parallel else ("allreduce",)
+            total += points * sum(self.coll(op, groups["tp"], hidden) for op in ops)
+        if layout.cp > 1 and table.attention[b]:
+            heads = cfg.get("num_attention_heads", 1)
+            kv_dim = (cfg.get("num_key_value_heads") or heads) * (
+                cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(1, heads))
+            kv = layout.micro_batch * cfg.get("seq_len", 1) * 2 * kv_dim / layout.tp * self.model.act
+            if layout.context == "allgather":
+                total += self.coll("allgather" if kind == "F" else "reduce_scatter", groups["cp"], kv)
+            else:
+                chunk = kv / layout.cp
+                step = self.coll("sendrecv", groups["cp"][:2], chunk)
+                ring = (layout.cp - 1) * step * (1 if kind == "F" else 2)
+                core = table.core[b] * (1 if kind == "F" else 2.5)
+                total += max(0.0, ring - core * (layout.cp - 1) / layout.cp)
+        if layout.ep > 1 and table.moe[b]:
+            top_k = cfg.get("num_experts_per_tok") or 0
+            tokens = layout.micro_batch * cfg.get("seq_len", 1) / layout.cp / (
+                layout.tp if layout.sequence_parallel else 1)
+            nbytes = tokens * top_k * cfg.get("hidden_size", 0) * self.model.act * layout.expert_imbalance
+            total += 2 * self.coll("alltoall", groups["ep"], nbytes)
+        return total
+
+    def _block_costs(self, table: BlockTable, b: int, layout: Layout, mesh: Mesh, gpu: str) -> tuple:
+        """(forward, backward: compute with its collectives; gather, sync, compute, collectives) of block b
+        (cached per kind of block)."""
+        key = ("block", table.kinds[b], layout.zero, layout.shard, layout.recompute, layout.context,
+               mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
+        hit = table.derived.get(key)
+        if hit is not None:
+            return hit
+        groups = self._groups(mesh, gpu, layout)
+        hidden = self.model.hidden_bytes(layout)
+        bwd = table.backward[b]
+        if layout.recompute == "full":
+            bwd += table.forward[b]
+        elif layout.recompute == "selective":
+            bwd += table.core[b]
+        i_f = self._inline(table, b, layout, groups, hidden, "F")
+        i_b = self._inline(table, b, layout, groups, hidden, "B")
+        gather = sync = 0.0
+        if layout.zero == 3 and mesh.shard_size > 1:
+            gather = self.coll("allgather", groups["shard"], table.params[b])
+        if mesh.dp > 1:
+            p, e = table.params[b], table.experts[b]
+            if layout.zero == 0:
+                sync = self.coll("allreduce", groups["dp"], p - e) + \
+                    self.coll("allreduce", groups["expert_dp"], e)
+            else:
+                sync = self.coll("reduce_scatter", groups["shard"], p) + \
+                    self.coll("allreduce", groups["replica"], p / len(groups["shard"]))
+        out = (table.forward[b] + i_f, bwd + i_b, gather, sync, table.forward[b] + bwd, i_f + i_b)
+        table.derived[key] = out
+        return out
+
+    def _passes(self, table: BlockTable, lo: int, hi: int, layout: Layout, mesh: Mesh, gpu: str) -> _Passes:
+        """A stage's (or chunk's) blocks [lo, hi): its passes (cached per signature of its blocks)."""
+        shard = mesh.shard_size
+        key = ("time", table.signature(lo, hi), layout.zero, layout.shard, layout.recompute, layout.context,
+               layout.reshard_after_forward, mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
+        hit = table.derived.get(key)
+        if hit is not None:
+            return hit
+        costs = []
+        for _, count in table.signature(lo, hi):
+            b = lo + sum(n for _, n in costs)  # the run's first block
+            costs.append((self._block_costs(table, b, layout, mesh, gpu), count))
+        blocks = [c for c, n in costs for _ in range(n)]
+        zero3 = layout.zero == 3 and shard > 1
+        forward, _ = _pass([(c[0], c[2], 0.0) for c in blocks], zero3)
+        back = blocks[::-1]
+        regather = zero3 and layout.reshard_after_forward
+        backward, _ = _pass([(c[1], c[2], 0.0) for c in back], regather)
+        last, tail = _pass([(c[1], c[2], c[3]) for c in back], regather)
+        stage_params = sum(table.num_params[lo:hi])
+        step = self.model.step_seconds(stage_params) / (shard if layout.zero >= 1 else 1)
+        out = _Passes(forward, backward, last, tail, sum(c[4] for c in blocks), sum(c[5] for c in blocks),
+                      step, sum(table.params[lo:hi]))
+        table.derived[key] = out
+        return out
+
+    # ---- the iteration ----------------------------------------------------------------------------------
+    def time(self, layout) -> IterationTime:
+        layout = Layout.of(layout)
+        n = len(self.ranks)
+        key = ("mesh", layout.tp, layout.cp, layout.pp, layout.ep, layout.shard)
+        mesh = self._coll.get(key)
+        if mesh is None:
+            mesh = self._coll[key] = Mesh(self.ranks, tp=layout.tp, cp=layout.cp, pp=layout.pp, ep=layout.ep,
+                                          shard=layout.shard)
+        M = self.batch_size // (mesh.dp * layout.micro_batch)
+        table = self.model.blocks(layout)
+        pp, v = layout.pp, layout.virtual_stages
+        ranges = stage_ranges(self.model.n_blocks, pp * v, layout.stage_blocks, pre=bool(self.model.pre),
+                              post=bool(self.model.post))
+        whole = self.symmetric and self._per_machine and (n // pp) % self._per_machine == 0
+        ranks = []  # per pipeline rank: its chunks' passes (chunk 0 first)
+        alike: dict = {}
+        for s in range(pp):
+            sig = tuple(table.signature(*ranges[s + k * pp]) for k in range(v)) if whole else s
+            chunks = alike.get(sig)
+            if chunks is None:
+                gpu = mesh.gpu(pp=0 if whole else s)
+                chunks = alike[sig] = [self._passes(table, *ranges[s + k * pp], layout, mesh, gpu)
+                                       for k in range(v)]
+            ranks.append(chunks)
+        send = self.model.hidden_bytes(layout) / (layout.tp if layout.sequence_parallel else 1)
+        p = [self.p2p(mesh.gpu(pp=s), mesh.gpu(pp=s + 1), send) for s in range(pp - 1)]
+        F = [sum(c.forward for c in chunks) for chunks in ranks]
+        B = [sum(c.backward for c in chunks) for chunks in ranks]
+        # the last micro-batch's backward of each chunk, with its syncs (chunk 0's is the rank's last pass)
+        extra = [sum(c.last_backward - c.backward for c in chunks) for chunks in ranks]
+        W = [f + b for f, b in zip(F, B, strict=True)]
+        if layout.schedule == "gpipe":
+            kf = max(range(pp), key=lambda s: F[s])
+            k = max(range(pp), key=lambda s: B[s])
+            fill = sum(F) - F[kf] + sum(B) - B[k]
+            steady = M * (F[kf] + B[k])
+        else:
+            k = max(range(pp), key=lambda s: W[s])
+            fill = (sum(W) - W[k]) / v
+            steady = M * W[k]
+        end0 = steady + fill + 2 * sum(p) + sum(extra[: k + 1])
+        finish, before = [], 0.0
+        shard = mesh.shard_size
+        for s, chunks in enumerate(ranks):
+            step = sum(c.step for c in chunks)
+            gather = 0.0
+            if layout.zero in (1, 2) and shard > 1:
+                group = self._groups(mesh, mesh.gpu(pp=0 if whole else s), layout)["shard"]
+                gather = self.coll("allgather", group, sum(c.params for c in chunks))
+            finish.append((end0 - before + chunks[0].sync_tail + step + gather, step, gather))
+            last = chunks[0].last_backward + sum(c.last_backward - c.backward for c in chunks[1:])
+            before += last + (p[s] if s < len(p) else 0.0)
+        f = max(range(pp), key=lambda s: finish[s][0])
+        slow = ranks[k]
+        return IterationTime(
+            iteration_s=finish[f][0], pipeline_s=end0, compute_s=M * sum(c.compute for c in slow),
+            inline_comm_s=M * sum(c.inline for c in slow), bubble_s=fill + 2 * sum(p),
+            exposed_sync_s=ranks[f][0].sync_tail, optimizer_s=finish[f][1], param_gather_s=finish[f][2],
+            micro_batches=M)
+
+
+def _pass(blocks: list[tuple[float, float, float]], gather: bool) -> tuple[float, float]:
+    """(duration, sync tail) of one pass over ``blocks`` ((compute, gather, sync) each, in pass order):
+    block k starts when the previous one ended and (``gather``) its gathered parameters arrived; the next
+    block's gather starts with it on the communication channel (behind whatever is queued there), and a
+    block's gradient sync is queued there as its compute ends."""
+    T = C = 0.0  # compute done; communication channel free
+    arrived = 0.0
+    if gather:
+        C = arrived = blocks[0][1]
+    n = len(blocks)
+    for i in range(n):
+        compute, _, sync = blocks[i]
+        start = T if not gather or T >= arrived else arrived
+        if gather and i + 1 < n:
+            C = (start if start > C else C) + blocks[i + 1][1]
+            arrived = C
+        T = start + compute
+        if sync:
+            C = (C if C > T else T) + sync
+    return T, max(0.0, C - T)
