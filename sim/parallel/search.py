@@ -331,7 +331,6 @@ def plot_search(report: SearchReport, path, x: str = "memory") -> None:
     import matplotlib.pyplot as plt
 
     from trainsim.files import write_atomic
-    from trainsim.sweeps.plot import pareto_front
 
     if x not in PLOT_AXES:
         raise unknown_name("plot axis", x, PLOT_AXES, field="--plot-x")
@@ -371,6 +370,18 @@ def plot_search(report: SearchReport, path, x: str = "memory") -> None:
     fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
     write_atomic(path, buffer.getvalue())
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the (x, y) points no other beats on both (x as small, y as large, better in one), by x
+    (as `trainsim.sweeps.plot.pareto_front`, which sim/ does not import)."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], float("-inf")
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
 
 
 def write_report(doc: dict, path) -> None:
