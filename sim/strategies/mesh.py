@@ -208,6 +208,7 @@ class _Mesh:
             ctx.settings.precision,
             ctx.settings.optimizer,
             mixed_precision=ctx.settings.mixed_precision,
+            compute_model=ctx.settings.compute_model,
         )
         fwd, bwd, core, params, experts, saved = [], [], [], [], [], []
         hidden_kept = self._hidden_bytes() / (o.tp if o.sequence_parallel else 1)

@@ -42,6 +42,7 @@ class RunSettings:
     # the spread of a rank's passes: the scenario's strategy.jitter, else a calibrated host's measured one;
     # None: every pass takes its nominal time
     jitter_spec: JitterSpec | None = None
+    compute_model: str = "roofline"  # how layer times not measured on a device are estimated (costs.py)
 
     @classmethod
     def of(cls, scenario: Scenario, *, prep_s_per_sample: float, jitter_spec: JitterSpec | None,
@@ -58,4 +59,5 @@ class RunSettings:
             first_bucket_cap_bytes=first_cap * 2**20, collectives=st.collectives,
             collective_algo=st.collective_algo, ps_cores=st.ps_cores, ps_socket=st.ps_socket, detail=detail,
             batch_size=scenario.batch_size, strategy=st, optimizations=opts, preload_depth=opts.preload,
-            cpu_batch_split=opts.cpu_batch_split, jitter_spec=jitter_spec)
+            cpu_batch_split=opts.cpu_batch_split, jitter_spec=jitter_spec,
+            compute_model=scenario.compute_model)
