@@ -111,7 +111,7 @@ def part_a() -> None:
                   f"{most['optimizer_state'] / GIB:>13.4f} {closed['optimizer_state'] / GIB:>9.4f}  "
                   f"{'yes' if exact else 'NO'}")
     print(f"all exact: {all_exact}")
-    print("\n    per-GPU peak, closed form (memory.py, as the strategy allocates) vs simulated, every stage:")
+    print("\n    per-GPU peak, closed form (memory.py) vs simulated, every stage:")
     worst = 0.0
     cases = [({"zero": 3}, {}), ({"tp": 8, "sequence_parallel": True}, {}),
              ({"pp": 4}, {"gpus": 4, "batch": 16}), ({"zero": 1, "tp": 2}, {"batch": 16}),
@@ -125,15 +125,13 @@ def part_a() -> None:
         result = Simulation(run, record=False).run()
         model = ModelCosts(run.workload, H100, "bf16", "adam")
         gpus, batch = len(run.ranks), run.scenario.batch_size
-        closed = stage_memory(model, Layout.of(mesh), gpus, batch, as_simulated=True)
-        phys = stage_memory(model, Layout.of(mesh), gpus, batch)
+        closed = stage_memory(model, Layout.of(mesh), gpus, batch)
         per = len(run.ranks) // Layout.of(mesh).pp
         sims = [result.gpus[s * per].memory_peak_bytes for s in range(len(closed))]
         err = max(abs(c.peak / m - 1) for c, m in zip(closed, sims, strict=True))
         worst = max(worst, err)
         print(f"    {str(mesh):<66} sim {' '.join(f'{m / GIB:6.2f}' for m in sims):<30} closed "
-              f"{' '.join(f'{c.peak / GIB:6.2f}' for c in closed):<30} |err| {err:.1e}; physical "
-              f"{' '.join(f'{c.peak / GIB:6.2f}' for c in phys)}")
+              f"{' '.join(f'{c.peak / GIB:6.2f}' for c in closed):<30} |err| {err:.1e}")
     print(f"    worst |error| {worst:.1e}")
 
 
@@ -143,7 +141,7 @@ def part_b() -> None:
     s, h, a = 2048, 12288, 96
     sbh = s * h
     print(f"\n(b) activations per layer, GPT-3 175B shape (s {s}, h {h}, a {a}, b 1, 16 bit), in sbh")
-    print(f"{'case':<46} {'Korthikanti':>11} {'closed form':>11} {'diff':>7} {'mesh today':>10}")
+    print(f"{'case':<46} {'Korthikanti':>11} {'closed form':>11} {'diff':>7}")
     rows = [("no parallelism, flash (5as/h not stored)", {}, 34, "flash"),
             ("tp 8, flash", {"tp": 8}, 10 + 24 / 8, "flash"),
             ("tp 8 + sp, flash", {"tp": 8, "sequence_parallel": True}, 34 / 8, "flash"),
@@ -166,14 +164,11 @@ def part_b() -> None:
         table = model.blocks(layout)
         hidden = model.hidden_bytes(layout) / (layout.tp if layout.sequence_parallel else 1)
         b = table.names.index("block1")
-        ours = memory._kept(table, b, layout, hidden, as_simulated=False) / sbh
-        mesh = memory._kept(table, b, layout, hidden, as_simulated=True) / sbh
-        print(f"{name:<46} {formula:>11.3f} {ours:>11.3f} {ours / formula - 1:>+7.1%} {mesh:>10.3f}")
+        ours = memory.kept_bytes(table, b, layout, hidden) / sbh
+        print(f"{name:<46} {formula:>11.3f} {ours:>11.3f} {ours / formula - 1:>+7.1%}")
     print("    unfused: the workload keeps the softmax output (2 bytes a score) and the causal mask\n"
           "    (1 byte a score, per batch), not the attention dropout's mask and dropped output\n"
-          "    (Korthikanti's other 3 of 5as/h): it models no dropout on the attention probabilities.\n"
-          "    'mesh today' is the split's count (a column-parallel linear's input over tp) and the\n"
-          "    strategy's selective recomputation (every tensor the core saves dropped, its inputs too).")
+          "    (Korthikanti's other 3 of 5as/h): it models no dropout on the attention probabilities.")
     wl70 = build_analytic("llama3-70b", num_hidden_layers=2, seq_len=8192, dtype="bfloat16")
     llama = ModelCosts(wl70, H100, "bf16", "adam")
     wl = llama.workload

@@ -118,11 +118,16 @@ def test_fsdp_holds_one_eighth_of_the_state_and_the_activations_of_one_micro_bat
 
 
 def test_a_1f1b_pipeline_runs_m_micro_batches_plus_the_fill():
+    from trainsim.sim.parallel.stage_costs import Layout, ModelCosts, stage_ranges
+
     sim, result = simulate({"pp": 4}, gpus=4, batch_size=16)
-    per_stage = {g: (c.forward_s, c.backward_s) for g, c in sim.ctx.costs.items()}
-    step = max(sum(f) + sum(b) for f, b in per_stage.values())  # the slowest stage's micro-batch
-    fill = sum(sum(f) + sum(b) for f, b in per_stage.values()) - step
-    optimizer = max(c.step_s for c in sim.ctx.costs.values())
+    model = ModelCosts(sim.workload, sim.machine.gpus["gpu0"].device, "bf16", "adam")
+    table = model.blocks(Layout(pp=4))
+    ranges = stage_ranges(model.n_blocks, 4)
+    per_stage = [sum(table.forward[lo:hi]) + sum(table.backward[lo:hi]) for lo, hi in ranges]
+    step = max(per_stage)  # the slowest stage's micro-batch
+    fill = sum(per_stage) - step
+    optimizer = max(model.step_seconds(sum(table.num_params[lo:hi])) for lo, hi in ranges)
     assert result.iteration_time_s == pytest.approx(16 * step + fill + optimizer, rel=0.02)
     first, last = result.gpus[0], result.gpus[3]
     assert first.memory_at_peak["activations"] > last.memory_at_peak["activations"]  # 1F1B: 4 vs 1 in flight

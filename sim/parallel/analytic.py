@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from trainsim.sim.collectives.ops import collective_time
 
+from .comms import call_seconds, pass_calls
 from .layout import Mesh
 from .stage_costs import BlockTable, Layout, ModelCosts, stage_ranges
 
@@ -68,6 +69,7 @@ class _Passes:
     inline: float  # forward + backward critical-path collectives of one micro-batch
     step: float
     params: float  # weight bytes of the stage (ZeRO-1/2 all-gather them after the step)
+    experts: float  # the part of ``params`` in experts (gathered over the ranks holding them)
 
 
 class LayoutTimer:
@@ -118,41 +120,25 @@ class LayoutTimer:
         g = self._coll.get(key)
         if g is None:
             g = {dim: tuple(mesh.group(gpu, dim)) for dim in ("tp", "cp", "dp", "ep", "shard", "replica")}
+            g["cp_pair"] = g["cp"][:2]
             c = mesh.coords(gpu)
             g["expert_dp"] = tuple(mesh.gpu(**{**c, "dp": c["dp"] % mesh.ep + k * mesh.ep})
                                    for k in range(mesh.dp // mesh.ep))
+            mine, position = set(g["shard"]), c["dp"] % mesh.shard_size
+            g["expert_shard"] = tuple(x for x in g["expert_dp"] if x in mine)
+            g["expert_replica"] = tuple(x for x in g["expert_dp"]
+                                        if mesh.coords(x)["dp"] % mesh.shard_size == position)
             self._coll[key] = g
         return g
 
-    def _inline(self, table: BlockTable, b: int, layout: Layout, groups: dict, hidden: float, kind: str
-                ) -> float:
-        """Block b's critical-path collectives in one pass (as the strategy's ``_inline``)."""
-        cfg = self.model.config
-        total = 0.0
-        points = table.row_layers[b] + (1 if table.names[b] in ("pre", "post") and layout.tp > 1 else 0)
-        if layout.tp > 1 and points:
-            ops = ("allgather", "reduce_scatter") if layout.sequence_parallel else ("allreduce",)
-            total += points * sum(self.coll(op, groups["tp"], hidden) for op in ops)
-        if layout.cp > 1 and table.attention[b]:
-            heads = cfg.get("num_attention_heads", 1)
-            kv_dim = (cfg.get("num_key_value_heads") or heads) * (
-                cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(1, heads))
-            kv = layout.micro_batch * cfg.get("seq_len", 1) * 2 * kv_dim / layout.tp * self.model.act
-            if layout.context == "allgather":
-                total += self.coll("allgather" if kind == "F" else "reduce_scatter", groups["cp"], kv)
-            else:
-                chunk = kv / layout.cp
-                step = self.coll("sendrecv", groups["cp"][:2], chunk)
-                ring = (layout.cp - 1) * step * (1 if kind == "F" else 2)
-                core = table.core[b] * (1 if kind == "F" else 2.5)
-                total += max(0.0, ring - core * (layout.cp - 1) / layout.cp)
-        if layout.ep > 1 and table.moe[b]:
-            top_k = cfg.get("num_experts_per_tok") or 0
-            tokens = layout.micro_batch * cfg.get("seq_len", 1) / layout.cp / (
-                layout.tp if layout.sequence_parallel else 1)
-            nbytes = tokens * top_k * cfg.get("hidden_size", 0) * self.model.act * layout.expert_imbalance
-            total += 2 * self.coll("alltoall", groups["ep"], nbytes)
-        return total
+    def _inline(self, table: BlockTable, b: int, layout: Layout, groups: dict, kind: str) -> float:
+        """Block b's critical-path collectives in one pass (sim/parallel/comms.py, as the strategy)."""
+
+        def time_of(op: str, dim: str, nbytes: float) -> float:
+            return self.coll(op, groups[dim], nbytes)
+
+        calls = pass_calls(table, b, layout, self.model.config, self.model.act, kind)
+        return sum(call_seconds(call, time_of) for call in calls)
 
     def _block_costs(self, table: BlockTable, b: int, layout: Layout, mesh: Mesh, gpu: str) -> tuple:
         """(forward, backward: compute with its collectives; gather, sync, compute, collectives) of block b
@@ -163,25 +149,28 @@ class LayoutTimer:
         if hit is not None:
             return hit
         groups = self._groups(mesh, gpu, layout)
-        hidden = self.model.hidden_bytes(layout)
         bwd = table.backward[b]
         if layout.recompute == "full":
             bwd += table.forward[b]
         elif layout.recompute == "selective":
             bwd += table.core[b]
-        i_f = self._inline(table, b, layout, groups, hidden, "F")
-        i_b = self._inline(table, b, layout, groups, hidden, "B")
+        i_f = self._inline(table, b, layout, groups, "F")
+        i_b = self._inline(table, b, layout, groups, "B")
         gather = sync = 0.0
+        p, e = table.params[b], table.experts[b]
         if layout.zero == 3 and mesh.shard_size > 1:
-            gather = self.coll("allgather", groups["shard"], table.params[b])
+            gather = self.coll("allgather", groups["shard"], p - e) + \
+                self.coll("allgather", groups["expert_shard"], e)
         if mesh.dp > 1:
-            p, e = table.params[b], table.experts[b]
             if layout.zero == 0:
                 sync = self.coll("allreduce", groups["dp"], p - e) + \
                     self.coll("allreduce", groups["expert_dp"], e)
             else:
-                sync = self.coll("reduce_scatter", groups["shard"], p) + \
-                    self.coll("allreduce", groups["replica"], p / len(groups["shard"]))
+                shard_e = len(groups["expert_shard"])
+                sync = self.coll("reduce_scatter", groups["shard"], p - e) + \
+                    self.coll("reduce_scatter", groups["expert_shard"], e) + \
+                    self.coll("allreduce", groups["replica"], (p - e) / len(groups["shard"])) + \
+                    self.coll("allreduce", groups["expert_replica"], e / shard_e)
         out = (table.forward[b] + i_f, bwd + i_b, gather, sync, table.forward[b] + bwd, i_f + i_b)
         table.derived[key] = out
         return out
@@ -205,10 +194,13 @@ class LayoutTimer:
         regather = zero3 and layout.reshard_after_forward
         backward, _ = _pass([(c[1], c[2], 0.0) for c in back], regather)
         last, tail = _pass([(c[1], c[2], c[3]) for c in back], regather)
-        stage_params = sum(table.num_params[lo:hi])
-        step = self.model.step_seconds(stage_params) / (shard if layout.zero >= 1 else 1)
+        experts = sum(table.experts[lo:hi])
+        shard = shard if layout.zero >= 1 else 1
+        expert_params = experts / self.model.weight
+        dense_params = sum(table.num_params[lo:hi]) - expert_params
+        step = self.model.step_seconds(dense_params / shard + expert_params / max(1, shard // layout.ep))
         out = _Passes(forward, backward, last, tail, sum(c[4] for c in blocks), sum(c[5] for c in blocks),
-                      step, sum(table.params[lo:hi]))
+                      step, sum(table.params[lo:hi]), experts)
         table.derived[key] = out
         return out
 
@@ -260,8 +252,11 @@ class LayoutTimer:
             step = sum(c.step for c in chunks)
             gather = 0.0
             if layout.zero in (1, 2) and shard > 1:
-                group = self._groups(mesh, mesh.gpu(pp=0 if whole else s), layout)["shard"]
-                gather = self.coll("allgather", group, sum(c.params for c in chunks))
+                groups = self._groups(mesh, mesh.gpu(pp=0 if whole else s), layout)
+                experts = sum(c.experts for c in chunks)
+                gather = self.coll("allgather", groups["shard"], sum(c.params for c in chunks) - experts)
+                if len(groups["expert_shard"]) > 1:
+                    gather += self.coll("allgather", groups["expert_shard"], experts)
             finish.append((end0 - before + chunks[0].sync_tail + step + gather, step, gather))
             last = chunks[0].last_backward + sum(c.last_backward - c.backward for c in chunks[1:])
             before += last + (p[s] if s < len(p) else 0.0)

@@ -28,24 +28,13 @@ micro-batches in flight and ``F' = min(F, M - 1)``::
 interleaved 1F1B (``virtual_stages`` v: a rank holds v model chunks) the passes' order is replayed (the
 same order the strategy runs), each pass's worst instant taken from its chunk's terms as above.
 
-**Two counts.** By default the count is the physical one; ``as_simulated=True`` reproduces what the
-``mesh`` strategy's allocation timeline holds today, which differs in five places (issue 43's report):
-
-- without sequence parallelism a column-parallel linear (QKV, the MLP's up/gate) keeps its whole input on
-  every tensor-parallel rank (Korthikanti et al.'s 10 sbh of replicated activations), where the split
-  counts 1/tp of it;
-- a recomputed block's activations are live again while its backward runs (``transient_b``: full
-  recomputation brings the whole block's back, selective the attention core's), which the strategy does
-  not allocate;
-- selective recomputation keeps the attention core's inputs (queries, keys, values) and its output, where
-  the strategy drops everything the core saves (with flash attention all there is to drop is the fp32
-  log-sum-exp);
-- expert parameters are alike only on the data-parallel ranks of one expert position, so ZeRO shards their
-  gradients, optimizer state (and, ZeRO-3, weights) over ``shard / ep`` ranks, where the strategy shards
-  them over all ``shard``;
-- with ``reshard_after_forward: false`` a stage's blocks stay gathered from their forward to their backward
-  (all of them at once at worst) where the strategy gathers them again every micro-batch and never frees
-  them (not reproduced: its peak grows with the iterations).
+Beyond what the split keeps per layer: a recomputed block's activations are live again while its backward
+runs (``transient_b``: full recomputation brings the whole block's back, selective the attention core's);
+selective recomputation keeps the attention core's inputs (queries, keys, values) and its output; expert
+parameters are alike only on the data-parallel ranks of one expert position, so ZeRO shards their gradients,
+optimizer state (and, ZeRO-3, weights) over ``shard / ep`` ranks; with ``reshard_after_forward: false`` a
+stage's blocks stay gathered from their forward to their backward (all of them at once at worst). The
+strategy allocates the same: its simulated peak equals this count.
 
 It assumes the prefetched gather has arrived while the current block computes (FSDP's aim); where the
 gathers are slower than the compute the simulated peak can be lower by up to one block.
@@ -86,31 +75,21 @@ def in_flight(layout: Layout, stage: int, micro_batches: int) -> int:
     return min(layout.pp - stage, micro_batches)
 
 
-def _saved(table: BlockTable, b: int, layout: Layout, as_simulated: bool) -> float:
-    """One micro-batch's activations block ``b`` saves without recomputation. Physically a column-parallel
-    linear keeps its whole input on every tensor-parallel rank (sequence parallelism keeps a shard of it and
-    gathers it again in backward); the split (sim/parallel/split.py) and the strategy count 1/tp of it."""
+def kept_bytes(table: BlockTable, b: int, layout: Layout, hidden_kept: float) -> float:
+    """One micro-batch's activations block ``b`` keeps from its forward to its backward: all it saves
+    (`BlockTable.saved`), only its input (``hidden_kept``) under full recomputation, or without what its
+    attention core saves beyond the core's inputs and output (a recomputation starts from them) under
+    selective."""
     saved = table.saved[b]
-    if not as_simulated and layout.tp > 1 and not layout.sequence_parallel:
-        saved += (layout.tp - 1) * table.column_inputs[b]
-    return saved
-
-
-def _kept(table: BlockTable, b: int, layout: Layout, hidden_kept: float, as_simulated: bool) -> float:
-    """One micro-batch's activations block ``b`` keeps from its forward to its backward."""
-    saved = _saved(table, b, layout, as_simulated)
     if layout.recompute == "full":
         return hidden_kept
     if layout.recompute == "selective":
-        dropped = table.core_saved[b]
-        if not as_simulated:  # the core's inputs (and output) stay: a recomputation starts from them
-            dropped = max(0.0, dropped - table.core_inputs[b])
-        return max(0.0, saved - dropped)
+        return max(0.0, saved - max(0.0, table.core_saved[b] - table.core_inputs[b]))
     return saved
 
 
-def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int, hidden_kept: float,
-                 as_simulated: bool) -> tuple:
+def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int, hidden_kept: float
+                 ) -> tuple:
     """(P, A, G, X0, X1, XF, held, state) of a stage's (or chunk's) blocks [lo, hi): weights, one
     micro-batch's activations, all the gradients, and the worst instant's offset (bytes, then its
     activations, gradients and gathered parts) in the first micro-batch's backward (X0, gradients being
@@ -118,20 +97,20 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
     held); the weights held (ZeRO-3: their shard) and the optimizer state's weights (ZeRO >= 1: their
     shard). Cached on the table."""
     key = ("memory", table.signature(lo, hi), layout.zero, shard, layout.recompute,
-           layout.reshard_after_forward, hidden_kept, as_simulated)
+           layout.reshard_after_forward, hidden_kept)
     hit = table.derived.get(key)
     if hit is not None:
         return hit
     zero3 = layout.zero == 3 and shard > 1
     # experts are alike only on the data-parallel ranks of one expert position: their state shards over
-    # shard / ep of them (the strategy shards it over all `shard`)
-    shard_e = shard if as_simulated else max(1, shard // layout.ep)
+    # shard / ep of them
+    shard_e = max(1, shard // layout.ep)
     P = A = weights = state = 0.0
     kept, grads, gathered, transient = [], [], [], []
     for b in range(lo, hi):
         p, e = table.params[b], table.experts[b]
         d = p - e
-        a = _kept(table, b, layout, hidden_kept, as_simulated)
+        a = kept_bytes(table, b, layout, hidden_kept)
         P += p
         A += a
         weights += d / shard + e / shard_e if zero3 else p
@@ -139,7 +118,7 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
         kept.append(a)
         grads.append(p if layout.zero < 2 else d / shard + e / shard_e)
         gathered.append(d * (1 - 1 / shard) + e * (1 - 1 / shard_e) if zero3 else 0.0)
-        transient.append(0.0 if as_simulated else max(0.0, _saved(table, b, layout, False) - a))
+        transient.append(max(0.0, table.saved[b] - a))
     G = sum(grads)
     n = hi - lo
     # each candidate instant: (bytes above F A, its activations, gradients and gathered parts)
@@ -149,7 +128,7 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
     for k in range(n - 1, -1, -1):
         if not zero3:
             gath = 0.0
-        elif layout.reshard_after_forward or as_simulated:
+        elif layout.reshard_after_forward:
             gath = gathered[k] + (gathered[k - 1] if k > 0 else 0.0)  # this block and the prefetched
         else:
             gath = held
@@ -167,7 +146,7 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
         pre_a += kept[k]
         if not zero3:
             gath = 0.0
-        elif layout.reshard_after_forward or as_simulated:
+        elif layout.reshard_after_forward:
             gath = gathered[k] + (gathered[k + 1] if k + 1 < n else 0.0)
         else:
             gath = sum(gathered[: k + 2])
@@ -178,7 +157,7 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
 
 
 def stage_memory(model: ModelCosts, layout: Layout, gpus: int, batch_size: int, *,
-                 as_simulated: bool = False, worst_only: bool = False) -> list[StageMemory]:
+                 worst_only: bool = False) -> list[StageMemory]:
     """Every pipeline rank's `StageMemory` for ``layout`` on ``gpus`` GPUs at global ``batch_size``
     (``worst_only``: only the first of the ranks whose blocks are alike, which holds the most of them)."""
     layout = Layout.of(layout)
@@ -198,7 +177,7 @@ def stage_memory(model: ModelCosts, layout: Layout, gpus: int, batch_size: int, 
             if sig in seen:
                 continue
             seen.add(sig)
-        chunks = [_stage_terms(table, *ranges[s + k * pp], layout, shard, hidden_kept, as_simulated)
+        chunks = [_stage_terms(table, *ranges[s + k * pp], layout, shard, hidden_kept)
                   for k in range(v)]
         held = sum(c[6] for c in chunks)
         state = sum(c[7] for c in chunks) * model.state_per_param
@@ -297,8 +276,7 @@ def _alike_chunks(terms: tuple, layout: Layout, s: int, M: int) -> tuple[int, tu
     return n(0), best
 
 
-def layout_memory(model: ModelCosts, layout: Layout, gpus: int, batch_size: int, *,
-                  as_simulated: bool = False) -> StageMemory:
+def layout_memory(model: ModelCosts, layout: Layout, gpus: int, batch_size: int) -> StageMemory:
     """The worst stage's `StageMemory`: the layout's per-GPU memory peak."""
-    return max(stage_memory(model, layout, gpus, batch_size, as_simulated=as_simulated, worst_only=True),
+    return max(stage_memory(model, layout, gpus, batch_size, worst_only=True),
                key=lambda m: m.peak)

@@ -75,13 +75,15 @@ def _partition(workload: Workload) -> tuple[list[int], list[list[int]], list[int
     return pre, [blocks[k] for k in sorted(blocks)], post
 
 
-def _scale(layer: Layer, work: float, params: float) -> Layer:
-    """``layer`` with its work and activations times ``work``, its parameters times ``params``."""
+def _scale(layer: Layer, work: float, params: float, saved: float | None = None) -> Layer:
+    """``layer`` with its work and activations times ``work`` (its saved tensors times ``saved``, default
+    ``work``), its parameters times ``params``."""
+    saved = work if saved is None else saved
     update = {
         "param_bytes": layer.param_bytes * params,
         "shared_param_bytes": layer.shared_param_bytes * params,
-        "saved_activation_bytes_per_sample": layer.saved_activation_bytes_per_sample * work,
-        "saved_activation_bytes_fixed": layer.saved_activation_bytes_fixed * work,
+        "saved_activation_bytes_per_sample": layer.saved_activation_bytes_per_sample * saved,
+        "saved_activation_bytes_fixed": layer.saved_activation_bytes_fixed * saved,
         "output_bytes_per_sample": layer.output_bytes_per_sample * work,
         "flops_forward_per_sample": layer.flops_forward_per_sample * work,
         "flops_backward_per_sample": layer.flops_backward_per_sample * work,
@@ -90,15 +92,15 @@ def _scale(layer: Layer, work: float, params: float) -> Layer:
     }
     for name in ("saved_packed_bytes_per_sample", "saved_packed_bytes_fixed"):
         if getattr(layer, name) is not None:
-            update[name] = getattr(layer, name) * work
+            update[name] = getattr(layer, name) * saved
     if layer.autocast is not None:
         a = layer.autocast
         update["autocast"] = a.model_copy(
             update={
-                "saved_per_sample": a.saved_per_sample * work,
-                "saved_fixed": a.saved_fixed * work,
-                "packed_per_sample": a.packed_per_sample * work,
-                "packed_fixed": a.packed_fixed * work,
+                "saved_per_sample": a.saved_per_sample * saved,
+                "saved_fixed": a.saved_fixed * saved,
+                "packed_per_sample": a.packed_per_sample * saved,
+                "packed_fixed": a.packed_fixed * saved,
                 "output_per_sample": a.output_per_sample * work,
                 "weight_copies": a.weight_copies * params,
             }
@@ -173,7 +175,12 @@ def split_stages(
                 role = layer_role(layer.name) if config is not None else "replicated"
                 roles.append(role)
                 work, params = _shares(role, tp, cp, ep, sequence_parallel, expert_imbalance)
-                layers.append(_scale(layer, work, params) if (work, params) != (1.0, 1.0) else layer)
+                # a column-parallel linear saves its input, which without sequence parallelism every
+                # tensor-parallel rank holds whole (Korthikanti et al.'s replicated activations)
+                whole_input = role == "column" and layer.kind == "linear" and not sequence_parallel
+                saved = 1.0 / cp if whole_input else work
+                scaled = (work, params, saved) != (1.0, 1.0, 1.0)
+                layers.append(_scale(layer, work, params, saved) if scaled else layer)
             made.append(
                 Block(
                     name,

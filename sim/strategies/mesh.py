@@ -8,24 +8,25 @@ first) and stands for the stage's others (`Mesh.representatives`; results and me
 GPU). Per iteration a stage runs its schedule's passes over ``M = batch / (dp x micro_batch)`` micro-batches;
 a pass runs the stage's blocks (sim/parallel/split.py) in order, forward or backward:
 
-- a block's compute is its split layers' times (the stage's share of each layer, at ``micro_batch``);
+- a block's compute is its split layers' times (the stage's share of each layer, at ``micro_batch``:
+  sim/parallel/stage_costs.py, the same figures the closed forms use), its backward with the forward again
+  under full recomputation (the attention core under selective);
 - inside it, the collectives that sit on the critical path run in turn with the compute (Megatron issues
-  them synchronously on the compute stream's order): per row-split layer one all-reduce of the hidden
-  states over the tensor-parallel group forward and one backward, or under sequence parallelism an
-  all-gather and a reduce-scatter each way; for attention under context parallelism the keys and values
-  all-gathered (forward) and their gradients reduce-scattered (backward) over the context-parallel group,
-  or with ``context: ring`` passed around the ring under the attention compute (only what the compute does
-  not hide shows); for a mixture-of-experts layer the dispatch and combine all-to-alls over the
-  expert-parallel group, each way. Their time is the analytic collective model on that group's GPUs of the
-  topology (sim/collectives/ops.py), the bytes credited to its links;
-- ZeRO-3/FSDP: before a block's forward (and, resharded after forward, its backward) its parameters are
-  all-gathered over the shard group on the communication channel, the next block's gathered while this one
-  computes (FSDP's prefetch); the gathered copy is held while the block runs;
+  them synchronously on the compute stream's order): tensor parallelism's all-reduces (or all-gathers and
+  reduce-scatters), context parallelism's key/value exchange, expert parallelism's all-to-alls, and under
+  recomputation the forward's again (sim/parallel/comms.py lists them). Their time is the analytic
+  collective model on that group's GPUs of the topology (sim/collectives/ops.py), the bytes credited to its
+  links;
+- ZeRO-3/FSDP: before a block's forward its parameters are all-gathered over the shard group (expert
+  parameters over the ranks of the shard holding the same experts) on the communication channel, the next
+  block's gathered while this one computes (FSDP's prefetch); the gathered copy is freed after the block's
+  forward and gathered again for its backward, or (``reshard_after_forward: false``) kept until its
+  backward;
 - at a stage's last micro-batch the gradients of each block are synchronised as its backward ends, on the
   communication channel beside the compute: all-reduced over the data-parallel group (zero 0: DDP), or
   reduce-scattered over the shard group (zero >= 1), then all-reduced over the replica group (HSDP); expert
-  parameters over their expert-data-parallel group. Then the optimizer steps its shard (zero >= 1: 1/shard
-  of the state), and zero 1 and 2 all-gather the updated parameters;
+  parameters over the ranks holding the same experts (shard / ep of them within a shard). Then the
+  optimizer steps its shard, and zero 1 and 2 all-gather the updated parameters;
 - pipeline stages send each micro-batch's activations forward and its gradients back (peer copies between
   the stages' simulated ranks), without waiting for the receiver (isend).
 
@@ -36,7 +37,9 @@ simulated against them.
 **Memory per GPU**: parameters, gradients and optimizer state as the ZeRO stage shards them (16-bit weights
 and gradients with an fp32 master copy under master mixed precision), the gathered blocks (zero 3), and each
 micro-batch's saved activations from its forward to its backward (only the block inputs with ``recompute:
-full``; the attention core's dropped with ``selective``), so a 1F1B stage holds up to pp - s micro-batches.
+full``; the attention core's beyond its inputs dropped with ``selective``; a recomputed block's back while
+its backward runs), so a 1F1B stage holds up to pp - s micro-batches. `trainsim.sim.parallel.memory` gives
+the same peak in closed form.
 """
 
 from __future__ import annotations
@@ -44,10 +47,13 @@ from __future__ import annotations
 import dataclasses
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.compute.costs import WEIGHT_BYTES, RankCosts, rank_costs
+from trainsim.sim.compute.costs import WEIGHT_BYTES
 from trainsim.sim.core.machine import COMM, COMPUTE
+from trainsim.sim.parallel.comms import Call, call_seconds, pass_calls
 from trainsim.sim.parallel.layout import Mesh
-from trainsim.sim.parallel.split import StageSplit, split_stages, transformer_config
+from trainsim.sim.parallel.memory import kept_bytes
+from trainsim.sim.parallel.split import split_stages
+from trainsim.sim.parallel.stage_costs import BlockTable, Layout, ModelCosts, stage_ranges
 
 from .context import Context
 from .pipeline import schedule_order
@@ -98,8 +104,13 @@ def _checked_micro_batch(scenario, ranks, workload) -> int:
     if o.sequence_parallel and o.tp == 1:
         raise TrainsimError(
             "sequence_parallel splits the norms over tensor parallelism: give tp > 1",
-            file=scenario.source,
             field=f"{FIELD}.sequence_parallel",
+        )
+    if o.ep > 1 and o.zero >= 1 and mesh.shard_size % o.ep and o.ep % mesh.shard_size:
+        raise TrainsimError(
+            f"the shard of {mesh.shard_size} data-parallel ranks and ep {o.ep}: one must divide "
+            "the other (experts shard over the ranks of a shard that hold them)",
+            field=f"{FIELD}.shard",
         )
     split_stages(
         workload,
@@ -127,8 +138,6 @@ def _check(run) -> None:
         raise TrainsimError(
             "shard (HSDP) shards the state: give zero 1, 2 or 3", file=sc.source, field=f"{FIELD}.shard"
         )
-    if sc.precision == "fp8":  # pragma: no cover - the schema has no fp8 yet
-        raise TrainsimError("fp8 is not a training precision here yet", field="precision")
 
 
 def _representatives(run):
@@ -138,172 +147,119 @@ def _representatives(run):
 
 
 @dataclasses.dataclass
-class _Stage:
-    """A simulated rank's stage: its split, costs and per-block figures."""
+class _Chunk:
+    """One model chunk of a simulated rank (its stage's blocks without interleaving): per block figures
+    from the `BlockTable` rows [lo, hi)."""
 
-    split: StageSplit
-    costs: RankCosts
-    forward_s: list[float]  # per block, one micro-batch
-    backward_s: list[float]
-    core_s: list[float]  # the attention core's forward per block (selective recompute, ring overlap)
-    params: list[float]  # per block, this rank's bytes as weights (its tensor/expert share, before ZeRO)
-    expert_params: list[float]  # the part of ``params`` in experts
-    saved: list[float]  # per block, one micro-batch's saved activations (as recompute leaves them)
-    state_per_param: float  # optimizer state bytes per weight byte
+    table: BlockTable
+    lo: int
+    hi: int
+    backward_s: list[float]  # with recomputation
+    kept: list[float]  # one micro-batch's activations kept from forward to backward
+    transient: list[float]  # brought back while a recomputed block's backward runs
+    step_s: float  # the optimizer step of this rank's shard of the chunk
 
     @property
-    def index(self) -> int:
-        return self.split.index
+    def blocks(self) -> range:
+        return range(self.lo, self.hi)
 
 
 class _Mesh:
     def __init__(self, ctx: Context):
         self.ctx = ctx
-        sc_strategy = ctx.settings.strategy
-        self.o = options(sc_strategy)
-        self.mesh = Mesh(
-            tuple(ctx.ranks), tp=self.o.tp, cp=self.o.cp, pp=self.o.pp, ep=self.o.ep, shard=self.o.shard
-        )
-        self.M = ctx.settings.batch_size // (self.mesh.dp * self.o.micro_batch)
+        self.o = o = options(ctx.settings.strategy)
+        self.layout = Layout.of(o)
+        self.mesh = Mesh(tuple(ctx.ranks), tp=o.tp, cp=o.cp, pp=o.pp, ep=o.ep, shard=o.shard)
+        self.v = o.virtual_stages
+        self.M = ctx.settings.batch_size // (self.mesh.dp * o.micro_batch)
         self.topology = ctx.machine.topology
-        workload = ctx.workload
-        config = transformer_config(workload) or {}
-        self.seq = config.get("seq_len", 1)
-        self.hidden = config.get("hidden_size", 0)
-        heads = config.get("num_attention_heads", 1)
-        self.kv_dim = (config.get("num_key_value_heads") or heads) * (
-            config.get("head_dim") or self.hidden // max(1, heads)
-        )
-        self.top_k = config.get("num_experts_per_tok") or 0
         self.act = WEIGHT_BYTES[ctx.settings.precision]  # bytes per activation value
-        self.v = self.o.virtual_stages
-        splits = split_stages(
-            workload,
-            tp=self.o.tp,
-            cp=self.o.cp,
-            pp=self.o.pp * self.v,
-            ep=self.o.ep,
-            sequence_parallel=self.o.sequence_parallel,
-            expert_imbalance=self.o.expert_imbalance,
-            stage_blocks=self.o.stage_blocks,
-        )
-        # each simulated rank's model chunks: chunk k of pipeline rank s is split s + k x pp
-        self.chunks: dict[str, list[_Stage]] = {}
+        self.shard = self.mesh.shard_size if o.zero >= 1 else 1
+        self.shard_e = max(1, self.shard // o.ep)  # ranks of a shard holding the same experts
+        models: dict = {}  # per device
+        self.chunks: dict[str, list[_Chunk]] = {}
         for gpu in ctx.simulated:
+            device = ctx.machine.gpus[gpu].device
+            if device.name not in models:
+                models[device.name] = ModelCosts(
+                    ctx.workload,
+                    device,
+                    ctx.settings.precision,
+                    ctx.settings.optimizer,
+                    mixed_precision=ctx.settings.mixed_precision,
+                    compute_model=ctx.settings.compute_model,
+                )
+            model = self.model = models[device.name]
+            table = model.blocks(self.layout)
+            ranges = stage_ranges(
+                model.n_blocks, o.pp * self.v, o.stage_blocks, pre=bool(model.pre), post=bool(model.post)
+            )
             s = self.mesh.stage(gpu)
-            self.chunks[gpu] = [self._stage(gpu, splits[s + k * self.o.pp]) for k in range(self.v)]
+            self.chunks[gpu] = [self._chunk(model, table, *ranges[s + k * o.pp]) for k in range(self.v)]
+        self.config = self.model.config
         self.inbox: dict = {}
         self._times: dict = {}
         self._calls: dict = {}  # collectives some of whose simulated ranks have arrived
+        self._held: dict = {}  # (gpu, chunk, block) -> gathered and not yet released (reshard off)
         self.synced: dict = {}
 
     # ---- costs ------------------------------------------------------------------------------------------
-    def _stage(self, gpu: str, split: StageSplit) -> _Stage:
-        ctx, o = self.ctx, self.o
-        device = ctx.machine.gpus[gpu].device
-        costs = rank_costs(
-            split.workload,
-            device,
-            o.micro_batch,
-            ctx.settings.precision,
-            ctx.settings.optimizer,
-            mixed_precision=ctx.settings.mixed_precision,
-            compute_model=ctx.settings.compute_model,
-        )
-        fwd, bwd, core, params, experts, saved = [], [], [], [], [], []
-        hidden_kept = self._hidden_bytes() / (o.tp if o.sequence_parallel else 1)
-        for block in split.blocks:
-            idx = block.layers
-            f = sum(costs.forward_s[i] for i in idx)
-            b = sum(costs.backward_s[i] for i in idx)
-            c = sum(costs.forward_s[i] for i in idx if split.workload.layers[i].kind.endswith("attention"))
-            kept = sum(costs.saved_bytes_per_layer[i] for i in idx)
-            if o.recompute == "full":  # the block keeps its input and runs its forward again
-                b, kept = b + f, hidden_kept
-            elif o.recompute == "selective":  # the attention core again; its saved tensors dropped
-                b += c
-                kept -= sum(
-                    costs.saved_bytes_per_layer[i]
-                    for i in idx
-                    if split.workload.layers[i].kind.endswith("attention")
-                )
-            fwd.append(f)
-            bwd.append(b)
-            core.append(c)
-            params.append(sum(costs.grad_bytes_per_layer[i] for i in idx))
-            experts.append(
-                sum(
-                    costs.grad_bytes_per_layer[i]
-                    for i in idx
-                    if split.workload.layers[i].kind == "expert_linear"
-                )
-            )
-            saved.append(max(0.0, kept))
-        total = sum(params)
-        state = costs.state_bytes / total if total > 0 else 0.0
-        return _Stage(split, costs, fwd, bwd, core, params, experts, saved, state)
+    def _chunk(self, model: ModelCosts, table: BlockTable, lo: int, hi: int) -> _Chunk:
+        o, layout = self.o, self.layout
+        hidden_kept = model.hidden_bytes(layout) / (o.tp if o.sequence_parallel else 1)
+        backward, kept, transient = [], [], []
+        for b in range(lo, hi):
+            extra = {"full": table.forward[b], "selective": table.core[b]}.get(o.recompute, 0.0)
+            backward.append(table.backward[b] + extra)
+            a = kept_bytes(table, b, layout, hidden_kept)
+            kept.append(a)
+            transient.append(max(0.0, table.saved[b] - a))
+        experts = sum(table.experts[lo:hi]) / model.weight  # parameters in experts
+        dense = sum(table.num_params[lo:hi]) - experts
+        step = model.step_seconds(dense / self.shard + experts / self.shard_e)
+        return _Chunk(table, lo, hi, backward, kept, transient, step)
 
-    def _hidden_bytes(self) -> float:
-        """One micro-batch's hidden states on a context-parallel rank (the tensor-parallel messages)."""
-        return self.o.micro_batch * self.seq / self.o.cp * self.hidden * self.act
+    def _dense(self, chunk: _Chunk, b: int) -> float:
+        return chunk.table.params[b] - chunk.table.experts[b]
 
-    def _collective_s(self, op: str, group: list[str], nbytes: float) -> float:
-        """An inline collective's time on ``group`` (analytic), its bytes credited to the links."""
-        if len(group) < 2 or nbytes <= 0:
-            return 0.0
+    def _time_of(self, gpu: str):
+        """``time_of(op, dim, nbytes)``: an inline collective's seconds on ``gpu``'s group ``dim``
+        (analytic, cached), its bytes credited to the links each time."""
         from trainsim.sim.collectives.ops import analytic_collective
 
-        key = (op, tuple(group), nbytes)
-        if key not in self._times:
-            self._times[key] = analytic_collective(
-                self.topology, op, group, nbytes, algo=self.ctx.settings.collective_algo
-            )
-        seconds, links, link_bytes = self._times[key]
-        self.ctx.machine.net.credit(links, link_bytes)
-        return seconds
-
-    def _inline(self, gpu: str, stage: _Stage, b: int, kind: str) -> list[tuple[str, float, float]]:
-        """The critical-path collectives of block ``b``'s pass: (op, bytes, seconds) each."""
-        o, mesh, block = self.o, self.mesh, stage.split.blocks[b]
-        out = []
-        points = block.row_layers + (1 if block.name in ("pre", "post") and o.tp > 1 else 0)
-        if o.tp > 1 and points:
-            group, hidden = mesh.group(gpu, "tp"), self._hidden_bytes()
-            ops = ("allgather", "reduce_scatter") if o.sequence_parallel else ("allreduce",)
-            for _ in range(points):
-                out += [(f"tp_{op}", hidden, self._collective_s(op, group, hidden)) for op in ops]
-        if o.cp > 1 and block.attention:
-            group = mesh.group(gpu, "cp")
-            kv = o.micro_batch * self.seq * 2 * self.kv_dim / o.tp * self.act  # every rank's K and V
-            if o.context == "allgather":
-                op = "allgather" if kind == "F" else "reduce_scatter"
-                out.append((f"cp_{op}", kv, self._collective_s(op, group, kv)))
-            else:  # ring: cp - 1 steps of one chunk, hidden under the attention compute where it can
-                chunk = kv / o.cp
-                ring = (
-                    (o.cp - 1) * self._collective_s("sendrecv", group[:2], chunk) * (1 if kind == "F" else 2)
+        def time_of(op: str, dim: str, nbytes: float) -> float:
+            group = self.mesh.group(gpu, "cp")[:2] if dim == "cp_pair" else self.mesh.group(gpu, dim)
+            if len(group) < 2 or nbytes <= 0:
+                return 0.0
+            key = (op, tuple(group), nbytes)
+            if key not in self._times:
+                self._times[key] = analytic_collective(
+                    self.topology, op, group, nbytes, algo=self.ctx.settings.collective_algo
                 )
-                core = stage.core_s[b] * (1 if kind == "F" else 2.5)
-                exposed = max(0.0, ring - core * (o.cp - 1) / o.cp)
-                out.append(("cp_ring", chunk * (o.cp - 1), exposed))
-        if o.ep > 1 and block.moe:
-            group = mesh.group(gpu, "ep")
-            tokens = o.micro_batch * self.seq / o.cp / (o.tp if o.sequence_parallel else 1)
-            nbytes = tokens * self.top_k * self.hidden * self.act * o.expert_imbalance
-            for op in ("dispatch", "combine"):
-                out.append((f"ep_{op}", nbytes, self._collective_s("alltoall", group, nbytes)))
-        return out
+            seconds, links, link_bytes = self._times[key]
+            self.ctx.machine.net.credit(links, link_bytes)
+            return seconds
+
+        return time_of
+
+    def _inline(self, gpu: str, chunk: _Chunk, b: int, kind: str) -> list[tuple[Call, float]]:
+        """The critical-path collectives of block b's pass, each with its exposed seconds."""
+        time_of = self._time_of(gpu)
+        return [
+            (call, call_seconds(call, time_of))
+            for call in pass_calls(chunk.table, b, self.layout, self.config, self.act, kind)
+        ]
 
     # ---- one block's pass -------------------------------------------------------------------------------
-    def _block(self, gpu: str, it: int, m: int, k: int, b: int, kind: str):
-        ctx, machine, stage = self.ctx, self.ctx.machine, self.chunks[gpu][k]
-        block = stage.split.blocks[b]
-        compute = stage.forward_s[b] if kind == "F" else stage.backward_s[b]
-        comms = self._inline(gpu, stage, b, kind)
+    def _block(self, gpu: str, it: int, m: int, chunk: _Chunk, b: int, kind: str):
+        ctx, machine = self.ctx, self.ctx.machine
+        name = chunk.table.names[b]
+        compute = chunk.table.forward[b] if kind == "F" else chunk.backward_s[b - chunk.lo]
+        comms = self._inline(gpu, chunk, b, kind)
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
             start = ctx.env.now
-            total = compute + sum(seconds for _, _, seconds in comms)
+            total = compute + sum(seconds for _, seconds in comms)
             if total > 0:
                 yield ctx.env.timeout(total)
             if ctx.settings.detail or compute > 0:
@@ -315,22 +271,22 @@ class _Mesh:
                     start=start,
                     end=start + compute,
                     category=COMPUTE,
-                    layer=block.name,
+                    layer=name,
                     args={"micro_batch": m},
                 )
             t = start + compute
-            for op, nbytes, seconds in comms:  # recorded in turn after the block's compute
+            for call, seconds in comms:  # recorded in turn after the block's compute
                 if seconds > 0:
                     machine.record(
                         iteration=it,
                         resource=gpu,
                         stream="comm",
-                        op=op,
+                        op=call.name,
                         start=t,
                         end=t + seconds,
                         category=COMM,
-                        nbytes=nbytes,
-                        layer=block.name,
+                        nbytes=call.nbytes * call.repeat,
+                        layer=name,
                         args={"micro_batch": m, "method": "analytic"},
                     )
                 t += seconds
@@ -352,82 +308,139 @@ class _Mesh:
             yield entry[1]
 
     # ---- ZeRO-3 / FSDP: gathered blocks ------------------------------------------------------------------
+    def _gathered_bytes(self, chunk: _Chunk, b: int) -> float:
+        """What a block's gather adds on a rank: the other ranks' shards of its weights."""
+        dense, experts = self._dense(chunk, b), chunk.table.experts[b]
+        return dense * (1 - 1 / self.shard) + experts * (1 - 1 / self.shard_e)
+
     def _gather(self, gpu: str, it: int, k: int, b: int, label: str):
-        """A process body: chunk k's block b's parameters all-gathered over the shard group, then held."""
-        stage = self.chunks[gpu][k]
-        full = stage.params[b]
-        group = self.mesh.group(gpu, "shard")
-        yield from self._collective(gpu, "allgather", full, it, gpus=group, label=f":{label}")
-        self.ctx.machine.gpus[gpu].memory.alloc(self.ctx.env.now, full - full / len(group), "gathered_params")
+        """A process body: chunk k's block b's parameters all-gathered, then held."""
+        chunk = self.chunks[gpu][k]
+        groups = self._groups(gpu)
+        yield from self._collective(
+            gpu, "allgather", self._dense(chunk, b), it, gpus=groups["shard"], label=f":{label}"
+        )
+        if chunk.table.experts[b] > 0:
+            yield from self._collective(
+                gpu,
+                "allgather",
+                chunk.table.experts[b],
+                it,
+                gpus=groups["expert_shard"],
+                label=f":{label}:experts",
+            )
+        self.ctx.machine.gpus[gpu].memory.alloc(
+            self.ctx.env.now, self._gathered_bytes(chunk, b), "gathered_params"
+        )
 
     def _release(self, gpu: str, k: int, b: int) -> None:
-        stage, group = self.chunks[gpu][k], self.mesh.group(gpu, "shard")
-        full = stage.params[b]
-        self.ctx.machine.gpus[gpu].memory.free(self.ctx.env.now, full - full / len(group), "gathered_params")
+        chunk = self.chunks[gpu][k]
+        self.ctx.machine.gpus[gpu].memory.free(
+            self.ctx.env.now, self._gathered_bytes(chunk, b), "gathered_params"
+        )
+
+    def _groups(self, gpu: str) -> dict[str, list[str]]:
+        """``gpu``'s data-parallel groups: dp, shard, replica, and the experts' (the ranks holding the same
+        experts: all of them, those of its shard, and their copies in the other shards)."""
+        key = ("groups", gpu)
+        if key not in self._times:
+            mesh = self.mesh
+            c = mesh.coords(gpu)
+            shard = mesh.shard_size
+            expert_dp = [
+                mesh.gpu(**{**c, "dp": c["dp"] % mesh.ep + k * mesh.ep}) for k in range(mesh.dp // mesh.ep)
+            ]
+            mine = set(mesh.group(gpu, "shard"))
+            position = c["dp"] % shard
+            self._times[key] = {
+                "dp": mesh.group(gpu, "dp"),
+                "shard": mesh.group(gpu, "shard"),
+                "replica": mesh.group(gpu, "replica"),
+                "expert_dp": expert_dp,
+                "expert_shard": [g for g in expert_dp if g in mine],
+                "expert_replica": [g for g in expert_dp if mesh.coords(g)["dp"] % shard == position],
+            }
+        return self._times[key]
 
     def _pass(self, gpu: str, it: int, m: int, kind: str, k: int = 0):
         """Micro-batch m's forward or backward through the blocks of the rank's chunk k."""
-        ctx, stage = self.ctx, self.chunks[gpu][k]
+        ctx, chunk = self.ctx, self.chunks[gpu][k]
         memory = ctx.machine.gpus[gpu].memory
-        blocks = list(range(len(stage.split.blocks)))
-        order = blocks if kind == "F" else blocks[::-1]
-        zero3 = self.o.zero == 3 and self.mesh.shard_size > 1
-        gather = zero3 and (kind == "F" or self.o.reshard_after_forward)
+        order = list(chunk.blocks) if kind == "F" else list(chunk.blocks)[::-1]
+        zero3 = self.o.zero == 3 and self.shard > 1
+        keep = not self.o.reshard_after_forward
+
+        def needs_gather(b: int) -> bool:
+            return zero3 and not self._held.get((gpu, k, b))
+
         pending = {}
-        if gather:
+        if needs_gather(order[0]):
             pending[order[0]] = ctx.env.process(
                 self._gather(gpu, it, k, order[0], f"{kind}{m}:{k}:{order[0]}")
             )
         last = m == self.M - 1
         for j, b in enumerate(order):
-            if gather:
+            if b in pending:
                 yield pending.pop(b)
-                if j + 1 < len(order):  # prefetch the next block while this one runs
-                    nxt = order[j + 1]
-                    pending[nxt] = ctx.env.process(self._gather(gpu, it, k, nxt, f"{kind}{m}:{k}:{nxt}"))
+                if keep:
+                    self._held[gpu, k, b] = True
+            if j + 1 < len(order) and needs_gather(order[j + 1]):  # the next block's, while this one runs
+                nxt = order[j + 1]
+                pending[nxt] = ctx.env.process(self._gather(gpu, it, k, nxt, f"{kind}{m}:{k}:{nxt}"))
+            i = b - chunk.lo
             if kind == "F":
-                memory.alloc(ctx.env.now, stage.saved[b], "activations")
-            yield from self._block(gpu, it, m, k, b, kind)
+                memory.alloc(ctx.env.now, chunk.kept[i], "activations")
+            else:
+                memory.alloc(ctx.env.now, chunk.transient[i], "activations")  # recomputed
+            yield from self._block(gpu, it, m, chunk, b, kind)
             if kind == "B":
-                memory.free(ctx.env.now, stage.saved[b], "activations")
-                if m == 0 and self.o.zero < 2:  # the first backward writes the gradients
-                    memory.alloc(ctx.env.now, stage.params[b], "grads")
-                elif m == 0:  # sharded gradients: this rank keeps 1/shard
-                    memory.alloc(ctx.env.now, stage.params[b] / self.mesh.shard_size, "grads")
+                memory.free(ctx.env.now, chunk.kept[i] + chunk.transient[i], "activations")
+                if m == 0:  # the first backward writes the gradients (this rank's shard of them: ZeRO-2/3)
+                    dense, experts = self._dense(chunk, b), chunk.table.experts[b]
+                    grads = (
+                        dense + experts if self.o.zero < 2 else dense / self.shard + experts / self.shard_e
+                    )
+                    memory.alloc(ctx.env.now, grads, "grads")
                 if last:
                     self.synced[it, gpu, k, b] = ctx.env.process(self._sync(gpu, it, k, b))
-            if gather and (kind == "B" or self.o.reshard_after_forward):
+            if zero3 and (kind == "B" or not keep):
                 self._release(gpu, k, b)
+                self._held.pop((gpu, k, b), None)
 
     # ---- gradients --------------------------------------------------------------------------------------
     def _sync(self, gpu: str, it: int, k: int, b: int):
         """Chunk k's block b's gradients synchronised over data parallelism (see the module)."""
-        stage, mesh, o = self.chunks[gpu][k], self.mesh, self.o
-        grads, experts = stage.params[b], stage.expert_params[b]
+        chunk, mesh, o = self.chunks[gpu][k], self.mesh, self.o
+        dense, experts = self._dense(chunk, b), chunk.table.experts[b]
+        groups = self._groups(gpu)
         label = f":b{k}.{b}"
         if mesh.dp == 1:
             return
         if o.zero == 0:
-            yield from self._collective(
-                gpu, "allreduce", grads - experts, it, gpus=mesh.group(gpu, "dp"), label=label
-            )
+            yield from self._collective(gpu, "allreduce", dense, it, gpus=groups["dp"], label=label)
             if experts > 0:
                 yield from self._collective(
-                    gpu, "allreduce", experts, it, gpus=self._expert_dp(gpu), label=f"{label}:experts"
+                    gpu, "allreduce", experts, it, gpus=groups["expert_dp"], label=f"{label}:experts"
                 )
             return
-        shard = mesh.group(gpu, "shard")
-        yield from self._collective(gpu, "reduce_scatter", grads, it, gpus=shard, label=label)
-        replicas = mesh.group(gpu, "replica")
-        if len(replicas) > 1:
+        yield from self._collective(gpu, "reduce_scatter", dense, it, gpus=groups["shard"], label=label)
+        if experts > 0:
             yield from self._collective(
-                gpu, "allreduce", grads / len(shard), it, gpus=replicas, label=f"{label}:replicas"
+                gpu, "reduce_scatter", experts, it, gpus=groups["expert_shard"], label=f"{label}:experts"
             )
-
-    def _expert_dp(self, gpu: str) -> list[str]:
-        """The ranks holding the same experts: the same position in every expert-parallel block."""
-        c, mesh = self.mesh.coords(gpu), self.mesh
-        return [mesh.gpu(**{**c, "dp": c["dp"] % mesh.ep + k * mesh.ep}) for k in range(mesh.dp // mesh.ep)]
+        if len(groups["replica"]) > 1:
+            yield from self._collective(
+                gpu, "allreduce", dense / self.shard, it, gpus=groups["replica"], label=f"{label}:replicas"
+            )
+        if experts > 0 and len(groups["expert_replica"]) > 1:
+            yield from self._collective(
+                gpu,
+                "allreduce",
+                experts / self.shard_e,
+                it,
+                gpus=groups["expert_replica"],
+                label=f"{label}:expert_replicas",
+            )
 
     # ---- pipeline messages ------------------------------------------------------------------------------
     def _event(self, gpu: str, it: int, kind: str, g: int, m: int):
@@ -438,7 +451,7 @@ class _Mesh:
         return self.inbox[key]
 
     def _send(self, src: str, dst: str, it: int, kind: str, g: int, m: int):
-        nbytes = self._hidden_bytes() / (self.o.tp if self.o.sequence_parallel else 1)
+        nbytes = self.model.hidden_bytes(self.layout) / (self.o.tp if self.o.sequence_parallel else 1)
         op = "send_activation" if kind == "F" else "send_gradient"
         yield from self.ctx.machine.peer_copy(
             src, dst, nbytes, iteration=it, op=op, engine_gpu=src, stream="d2h", category=COMM
@@ -476,8 +489,11 @@ class _Mesh:
         def rank_of(g: int) -> str:
             return mesh.gpu(**{**c, "pp": g % o.pp})
 
-        shard = self.mesh.shard_size if o.zero >= 1 else 1
-        blocks = [(k, b) for k in range(self.v) for b in range(len(chunks[k].split.blocks))]
+        blocks = [(k, b) for k, chunk in enumerate(chunks) for b in chunk.blocks]
+        dense = sum(self._dense(chunk, b) for chunk in chunks for b in chunk.blocks)
+        experts = sum(chunk.table.experts[b] for chunk in chunks for b in chunk.blocks)
+        grads = dense + experts if o.zero < 2 else dense / self.shard + experts / self.shard_e
+        groups = self._groups(gpu)
         for it in range(ctx.total_iterations):
             if s == 0:
                 yield from ctx.get_batch(gpu, it, batch=o.micro_batch * self.M)
@@ -490,29 +506,32 @@ class _Mesh:
                 if 0 <= target <= last:
                     ctx.env.process(self._send(gpu, rank_of(target), it, kind, target, m))
             yield ctx.env.all_of([self.synced[it, gpu, k, b] for k, b in blocks])
-            step = sum(chunk.costs.step_s for chunk in chunks) / shard
+            step = sum(chunk.step_s for chunk in chunks)
             yield from ctx.machine.run(
                 gpu, "compute", step, op="optimizer", iteration=it, optimizer=ctx.settings.optimizer
             )
-            params = sum(sum(chunk.params) for chunk in chunks)
-            memory.free(ctx.env.now, params / (self.mesh.shard_size if o.zero >= 2 else 1), "grads")
-            if o.zero in (1, 2) and self.mesh.shard_size > 1:  # the updated shards to every rank
+            memory.free(ctx.env.now, grads, "grads")
+            if o.zero in (1, 2) and self.shard > 1:  # the updated shards to every rank
                 yield from self._collective(
-                    gpu, "allgather", params, it, gpus=mesh.group(gpu, "shard"), label=":params"
+                    gpu, "allgather", dense, it, gpus=groups["shard"], label=":params"
                 )
+                if experts > 0 and self.shard_e > 1:
+                    yield from self._collective(
+                        gpu, "allgather", experts, it, gpus=groups["expert_shard"], label=":params:experts"
+                    )
             ctx.finish(it, gpu)
 
     def start(self) -> None:
         ctx, o = self.ctx, self.o
+        zero3 = o.zero == 3
         for gpu in ctx.simulated:
             chunks, memory = self.chunks[gpu], ctx.machine.gpus[gpu].memory
-            params = sum(sum(chunk.params) for chunk in chunks)
-            held = params / self.mesh.shard_size if o.zero == 3 else params
-            state = sum(sum(ch.params) * ch.state_per_param for ch in chunks)
-            memory.alloc(ctx.env.now, held, "params")
-            memory.alloc(ctx.env.now, chunks[0].costs.workspace_bytes, "workspaces")
-            memory.alloc(ctx.env.now, state / (self.mesh.shard_size if o.zero >= 1 else 1), "optimizer_state")
-            ctx.costs[gpu] = chunks[0].costs
+            dense = sum(self._dense(chunk, b) for chunk in chunks for b in chunk.blocks)
+            experts = sum(chunk.table.experts[b] for chunk in chunks for b in chunk.blocks)
+            sharded = dense / self.shard + experts / self.shard_e
+            memory.alloc(ctx.env.now, sharded if zero3 else dense + experts, "params")
+            memory.alloc(ctx.env.now, chunks[0].table.workspace_bytes, "workspaces")
+            memory.alloc(ctx.env.now, sharded * self.model.state_per_param, "optimizer_state")
             ctx.env.process(self.stage_process(gpu))
         ctx.extra["mesh"] = {
             "tp": o.tp,
@@ -528,7 +547,7 @@ class _Mesh:
             "recompute": o.recompute,
             "schedule": o.schedule,
             "virtual_stages": self.v,
-            "blocks_per_stage": sum(len(ch.split.blocks) for ch in self.chunks[ctx.simulated[0]]),
+            "blocks_per_stage": sum(len(ch.blocks) for ch in self.chunks[ctx.simulated[0]]),
             "notes": self._notes(),
         }
 
