@@ -4,23 +4,28 @@ Fused: one kernel per (sample, head, block of ``BLOCK_Q`` queries) that loops ov
 scores, their softmax and the product with V in on-chip memory, so it reads Q, K, V and writes the output
 once and never writes the scores. Its blocks run in waves over the SMs like a GEMM's tiles, each doing
 ``4·BLOCK_Q·keys·head_dim`` FLOPs (Q·Kᵀ and P·V; a causal mask skips the keys it hides, so ``keys`` is the
-mean kept per query), at the matrix units' fitted efficiency for the precision (`matmul`); the backward pass
-recomputes the scores and makes four more products (2.5x the forward FLOPs), as PyTorch's FLOP counter has
-it.
+mean kept per query); the backward pass recomputes the scores and makes four more products (2.5x the
+forward FLOPs), as PyTorch's FLOP counter has it.
+
+Where the parameters hold fused-attention figures for the GPU (class ``attention``: fitted on published
+kernel measurements, `attention_fit`), a block costs ``keys + block_keys`` keys' worth of work (its
+prologue and epilogue: loading the queries, the final rescale and the output's write; under a causal mask
+``causal_block_keys`` more for the diagonal block's masking) at ``<pass>_efficiency`` of the 16-bit
+tensor-core peak. Elsewhere (no rows for that generation, or fp32/TF32 inputs, which PyTorch's flash kernels
+do not take) the block runs at the matrix units' fitted GEMM efficiency (`matmul`) with no per-block cost,
+a composition whose range is the matmul class's held-out error.
 
 Unfused (``fused=False``, the math path): Q·Kᵀ as a batched GEMM writing the whole ``q_len x kv_len`` score
 matrix, the scale (and the causal mask) as elementwise kernels over it, the softmax over rows of
 ``kv_len``, then P·V: each part timed by its own class and summed; backward: twice each GEMM's work (data
 and weight gradients) and a softmax backward reading two score-sized tensors and writing one.
-
-No attention kernel is in the evidence yet: these are compositions of the fitted matmul and memory-bound
-figures, and their range is the matmul class's held-out error.
 """
 
 from __future__ import annotations
 
 import math
 
+from trainsim.errors import TrainsimError
 from trainsim.sim.core.devices import DeviceSpec
 
 from .hardware import matrix_peak, require
@@ -37,22 +42,48 @@ def attention_time(spec: Attention, device: DeviceSpec, params: KernelParams) ->
     return _fused(spec, device, params) if spec.fused else _unfused(spec, device, params)
 
 
-def _fused(spec: Attention, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
-    peak = matrix_peak(device, spec.dtype)
-    sms = int(require(device, "sm_count", "attention"))
+def fused_seconds(spec: Attention, sms: int, peak: float, efficiency: float, block_keys: float = 0.0,
+                  causal_block_keys: float = 0.0) -> tuple[float, int]:
+    """(compute seconds, waves) of a fused attention call: its blocks in waves over ``sms`` SMs, each
+    ``keys + block_keys`` (``+ causal_block_keys`` under a causal mask) keys' worth of products at
+    ``efficiency`` of ``peak`` (FLOP/s). The one formula the model times with and `attention_fit` fits."""
+    blocks = spec.batch * spec.heads * math.ceil(spec.q_len / BLOCK_Q)
+    waves = math.ceil(blocks / sms)
+    keys = spec.pairs / spec.q_len + block_keys + (causal_block_keys if spec.causal else 0.0)
+    per_block = 4.0 * BLOCK_Q * keys * spec.head_dim * (2.5 if spec.backward else 1.0)
+    return waves * per_block / (peak / sms * efficiency), waves
+
+
+def fused_figures(device: DeviceSpec, params: KernelParams, spec: Attention
+                  ) -> tuple[float, float, float, str, bool]:
+    """(efficiency, block_keys, causal_block_keys, where, fitted) for a fused call on ``device``: the
+    ``attention`` class's fitted figures for 16-bit inputs where the parameters have them for the GPU or its
+    generation (``fitted``), else the GEMM efficiency and no per-block cost."""
+    if spec.dtype in ("fp16", "bf16"):
+        direction = "backward" if spec.backward else "forward"
+        try:
+            efficiency, where = params.figure(device, "attention", f"{direction}_efficiency")
+            block_keys, _ = params.figure(device, "attention", f"{direction}_block_keys")
+            causal_keys, _ = params.figure(device, "attention", "causal_block_keys")
+            return efficiency, block_keys, causal_keys, where, True
+        except TrainsimError:
+            pass
     if spec.dtype == "fp32":
         efficiency, where = params.figure(device, "matmul", "efficiency")
     else:
         efficiency, where = tensor_efficiency(device, params, "matmul", spec.dtype)
+    return efficiency, 0.0, 0.0, f"{where} (the GEMM figure: no attention rows)", False
+
+
+def _fused(spec: Attention, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
+    peak = matrix_peak(device, spec.dtype)
+    sms = int(require(device, "sm_count", "attention"))
+    efficiency, block_keys, causal_keys, where, fitted = fused_figures(device, params, spec)
     memory_eff, _ = params.figure(device, "matmul", "memory_efficiency")
-    blocks = spec.batch * spec.heads * math.ceil(spec.q_len / BLOCK_Q)
-    waves = math.ceil(blocks / sms)
-    keys = spec.pairs / spec.q_len  # mean keys each query attends to
-    per_block = 4.0 * BLOCK_Q * keys * spec.head_dim * (2.5 if spec.backward else 1.0)
-    compute = waves * per_block / (peak / sms * efficiency)
+    compute, waves = fused_seconds(spec, sms, peak, efficiency, block_keys, causal_keys)
     memory = spec.bytes / (device.memory_bandwidth * memory_eff)
     seconds = max(compute, memory)
-    low, high = params.held_out("matmul")
+    low, high = params.held_out("attention" if fitted else "matmul")
     bound = "compute" if compute >= memory else "memory"
     achieved = (spec.flops if bound == "compute" else spec.bytes) / seconds
     return KernelEstimate(seconds=seconds, bound=bound, achieved=achieved, low=seconds * (1 + low),
