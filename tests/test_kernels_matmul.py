@@ -146,3 +146,39 @@ def test_a_tensor_core_convolution_turns_its_tensors_to_nhwc_and_back():
     with_call = params(conv={"tensor_call_s": 1e-3})
     assert conv_time(conv, GPU4, with_call).seconds == pytest.approx(conv_time(conv, GPU4, params()).seconds
                                                                       + 1e-3)
+
+
+# ---- per-precision figures and their fit on trace rows (gemm_fit) --------------------------------------
+
+from trainsim.sim.compute.kernels import gemm_fit  # noqa: E402
+from trainsim.sim.compute.kernels.matmul import gemm_k0, misaligned_factor  # noqa: E402
+from trainsim.sim.compute.kernels.params import load_params  # noqa: E402
+from trainsim.sim.core.devices import get_device  # noqa: E402
+
+
+def test_a_precision_s_own_misaligned_and_k0_figures_come_before_the_shared_ones():
+    shipped, a100, h200 = load_params(), get_device("a100-80gb"), get_device("h200")
+    assert misaligned_factor(a100, shipped, "tf32") == shipped.figure(a100, "matmul", "misaligned_tf32")[0]
+    assert misaligned_factor(h200, shipped, "tf32") == shipped.figure(h200, "matmul", "misaligned")[0]
+    assert gemm_k0(a100, shipped, "tf32") == shipped.figure(a100, "matmul", "k0_tf32")[0]
+    assert gemm_k0(a100, shipped, "fp32") == shipped.figure(a100, "matmul", "k0")[0]
+
+
+def test_a_kernel_named_misaligned_is_timed_as_misaligned_whatever_its_shape():
+    shipped, a100 = load_params(), get_device("a100-80gb")
+    spec = Gemm(8192, 8192, 512, dtype="tf32")  # aligned by shape; the trace ran it as align1
+    assert gemm_time(spec, a100, shipped, misaligned=True).seconds > 1.2 * gemm_time(spec, a100, shipped).seconds
+
+
+def test_the_gemm_fit_recovers_figures_from_rows_they_generate():
+    a100, shipped = get_device("a100-40gb"), load_params()
+    truth = {"tensor_efficiency_tf32": 0.6, "k0_tf32": 30.0, "misaligned_tf32": 0.5}
+    known = gemm_fit.with_figures(shipped, a100, "tf32", truth)
+    shapes = [(2048, 8192, 512, False), (512, 8192, 8192, False), (4096, 4096, 4096, False),
+              (2048, 3906, 512, True), (2048, 1953, 1024, True), (8192, 8192, 512, True), (1024, 2048, 256, False)]
+    rows = [gemm_fit.GemmRow("synthetic", "a100-40gb", "tf32", 1, m, n, k, bad, 1.0) for m, n, k, bad in shapes]
+    rows = [gemm_fit.GemmRow(r.source, r.device, r.dtype, r.batch, r.m, r.n, r.k, r.misaligned,
+                             gemm_fit.predict(r, a100, known)) for r in rows]
+    fitted = gemm_fit.fit_tensor_gemm(rows, a100, shipped)
+    for name, value in truth.items():
+        assert fitted[name] == pytest.approx(value, rel=0.03), name

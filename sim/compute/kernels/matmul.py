@@ -141,21 +141,44 @@ def aligned(spec: Gemm) -> bool:
     return all(d % step == 0 for d in (spec.n, spec.k))
 
 
-def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
-    """The kernel model's time for a (batched) GEMM on ``device``."""
-    peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "matmul")
-    if not aligned(spec):
+def gemm_k0(device: DeviceSpec, params: KernelParams, dtype: str) -> float:
+    """A GEMM tile's fixed cost in steps of K (its prologue and epilogue): ``k0_<dtype>`` for a tensor-core
+    precision where fitted, else ``k0`` (fitted on fp32 SIMT kernels)."""
+    if dtype != "fp32":
         try:
-            scale, _ = params.figure(device, "matmul", "misaligned")
-            efficiency, where = efficiency * scale, f"{where}, misaligned x{scale:.3f}"
+            return params.figure(device, "matmul", f"k0_{dtype}")[0]
         except TrainsimError:
             pass
+    return params.figure(device, "matmul", "k0")[0]
+
+
+def misaligned_factor(device: DeviceSpec, params: KernelParams, dtype: str) -> float | None:
+    """The factor on a tensor-core GEMM's efficiency when an operand is misaligned: the figure
+    ``misaligned_<dtype>`` (narrower loads cost more the narrower the element), else ``misaligned``; None
+    where neither is given."""
+    for name in (f"misaligned_{dtype}", "misaligned"):
+        try:
+            return params.figure(device, "matmul", name)[0]
+        except TrainsimError:
+            continue
+    return None
+
+
+def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams, *,
+              misaligned: bool | None = None) -> KernelEstimate:
+    """The kernel model's time for a (batched) GEMM on ``device``. ``misaligned``: whether the library runs
+    its misaligned kernels (a trace's kernel name says so); None: decided from the shape (`aligned`)."""
+    peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "matmul")
+    if (not aligned(spec) if misaligned is None else misaligned) and spec.dtype != "fp32":
+        scale = misaligned_factor(device, params, spec.dtype)
+        if scale is not None:
+            efficiency, where = efficiency * scale, f"{where}, misaligned x{scale:.3f}"
     kind = "batched" if spec.batch > 1 and not spec.shared_b else "single"
     tiles = params.tiles(device, kind)
     seconds, compute, memory, tile, split = gemm_core(
         spec.m, spec.n, spec.k, spec.batch, spec.bytes, rate_per_sm=peak / sms, sms=sms,
         efficiency=efficiency, tile_a=params.figure(device, "matmul", "tile_a")[0],
-        k0=params.figure(device, "matmul", "k0")[0], tiles=tiles, bandwidth=bandwidth)
+        k0=gemm_k0(device, params, spec.dtype), tiles=tiles, bandwidth=bandwidth)
     tm, tn = tiles[int(tile)]
     blocks = spec.batch * math.ceil(spec.m / tm) * math.ceil(spec.n / tn) * int(split)
     detail = {"tile": f"{tm}x{tn}", "split_k": int(split), "waves": math.ceil(blocks / sms),

@@ -34,8 +34,8 @@ from trainsim.errors import TrainsimError
 SCHEMA = "trainsim.kernel-params/1"
 PARAMS_FILE = Path(__file__).with_name("params.json")
 #: figures that may be 0 (no penalty, no fixed cost); the others (efficiencies, passes) must be > 0
-MAY_BE_ZERO = ("tile_a", "k0", "flops_per_element", "forward_block_keys", "backward_block_keys",
-               "causal_block_keys")
+MAY_BE_ZERO = ("tile_a", "k0", "k0_tf32", "k0_bf16", "k0_fp16", "flops_per_element", "forward_block_keys",
+               "backward_block_keys", "causal_block_keys")
 SECTIONS = ("evidence", "fit", "tiles", "devices", "architectures", "default", "held_out")
 
 
