@@ -386,6 +386,171 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+# ---------------------------------------------------------------- Llama
+
+
+class Rotary(nn.Module):
+    """RoPE on queries and keys (B, S, heads, head_dim), Hugging Face's rotate-half convention; cos and sin of
+    every position are buffers (not parameters), so a context-parallel run can shard them with the sequence."""
+
+    def __init__(self, head_dim: int, seq_len: int, theta: float = 500000.0):
+        super().__init__()
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+        angles = torch.cat([angles, angles], dim=-1)  # (S, head_dim)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    @staticmethod
+    def _rotate_half(x):
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([-b, a], dim=-1)
+
+    def forward(self, q, k):
+        s = q.shape[1]
+        cos, sin = self.cos[:s, None, :], self.sin[:s, None, :]
+        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+
+
+class SdpaCore(nn.Module):
+    """Causal scaled-dot-product attention (PyTorch's fused SDPA: flash on CPU and CUDA) of queries (B, S, H,
+    d) over grouped keys and values (B, S, KV, d); returns (B, S, H x d). ``repeat_kv``: keys and values
+    repeated to every query head first (context parallelism's ring shards only the plain kernels)."""
+
+    repeat_kv = False
+
+    def forward(self, q, k, v):
+        b, s = q.shape[:2]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.repeat_kv:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not self.repeat_kv)
+        return y.transpose(1, 2).reshape(b, s, -1)
+
+
+class SwiGLU(nn.Module):
+    """``silu(gate) * up`` of the fused gate/up projection, whose features interleave gate and up (pairs):
+    a contiguous split of the 2 x intermediate features over tensor-parallel ranks keeps pairs together."""
+
+    def forward(self, gate_up):
+        pairs = gate_up.unflatten(-1, (-1, 2))
+        return nn.functional.silu(pairs[..., 0]) * pairs[..., 1]
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention with one fused projection whose output features are ordered by key/value
+    group, [the group's H/KV query heads, its key, its value] per group (Megatron-LM's layout), so a
+    contiguous split over tensor-parallel ranks gives each rank whole groups; head counts are read from the
+    tensor, so the same forward runs on a rank's shard."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.group = cfg.num_attention_heads // cfg.kv_heads  # query heads per key/value head
+        width = (cfg.num_attention_heads + 2 * cfg.kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.rotary = Rotary(self.head_dim, cfg.seq_len)
+        self.core = SdpaCore()
+        self.o_proj = nn.Linear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        qkv = self.qkv_proj(x)
+        b, s = qkv.shape[:2]
+        grouped = qkv.view(b, s, -1, self.group + 2, self.head_dim)
+        q = grouped[:, :, :, :self.group].reshape(b, s, -1, self.head_dim)
+        k, v = grouped[:, :, :, self.group], grouped[:, :, :, self.group + 1]
+        q, k = self.rotary(q, k)
+        return self.o_proj(self.core(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.act = SwiGLU()
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=1e-5)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=1e-5)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=1e-5)
+
+    def forward(self, idx):
+        x = self.embed_tokens(idx)
+        for block in self.layers:
+            x = block(x)
+        return self.norm(x)
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied LM head) of the shape a
+    `TransformerConfig` gives, with the leaf modules the simulator's transformer workload names its layers by
+    (sim/compute/transformers.py: ``model.embed_tokens``, ``model.layers.{i}.input_layernorm``,
+    ``.self_attn.qkv_proj|rotary|core|o_proj``, ``.post_attention_layernorm``,
+    ``.mlp.gate_up_proj|act|down_proj``, ``model.norm``, ``lm_head``), so a calibration's measured layers,
+    the simulated workload and the executed model are the same layers."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        for m in self.modules():
+            if isinstance(m, nn.Linear | nn.Embedding):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, idx):
+        return self.lm_head(self.model(idx))
+
+
+#: llama-tiny: a Llama 3-style block small enough for CPU ranks (and for a GPU's quick checks)
+LLAMA_TINY = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "intermediate_size": 688, "vocab_size": 4096, "seq_len": 128}
+
+
+def llama_config(**options):
+    """The `TransformerConfig` of a zoo Llama (its options are Hugging Face config keys); a config the zoo
+    model cannot build is one line naming the field."""
+    from trainsim.sim.compute.transformer_configs import TransformerConfig
+
+    if options.get("dropout"):
+        raise TrainsimError("the zoo's Llama has no dropout; give 0", field="dropout")
+    cfg = TransformerConfig.from_options({}, **{k: v for k, v in options.items() if k != "dropout"})
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise TrainsimError(f"hidden_size {cfg.hidden_size} does not split into {cfg.num_attention_heads} "
+                            "heads", field="hidden_size")
+    if cfg.num_attention_heads % cfg.kv_heads:
+        raise TrainsimError(f"{cfg.kv_heads} key/value heads do not divide {cfg.num_attention_heads} query "
+                            "heads", field="num_key_value_heads")
+    if (cfg.hidden_size // cfg.num_attention_heads) % 2:
+        raise TrainsimError("RoPE needs an even head dimension", field="hidden_size")
+    return cfg
+
+
+def _llama(**options) -> Llama:
+    return Llama(llama_config(**options))
+
+
 # ---------------------------------------------------------------- registry
 
 
@@ -423,6 +588,8 @@ _MODELS: dict[str, ModelSpec] = {
     "gpt2-small": ModelSpec(_gpt, "tokens", {f: getattr(GPTConfig(), f) for f in
                                              ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")},
                             124_439_808),
+    # its own shape (no published model): the parameter count of these defaults, checked by the tests
+    "llama-tiny": ModelSpec(_llama, "tokens", dict(LLAMA_TINY), 4_999_424),
 }
 _ALIASES = {"gpt": "gpt2-small", "gpt2": "gpt2-small", "tinycnn": "tiny-cnn"}
 
@@ -465,18 +632,26 @@ def build_model(name: str, **cfg) -> nn.Module:
     """Build zoo model ``name`` (fp32, on the CPU, train mode) with options overriding its defaults.
 
     Image models take ``image_size`` and ``num_classes``; ``gpt2-small`` takes nanoGPT's ``n_layer``,
-    ``n_head``, ``n_embd``, ``vocab_size``, ``block_size`` (and ``dropout``).
+    ``n_head``, ``n_embd``, ``vocab_size``, ``block_size`` (and ``dropout``); ``llama-tiny`` Hugging Face
+    config keys (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
+    ``intermediate_size``, ``vocab_size``, ``seq_len``).
     """
     spec = model_spec(name)
     model = spec.build(**model_config(name, **cfg))
     return model.train()
 
 
+def sequence_length(config: dict) -> int:
+    """Tokens per sample of a token model's merged config: nanoGPT's ``block_size`` or a Llama's
+    ``seq_len``."""
+    return config["block_size"] if "block_size" in config else config["seq_len"]
+
+
 def input_shape(name: str, **cfg) -> list[int]:
-    """Per-sample input shape: [3, H, W] for images, [block_size] for tokens."""
+    """Per-sample input shape: [3, H, W] for images, [tokens] for token models."""
     merged = model_config(name, **cfg)
     if model_spec(name).kind == "tokens":
-        return [merged["block_size"]]
+        return [sequence_length(merged)]
     return [3, merged["image_size"], merged["image_size"]]
 
 
@@ -491,14 +666,14 @@ def example_batch(name: str, batch: int, device: str | torch.device = "cpu", *,
     device = torch.device(device)
     if device.type == "meta":  # shapes only: nothing to draw
         if spec.kind == "tokens":
-            shape = (batch, merged["block_size"])
+            shape = (batch, sequence_length(merged))
             return (torch.zeros(shape, dtype=torch.long, device=device),
                     torch.zeros(shape, dtype=torch.long, device=device))
         s = merged["image_size"]
         return (torch.empty(batch, 3, s, s, device=device),
                 torch.zeros(batch, dtype=torch.long, device=device))
     if spec.kind == "tokens":
-        t, v = merged["block_size"], merged["vocab_size"]
+        t, v = sequence_length(merged), merged["vocab_size"]
         tokens = torch.randint(0, v, (batch, t + 1), generator=generator)
         inputs, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()  # own storages
     else:

@@ -18,6 +18,9 @@ PUBLISHED = {
     "googlenet": 6_624_904,
     "gpt2-small": 124_439_808,
     "tiny-cnn": 3 * 16 * 9 + 16 + 16 * 32 * 9 + 32 + 32 * 8 * 8 * 10 + 10,
+    # llama-tiny by hand: embedding and untied head 4096 x 256 each; per block qkv 256 x (8 + 2 x 4) x 32,
+    # o_proj 256 x 256, gate_up 256 x 2 x 688, down 688 x 256, two norms of 256; the final norm
+    "llama-tiny": 2 * 4096 * 256 + 4 * (256 * 16 * 32 + 256 * 256 + 256 * 2 * 688 + 688 * 256 + 2 * 256) + 256,
 }
 
 

@@ -72,7 +72,7 @@ def measure_prep(name: str, samples: int = 256, *, seed: int = 0, **cfg) -> floa
     merged = zoo.model_config(name, **cfg)
     rng = np.random.default_rng(seed)
     if spec.kind == "tokens":
-        block = merged["block_size"]
+        block = zoo.sequence_length(merged)
         stream = rng.integers(0, merged["vocab_size"], size=max(64 * block, 1 << 16), dtype=np.uint16)
 
         def one(i):

@@ -43,7 +43,7 @@ class SyntheticSource:
         self.seed = seed
         rng = np.random.default_rng([seed, 0x5EED])
         if self.kind == "tokens":
-            block = self.cfg["block_size"]
+            block = zoo.sequence_length(self.cfg)
             length = max(data.pool_size * block, 4 * block + 2)
             self.stream = rng.integers(0, self.cfg["vocab_size"], size=length, dtype=np.uint16)
             self._stored = None
@@ -79,7 +79,7 @@ class SyntheticSource:
         """Sample ``index`` (global position in the run) of ``iteration``: (input, target)."""
         rng = np.random.default_rng([self.seed, iteration, index])
         if self.kind == "tokens":
-            return prepare_tokens(self.stream, self.cfg["block_size"], rng)
+            return prepare_tokens(self.stream, zoo.sequence_length(self.cfg), rng)
         image = self._decode(index)
         for _ in range(self.data.augment_repeats):  # the per-sample cost knob: the chain runs again
             out = prepare_image(image, self.cfg["image_size"], rng)

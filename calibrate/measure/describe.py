@@ -49,6 +49,8 @@ _KINDS = {
     nn.MaxPool2d: "maxpool", nn.AdaptiveAvgPool2d: "avgpool", nn.Dropout: "dropout",
     nn.Embedding: "embedding", nn.LayerNorm: "layernorm", zoo.CausalAttentionCore: "attention",
     nn.GELU: "gelu",
+    # the zoo Llama's layers as the simulator's transformer workload names their kinds
+    nn.RMSNorm: "rmsnorm", zoo.Rotary: "rope", zoo.SdpaCore: "flash_attention", zoo.SwiGLU: "swiglu",
 }
 UNATTRIBUTED = "(unattributed)"
 
