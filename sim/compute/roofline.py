@@ -244,7 +244,11 @@ def layer_times(workload: Workload, device: DeviceSpec | str, batch: int, precis
     src_precision = _measured_precision(workload)
     source = None
     if any(layer.forward or layer.backward for layer in workload.layers):
-        source = _measured_on(workload, measured_on)
+        # measured on the target itself (a calibration bundle's CPU or GPU spec, not a built-in one): its own
+        # source, as `costs.measured_here` has it
+        spec = (workload.provenance.device_spec or "").lower()
+        here = measured_on is None and spec in {target.name.lower(), *(a.lower() for a in target.aliases)}
+        source = target if here else _measured_on(workload, measured_on)
     same = source is not None and source.name == target.name and src_precision == precision
     config, flags = workload.provenance.config, tf32_flags(workload)
     result = []
