@@ -17,6 +17,14 @@ its role says (`transformers.LAYER_ROLES`):
 and every layer's work and activations over context parallelism (``cp``: the sequence is split; causal
 attention balanced over the ranks, as load-balanced context parallelism arranges). One sample stays one
 sequence, so a rank's costs at ``micro_batch`` samples are its share of that many sequences.
+
+A *measured* layer (a calibration's, its times a curve over the batch, `TimeModel`) is split the same way,
+by physics rather than by its FLOPs: a rank doing 1/k of the layer's work per sample (k = tp, cp or tp x
+cp, an integer) does at batch b what the whole layer did at batch b / k: the same matrix shapes but for
+one dimension, the same per-call cost. So the rank's curve is the layer's stretched along the batch: each
+measured point (b, t) becomes (k b, t) and the fit t(b) becomes t(b / k) (`_stretch`). A layer whose work
+is not split (norms without sequence parallelism, replicated layers) keeps its curve. The collectives are
+the strategy's, as for analytic layers. Expert parallelism's imbalance (not an integer share) is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import re
 from dataclasses import dataclass
 
 from trainsim.errors import TrainsimError
-from trainsim.formats.workload import Layer, Workload
+from trainsim.formats.workload import Layer, TimeModel, Workload
 
 __all__ = ["Block", "StageSplit", "split_stages", "transformer_config"]
 
@@ -75,9 +83,20 @@ def _partition(workload: Workload) -> tuple[list[int], list[list[int]], list[int
     return pre, [blocks[k] for k in sorted(blocks)], post
 
 
+def _stretch(model: TimeModel | None, k: int) -> TimeModel | None:
+    """A measured pass's time curve for 1/k of its work per sample: t'(b) = t(b / k) (see the module)."""
+    if model is None or k == 1:
+        return model
+    fit = model.fit
+    if fit is not None:
+        fit = dict(fit)
+        fit["b"] = fit["b"] / k if fit["model"] == "affine" else fit["b"] * k ** -fit["c"]
+    return TimeModel(points=[(b * k, t, spread) for b, t, spread in model.points], fit=fit)
+
+
 def _scale(layer: Layer, work: float, params: float, saved: float | None = None) -> Layer:
     """``layer`` with its work and activations times ``work`` (its saved tensors times ``saved``, default
-    ``work``), its parameters times ``params``."""
+    ``work``), its parameters times ``params``; a measured layer's times stretched to its share."""
     saved = work if saved is None else saved
     update = {
         "param_bytes": layer.param_bytes * params,
@@ -105,6 +124,12 @@ def _scale(layer: Layer, work: float, params: float, saved: float | None = None)
                 "weight_copies": a.weight_copies * params,
             }
         )
+    if layer.measured and work != 1.0:
+        k = round(1.0 / work)
+        if abs(k * work - 1.0) > 1e-9:
+            raise TrainsimError(f"layer {layer.name!r} carries measured times, which split over an integer "
+                                f"number of ranks, not a share of {work:g}", field="strategy.mesh")
+        update["forward"], update["backward"] = _stretch(layer.forward, k), _stretch(layer.backward, k)
     return layer.model_copy(update=update)
 
 
@@ -151,11 +176,11 @@ def split_stages(
             )
         if not blocks:  # a CNN: each layer a block of its own
             pre, blocks, post = [], [[i] for i in range(len(workload.layers))], []
-    if any(layer.measured for layer in workload.layers) and (tp > 1 or cp > 1 or ep > 1):
+    if any(layer.measured for layer in workload.layers) and ep > 1:
         raise TrainsimError(
-            "tensor, context and expert parallelism split an analytic workload's FLOPs and "
-            f"bytes; workload {workload.name!r} carries measured times",
-            field="strategy.mesh",
+            "expert parallelism's share of a layer's work carries the routing imbalance, not an integer "
+            f"split; workload {workload.name!r} carries measured times (split analytic ones by ep)",
+            field="strategy.mesh.ep",
         )
     _check(config, len(blocks), tp=tp, cp=cp, pp=pp, ep=ep, stage_blocks=stage_blocks)
     counts = stage_blocks or [len(blocks) // pp] * pp
