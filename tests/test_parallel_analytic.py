@@ -57,6 +57,9 @@ CASES = {
     "experts, ddp x pp": ({"ep": 4, "tp": 2, "pp": 2}, {"topology": "dgx-h100-4node", "workload": MIXTRAL,
                                                        "batch": 16}),
     "flow collectives": ({"tp": 2, "pp": 4, "zero": 3}, {"batch": 64, "collectives": "flow"}),
+    "zb-h1": ({"pp": 4, "tp": 2, "zero": 1, "schedule": "zb-h1"}, {"batch": 32}),
+    "zb-h1, fsdp, selective": ({"pp": 2, "tp": 2, "zero": 3, "schedule": "zb-h1", "recompute": "selective",
+                                "sequence_parallel": True}, {"batch": 16}),
 }
 
 

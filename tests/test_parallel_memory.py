@@ -59,6 +59,9 @@ CASES = {
                             {"gpus": 4, "batch": 16}),
     "experts": ({"ep": 4, "zero": 1, "tp": 2, "sequence_parallel": True},
                 {"workload": {"name": "mixtral-8x7b", "seq_len": 1024}, "batch": 16}),
+    "zb-h1": ({"pp": 4, "schedule": "zb-h1"}, {"gpus": 4, "batch": 16}),
+    "zb-h1, fsdp, full recompute": ({"zero": 3, "tp": 2, "pp": 2, "recompute": "full", "schedule": "zb-h1"},
+                                    {"batch": 16}),
 }
 
 

@@ -147,3 +147,15 @@ def test_ten_thousand_layouts_of_70b_on_1024_gpus_in_seconds():
     assert report.ranking.seconds < 20  # aim: 10 s on two cores (benchmarks/llm_parallel.py times it)
     for c in report.top:
         assert c.predicted.iteration_s == pytest.approx(c.simulated_step_s, rel=0.03)
+
+
+def test_zero_bubble_is_a_schedule_the_search_tries_on_request():
+    model = ModelCosts(load_workload("llama3-70b"), H100, "bf16", "adam")
+    space = SearchSpace(schedule=("1f1b", "zb-h1"), virtual_stages=(1, 2))
+    layouts = enumerate_layouts(model, 64, 32, space)
+    zb = [layout for layout in layouts if layout.schedule == "zb-h1"]
+    assert zb and all(layout.pp > 1 and layout.virtual_stages == 1 for layout in zb)
+    assert "zb-h1" not in SearchSpace().schedule  # the default ranking stays as fast as before
+    result = invoke(*SMALL, "--schedule", "zb-h1", "--pp", "2", "--top", "1", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["top"][0]["mesh"]["schedule"] == "zb-h1"

@@ -35,6 +35,7 @@ from trainsim.sim.collectives.ops import collective_time
 from .comms import call_seconds, pass_calls
 from .layout import Mesh
 from .stage_costs import BlockTable, Layout, ModelCosts, stage_ranges
+from .zero_bubble import zb_h1_ends
 
 __all__ = ["IterationTime", "LayoutTimer"]
 
@@ -70,6 +71,7 @@ class _Passes:
     step: float
     params: float  # weight bytes of the stage (ZeRO-1/2 all-gather them after the step)
     experts: float  # the part of ``params`` in experts (gathered over the ranks holding them)
+    weight: float = 0.0  # zb-h1: the W pass (``backward`` is then the B pass)
 
 
 class LayoutTimer:
@@ -143,7 +145,8 @@ class LayoutTimer:
     def _block_costs(self, table: BlockTable, b: int, layout: Layout, mesh: Mesh, gpu: str) -> tuple:
         """(forward, backward: compute with its collectives; gather, sync, compute, collectives) of block b
         (cached per kind of block)."""
-        key = ("block", table.kinds[b], layout.zero, layout.shard, layout.recompute, layout.context,
+        zb = layout.schedule == "zb-h1"
+        key = ("block", table.kinds[b], layout.zero, layout.shard, layout.recompute, layout.context, zb,
                mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
         hit = table.derived.get(key)
         if hit is not None:
@@ -154,6 +157,8 @@ class LayoutTimer:
             bwd += table.forward[b]
         elif layout.recompute == "selective":
             bwd += table.core[b]
+        weight = table.weight_grad[b] if zb else 0.0  # zb-h1: W, its own pass
+        bwd -= weight
         i_f = self._inline(table, b, layout, groups, "F")
         i_b = self._inline(table, b, layout, groups, "B")
         gather = sync = 0.0
@@ -171,15 +176,17 @@ class LayoutTimer:
                     self.coll("reduce_scatter", groups["expert_shard"], e) + \
                     self.coll("allreduce", groups["replica"], (p - e) / len(groups["shard"])) + \
                     self.coll("allreduce", groups["expert_replica"], e / shard_e)
-        out = (table.forward[b] + i_f, bwd + i_b, gather, sync, table.forward[b] + bwd, i_f + i_b)
+        out = (table.forward[b] + i_f, bwd + i_b, gather, sync, table.forward[b] + bwd + weight, i_f + i_b,
+               weight)
         table.derived[key] = out
         return out
 
     def _passes(self, table: BlockTable, lo: int, hi: int, layout: Layout, mesh: Mesh, gpu: str) -> _Passes:
         """A stage's (or chunk's) blocks [lo, hi): its passes (cached per signature of its blocks)."""
         shard = mesh.shard_size
+        zb = layout.schedule == "zb-h1"
         key = ("time", table.signature(lo, hi), layout.zero, layout.shard, layout.recompute, layout.context,
-               layout.reshard_after_forward, mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
+               layout.reshard_after_forward, zb, mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
         hit = table.derived.get(key)
         if hit is not None:
             return hit
@@ -193,14 +200,19 @@ class LayoutTimer:
         back = blocks[::-1]
         regather = zero3 and layout.reshard_after_forward
         backward, _ = _pass([(c[1], c[2], 0.0) for c in back], regather)
-        last, tail = _pass([(c[1], c[2], c[3]) for c in back], regather)
+        if zb:  # the gradients are synchronised as the last micro-batch's W ends, block by block
+            weight, tail = _pass([(c[6], 0.0, c[3]) for c in back], False)
+            last = backward
+        else:
+            weight = 0.0
+            last, tail = _pass([(c[1], c[2], c[3]) for c in back], regather)
         experts = sum(table.experts[lo:hi])
         shard = shard if layout.zero >= 1 else 1
         expert_params = experts / self.model.weight
         dense_params = sum(table.num_params[lo:hi]) - expert_params
         step = self.model.step_seconds(dense_params / shard + expert_params / max(1, shard // layout.ep))
         out = _Passes(forward, backward, last, tail, sum(c[4] for c in blocks), sum(c[5] for c in blocks),
-                      step, sum(table.params[lo:hi]), experts)
+                      step, sum(table.params[lo:hi]), experts, weight)
         table.derived[key] = out
         return out
 
@@ -236,6 +248,8 @@ class LayoutTimer:
         # the last micro-batch's backward of each chunk, with its syncs (chunk 0's is the rank's last pass)
         extra = [sum(c.last_backward - c.backward for c in chunks) for chunks in ranks]
         W = [f + b for f, b in zip(F, B, strict=True)]
+        if layout.schedule == "zb-h1":
+            return self._zero_bubble(layout, mesh, ranks, p, M, whole)
         if layout.schedule == "gpipe":
             kf = max(range(pp), key=lambda s: F[s])
             k = max(range(pp), key=lambda s: B[s])
@@ -247,16 +261,9 @@ class LayoutTimer:
             steady = M * W[k]
         end0 = steady + fill + 2 * sum(p) + sum(extra[: k + 1])
         finish, before = [], 0.0
-        shard = mesh.shard_size
         for s, chunks in enumerate(ranks):
             step = sum(c.step for c in chunks)
-            gather = 0.0
-            if layout.zero in (1, 2) and shard > 1:
-                groups = self._groups(mesh, mesh.gpu(pp=0 if whole else s), layout)
-                experts = sum(c.experts for c in chunks)
-                gather = self.coll("allgather", groups["shard"], sum(c.params for c in chunks) - experts)
-                if len(groups["expert_shard"]) > 1:
-                    gather += self.coll("allgather", groups["expert_shard"], experts)
+            gather = self._param_gather(layout, mesh, chunks, s, whole)
             finish.append((end0 - before + chunks[0].sync_tail + step + gather, step, gather))
             last = chunks[0].last_backward + sum(c.last_backward - c.backward for c in chunks[1:])
             before += last + (p[s] if s < len(p) else 0.0)
@@ -267,6 +274,42 @@ class LayoutTimer:
             inline_comm_s=M * sum(c.inline for c in slow), bubble_s=fill + 2 * sum(p),
             exposed_sync_s=ranks[f][0].sync_tail, optimizer_s=finish[f][1], param_gather_s=finish[f][2],
             micro_batches=M)
+
+    def _zero_bubble(self, layout: Layout, mesh: Mesh, ranks: list, p: list[float], M: int, whole
+                     ) -> IterationTime:
+        """ZB-H1: the stages' F, B and W passes replayed in their order (`zero_bubble.replay`); each stage
+        then finishes its last W's syncs, its step and (ZeRO-1/2) its gather."""
+        pp = layout.pp
+        stages = [chunks[0] for chunks in ranks]
+        durations = tuple((c.forward, c.backward, c.weight) for c in stages)
+        key = ("zb-h1", durations, tuple(p), M)  # ZeRO 0-2 and HSDP shards differ only after the passes
+        ends = self._coll.get(key)
+        if ends is None:
+            ends = self._coll[key] = zb_h1_ends(pp, M,
+                                            [dict(F=f, B=b, W=w) for f, b, w in durations], p)
+        finish = []
+        for s, c in enumerate(stages):
+            gather = self._param_gather(layout, mesh, [c], s, whole)
+            finish.append((ends[s] + c.sync_tail + c.step + gather, c.step, gather))
+        f = max(range(pp), key=lambda s: finish[s][0])
+        k = max(range(pp), key=lambda s: stages[s].forward + stages[s].backward + stages[s].weight)
+        slow = stages[k]
+        steady = M * (slow.forward + slow.backward + slow.weight)
+        return IterationTime(
+            iteration_s=finish[f][0], pipeline_s=max(ends), compute_s=M * slow.compute,
+            inline_comm_s=M * slow.inline, bubble_s=max(ends) - steady, exposed_sync_s=stages[f].sync_tail,
+            optimizer_s=finish[f][1], param_gather_s=finish[f][2], micro_batches=M)
+
+    def _param_gather(self, layout: Layout, mesh: Mesh, chunks: list, s: int, whole) -> float:
+        """ZeRO-1/2: the all-gather of a stage's updated parameters after its step."""
+        if layout.zero not in (1, 2) or mesh.shard_size <= 1:
+            return 0.0
+        groups = self._groups(mesh, mesh.gpu(pp=0 if whole else s), layout)
+        experts = sum(c.experts for c in chunks)
+        gather = self.coll("allgather", groups["shard"], sum(c.params for c in chunks) - experts)
+        if len(groups["expert_shard"]) > 1:
+            gather += self.coll("allgather", groups["expert_shard"], experts)
+        return gather
 
 
 def _pass(blocks: list[tuple[float, float, float]], gather: bool) -> tuple[float, float]:

@@ -36,6 +36,12 @@ optimizer state (and, ZeRO-3, weights) over ``shard / ep`` ranks; with ``reshard
 stage's blocks stay gathered from their forward to their backward (all of them at once at worst). The
 strategy allocates the same: its simulated peak equals this count.
 
+Under ``schedule: zb-h1`` (sim/parallel/zero_bubble.py) a micro-batch's B frees its activations but for
+what its W needs (``Aw``: per block `BlockTable.weight_kept`, each linear layer's saved input and its output
+gradient, and the embedding's output gradient), which W frees; the first micro-batch's W writes the
+gradients. Stage s holds up to F micro-batches before their B and up to s between B and W (F + s <= pp): the
+passes' states are replayed (`zero_bubble_states`), each pass's worst instant from its terms as above.
+
 It assumes the prefetched gather has arrived while the current block computes (FSDP's aim); where the
 gathers are slower than the compute the simulated peak can be lower by up to one block.
 """
@@ -96,8 +102,9 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
     written), a later one's (X1, without G) and a forward (XF, above the activations and gradients already
     held); the weights held (ZeRO-3: their shard) and the optimizer state's weights (ZeRO >= 1: their
     shard). Cached on the table."""
+    zb = layout.schedule == "zb-h1"
     key = ("memory", table.signature(lo, hi), layout.zero, shard, layout.recompute,
-           layout.reshard_after_forward, hidden_kept)
+           layout.reshard_after_forward, hidden_kept, zb)
     hit = table.derived.get(key)
     if hit is not None:
         return hit
@@ -152,8 +159,92 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
             gath = sum(gathered[: k + 2])
         XF = max(XF, (pre_a + gath, pre_a, 0.0, gath))
     out = (P, A, G, X0, X1, XF, weights, state)
+    if zb:
+        out += _zero_bubble_terms(table, lo, hi, kept, grads, gathered, transient, layout, zero3)
     table.derived[key] = out
     return out
+
+
+def _zero_bubble_terms(table: BlockTable, lo: int, hi: int, kept, grads, gathered, transient, layout: Layout,
+                       zero3: bool) -> tuple:
+    """zb-h1: (Aw, XB, XW0, XW1): the bytes one micro-batch keeps from its B to its W (each block's
+    `BlockTable.weight_kept`), and the worst instant (as `_stage_terms`' X) of a B pass (its activations
+    freed block by block but for what W needs; the gathered blocks as a backward's), of the first
+    micro-batch's W (the gradients written block by block) and of a later one's (nothing gathered: the B
+    before it released its blocks)."""
+    wk = table.weight_kept[lo:hi]
+    n = hi - lo
+    XB = (float("-inf"), 0.0, 0.0, 0.0)
+    suf_a = suf_w = 0.0
+    held = sum(gathered)
+    for k in range(n - 1, -1, -1):
+        if not zero3:
+            gath = 0.0
+        elif layout.reshard_after_forward:
+            gath = gathered[k] + (gathered[k - 1] if k > 0 else 0.0)
+        else:
+            gath = held
+        during = transient[k] - suf_a + suf_w
+        after = -suf_a - kept[k] + suf_w + wk[k]
+        XB = max(XB, (during + gath, during, 0.0, gath), (after + gath, after, 0.0, gath))
+        suf_a += kept[k]
+        suf_w += wk[k]
+        held -= gathered[k]
+    XW0 = XW1 = (0.0, 0.0, 0.0, 0.0)  # as the pass starts
+    suf_w = suf_g = 0.0
+    for k in range(n - 1, -1, -1):  # after block k's W: what it kept freed, its gradients written
+        suf_w += wk[k]
+        suf_g += grads[k]
+        XW0 = max(XW0, (suf_g - suf_w, -suf_w, suf_g, 0.0))
+    return sum(wk), XB, XW0, XW1
+
+
+_zb_states: dict = {}
+
+
+def zero_bubble_states(pp: int, s: int, M: int) -> tuple:
+    """The states stage ``s`` is in as a ZB-H1 pass starts (`zero_bubble.zb_h1_order`) that can hold the most:
+    (pass, first micro-batch, micro-batches forward but not B, B but not W, whether W has written the
+    gradients), and the most micro-batches whose W had not run."""
+    key = (pp, s, M)
+    hit = _zb_states.get(key)
+    if hit is not None:
+        return hit
+    from .zero_bubble import zb_h1_order
+
+    seen = {}
+    fb = bw = most = 0
+    written = False
+    for kind, m in zb_h1_order(s, pp, M):
+        seen.setdefault((kind, m == 0, fb, bw, written), None)
+        if kind == "F":
+            fb += 1
+            most = max(most, fb + bw)
+        elif kind == "B":
+            fb, bw = fb - 1, bw + 1
+        else:
+            bw -= 1
+            written = written or m == 0
+    # the bytes held grow with each count (A, Aw, G >= 0): only states no other of the same pass exceeds count
+    states = [x for x in seen if not any(y != x and y[:2] == x[:2] and y[2] >= x[2] and y[3] >= x[3]
+                                         and y[4] >= x[4] for y in seen)]
+    out = (tuple(states), most)
+    if len(_zb_states) > 4096:
+        _zb_states.clear()
+    _zb_states[key] = out
+    return out
+
+
+def _zero_bubble(terms: tuple, layout: Layout, s: int, M: int) -> tuple[int, tuple]:
+    """`_interleaved` for ZB-H1 (one chunk): each distinct state a pass starts in, its worst instant."""
+    _, A, G, _, _, XF, _, _, Aw, XB, XW0, XW1 = terms
+    states, most = zero_bubble_states(layout.pp, s, M)
+    best = (float("-inf"), 0.0, 0.0, 0.0)
+    for kind, first, fb, bw, written in states:
+        acts, grads = fb * A + bw * Aw, G if written else 0.0
+        X = XF if kind == "F" else XB if kind == "B" else XW0 if first else XW1
+        best = max(best, (acts + grads + X[0], acts + X[1], grads + X[2], X[3]))
+    return most, best
 
 
 def stage_memory(model: ModelCosts, layout: Layout, gpus: int, batch_size: int, *,
@@ -170,19 +261,25 @@ def stage_memory(model: ModelCosts, layout: Layout, gpus: int, batch_size: int, 
     ranges = stage_ranges(model.n_blocks, pp * v, layout.stage_blocks, pre=bool(model.pre),
                           post=bool(model.post))
     out = []
-    seen = set()
-    for s in range(pp):
-        if worst_only:  # a stage like an earlier one holds no more than it (fewer micro-batches in flight)
-            sig = tuple(table.signature(*ranges[s + k * pp]) for k in range(v))
-            if sig in seen:
-                continue
-            seen.add(sig)
+    stages = range(pp)
+    if worst_only:
+        # a stage like an earlier one holds no more than it (fewer micro-batches in flight); under zb-h1
+        # stage s holds up to pp - s micro-batches before their B and s between B and W, so the first or the
+        # last of the stages alike holds the most
+        alike: dict = {}
+        for s in range(pp):
+            alike.setdefault(tuple(table.signature(*ranges[s + k * pp]) for k in range(v)), []).append(s)
+        ends = (0, -1) if layout.schedule == "zb-h1" else (0,)
+        stages = sorted({group[e] for group in alike.values() for e in ends})
+    for s in stages:
         chunks = [_stage_terms(table, *ranges[s + k * pp], layout, shard, hidden_kept)
                   for k in range(v)]
         held = sum(c[6] for c in chunks)
         state = sum(c[7] for c in chunks) * model.state_per_param
         static = held + state + table.workspace_bytes
-        if v == 1:
+        if layout.schedule == "zb-h1":
+            F, (dyn, acts, grads, gath) = _zero_bubble(chunks[0], layout, s, M)
+        elif v == 1:
             _, A, G, X0, X1, _, _, _ = chunks[0]
             F = in_flight(layout, s, M)
             first = F * A + X0[0]

@@ -35,11 +35,12 @@ from trainsim.sim.compute.costs import (
 from trainsim.sim.core.devices import DeviceSpec
 
 from .split import _BLOCK, _partition, split_stages, transformer_config
+from .zero_bubble import W_SHARE
 
 __all__ = ["BlockTable", "Layout", "ModelCosts", "stage_ranges"]
 
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "zb-h1")
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,10 @@ class BlockTable:
     attention: list[bool]
     moe: list[bool]
     column_inputs: list[float] = field(default_factory=list)  # what column-parallel linears save (inputs)
+    # zero-bubble (sim/parallel/zero_bubble.py): the part of ``backward`` that is the weight gradient (W),
+    # and the bytes W needs from B until it runs (each linear layer's saved input and output gradient)
+    weight_grad: list[float] = field(default_factory=list)
+    weight_kept: list[float] = field(default_factory=list)
     kinds: list = field(default_factory=list)  # per block: "pre", "post" or the index of a block alike
     workspace_bytes: float = 0.0
     derived: dict = field(default_factory=dict)  # per-layout caches of `memory` and `analytic`
@@ -175,6 +180,16 @@ def _column_linear(layer, config: dict) -> bool:
         return layer_role(layer.name) == "column"
     except KeyError:
         return False
+
+
+def _weight_kept(layer, costs, i: int) -> float:
+    """Bytes a layer's weight gradient (W) needs from its B until it runs: a linear layer's saved input and
+    its output gradient (the size of its output); an embedding's output gradient; nothing for the rest."""
+    share = W_SHARE.get(layer.kind, 0.0)
+    if share == 0.0:
+        return 0.0
+    out = costs.output_bytes_per_layer[i]
+    return out if layer.kind == "embedding" else costs.saved_bytes_per_layer[i] + out
 
 
 def stage_ranges(blocks: int, pp: int, stage_blocks=None, *, pre: bool = True, post: bool = True
@@ -278,6 +293,8 @@ class ModelCosts:
                 self._core_inputs(layers, idx, costs, micro_batch, tp, cp),
                 block.row_layers, block.attention, block.moe,
                 sum(costs.saved_bytes_per_layer[i] for i in idx if _column_linear(layers[i], self.config)),
+                sum(costs.backward_s[i] * W_SHARE.get(layers[i].kind, 0.0) for i in idx),
+                sum(_weight_kept(layers[i], costs, i) for i in idx),
             )
         # the reduced split names its blocks by position: map the model's blocks to their representative's
         position = {b: k for k, b in enumerate(unique)}

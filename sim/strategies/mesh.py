@@ -28,7 +28,10 @@ a pass runs the stage's blocks (sim/parallel/split.py) in order, forward or back
   parameters over the ranks holding the same experts (shard / ep of them within a shard). Then the
   optimizer steps its shard, and zero 1 and 2 all-gather the updated parameters;
 - pipeline stages send each micro-batch's activations forward and its gradients back (peer copies between
-  the stages' simulated ranks), without waiting for the receiver (isend).
+  the stages' simulated ranks), without waiting for the receiver (isend);
+- ``schedule: zb-h1`` (sim/parallel/zero_bubble.py): a backward is B (the input gradient, sent back as it
+  ends) and W (the weight gradient, its own pass, deferred by the stage's index); a block keeps what W needs
+  from B to W, the first micro-batch's W writes the gradients and the last one's synchronises them.
 
 These data-parallel collectives and sends are flows on the topology (or analytic with ``collectives:
 analytic``), over the whole group, one group at a time: concurrent groups of other replicas are not
@@ -54,6 +57,7 @@ from trainsim.sim.parallel.layout import Mesh
 from trainsim.sim.parallel.memory import kept_bytes
 from trainsim.sim.parallel.split import split_stages
 from trainsim.sim.parallel.stage_costs import BlockTable, Layout, ModelCosts, stage_ranges
+from trainsim.sim.parallel.zero_bubble import zb_h1_order
 
 from .context import Context
 from .pipeline import schedule_order
@@ -154,10 +158,12 @@ class _Chunk:
     table: BlockTable
     lo: int
     hi: int
-    backward_s: list[float]  # with recomputation
+    backward_s: list[float]  # with recomputation (zb-h1: its B, without the weight gradient)
     kept: list[float]  # one micro-batch's activations kept from forward to backward
     transient: list[float]  # brought back while a recomputed block's backward runs
     step_s: float  # the optimizer step of this rank's shard of the chunk
+    weight_s: list[float]  # zb-h1: the weight gradient's pass (W); empty otherwise
+    weight_kept: list[float]  # zb-h1: what W needs from B until it runs
 
     @property
     def blocks(self) -> range:
@@ -208,16 +214,19 @@ class _Mesh:
         o, layout = self.o, self.layout
         hidden_kept = model.hidden_bytes(layout) / (o.tp if o.sequence_parallel else 1)
         backward, kept, transient = [], [], []
+        zb = o.schedule == "zb-h1"
         for b in range(lo, hi):
             extra = {"full": table.forward[b], "selective": table.core[b]}.get(o.recompute, 0.0)
-            backward.append(table.backward[b] + extra)
+            backward.append(table.backward[b] + extra - (table.weight_grad[b] if zb else 0.0))
             a = kept_bytes(table, b, layout, hidden_kept)
             kept.append(a)
             transient.append(max(0.0, table.saved[b] - a))
         experts = sum(table.experts[lo:hi]) / model.weight  # parameters in experts
         dense = sum(table.num_params[lo:hi]) - experts
         step = model.step_seconds(dense / self.shard + experts / self.shard_e)
-        return _Chunk(table, lo, hi, backward, kept, transient, step)
+        weight = table.weight_grad[lo:hi] if zb else []
+        weight_kept = table.weight_kept[lo:hi] if zb else []
+        return _Chunk(table, lo, hi, backward, kept, transient, step, weight, weight_kept)
 
     def _dense(self, chunk: _Chunk, b: int) -> float:
         return chunk.table.params[b] - chunk.table.experts[b]
@@ -254,8 +263,11 @@ class _Mesh:
     def _block(self, gpu: str, it: int, m: int, chunk: _Chunk, b: int, kind: str):
         ctx, machine = self.ctx, self.ctx.machine
         name = chunk.table.names[b]
-        compute = chunk.table.forward[b] if kind == "F" else chunk.backward_s[b - chunk.lo]
-        comms = self._inline(gpu, chunk, b, kind)
+        compute = {"F": chunk.table.forward[b], "B": chunk.backward_s[b - chunk.lo]}.get(kind)
+        if compute is None:  # W: the weight gradients' GEMMs, no collective on the critical path
+            compute, comms = chunk.weight_s[b - chunk.lo], []
+        else:
+            comms = self._inline(gpu, chunk, b, kind)
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
             start = ctx.env.now
@@ -267,7 +279,7 @@ class _Mesh:
                     iteration=it,
                     resource=gpu,
                     stream="compute",
-                    op="forward" if kind == "F" else "backward",
+                    op={"F": "forward", "B": "backward", "W": "weight_grad"}[kind],
                     start=start,
                     end=start + compute,
                     category=COMPUTE,
@@ -362,10 +374,32 @@ class _Mesh:
             }
         return self._times[key]
 
-    def _pass(self, gpu: str, it: int, m: int, kind: str, k: int = 0):
-        """Micro-batch m's forward or backward through the blocks of the rank's chunk k."""
+    def _weight_pass(self, gpu: str, it: int, m: int, k: int = 0):
+        """zb-h1: micro-batch m's weight gradients (W) through chunk k's blocks, last block first: each frees
+        what it kept from its B; the first micro-batch's write the gradients, the last's synchronise them."""
         ctx, chunk = self.ctx, self.chunks[gpu][k]
         memory = ctx.machine.gpus[gpu].memory
+        for b in list(chunk.blocks)[::-1]:
+            yield from self._block(gpu, it, m, chunk, b, "W")
+            memory.free(ctx.env.now, chunk.weight_kept[b - chunk.lo], "activations")
+            if m == 0:
+                memory.alloc(ctx.env.now, self._grads(chunk, b), "grads")
+            if m == self.M - 1:
+                self.synced[it, gpu, k, b] = ctx.env.process(self._sync(gpu, it, k, b))
+
+    def _grads(self, chunk: _Chunk, b: int) -> float:
+        """Block b's gradients on this rank (its shard of them under ZeRO-2/3)."""
+        dense, experts = self._dense(chunk, b), chunk.table.experts[b]
+        return dense + experts if self.o.zero < 2 else dense / self.shard + experts / self.shard_e
+
+    def _pass(self, gpu: str, it: int, m: int, kind: str, k: int = 0):
+        """Micro-batch m's forward or backward (zb-h1: its B, or W) through the blocks of chunk k."""
+        if kind == "W":
+            yield from self._weight_pass(gpu, it, m, k)
+            return
+        ctx, chunk = self.ctx, self.chunks[gpu][k]
+        memory = ctx.machine.gpus[gpu].memory
+        zb = bool(chunk.weight_s)
         order = list(chunk.blocks) if kind == "F" else list(chunk.blocks)[::-1]
         zero3 = self.o.zero == 3 and self.shard > 1
         keep = not self.o.reshard_after_forward
@@ -393,14 +427,13 @@ class _Mesh:
             else:
                 memory.alloc(ctx.env.now, chunk.transient[i], "activations")  # recomputed
             yield from self._block(gpu, it, m, chunk, b, kind)
-            if kind == "B":
+            if kind == "B" and zb:  # what W needs stays until it runs
+                memory.free(ctx.env.now, chunk.kept[i] + chunk.transient[i], "activations")
+                memory.alloc(ctx.env.now, chunk.weight_kept[i], "activations")
+            elif kind == "B":
                 memory.free(ctx.env.now, chunk.kept[i] + chunk.transient[i], "activations")
                 if m == 0:  # the first backward writes the gradients (this rank's shard of them: ZeRO-2/3)
-                    dense, experts = self._dense(chunk, b), chunk.table.experts[b]
-                    grads = (
-                        dense + experts if self.o.zero < 2 else dense / self.shard + experts / self.shard_e
-                    )
-                    memory.alloc(ctx.env.now, grads, "grads")
+                    memory.alloc(ctx.env.now, self._grads(chunk, b), "grads")
                 if last:
                     self.synced[it, gpu, k, b] = ctx.env.process(self._sync(gpu, it, k, b))
             if zero3 and (kind == "B" or not keep):
@@ -460,10 +493,13 @@ class _Mesh:
 
     # ---- the iteration ----------------------------------------------------------------------------------
     def order(self, s: int) -> list[tuple[str, int, int]]:
-        """(pass, chunk, micro-batch) in the order pipeline rank ``s`` runs them: 1F1B or GPipe, or
+        """(pass, chunk, micro-batch) in the order pipeline rank ``s`` runs them: 1F1B, GPipe, ZB-H1
+        (`zero_bubble.zb_h1_order`: passes F, B and W), or
         interleaved 1F1B over its chunks (Megatron-LM's: micro-batches in groups of pp through each chunk in
         turn, the warm-up (pp - s - 1) x 2 + (v - 1) x pp forwards)."""
         o, pp, v, M = self.o, self.o.pp, self.v, self.M
+        if o.schedule == "zb-h1":
+            return [(kind, 0, m) for kind, m in zb_h1_order(s, pp, M)]
         if v == 1:
             return [(kind, 0, m) for kind, m in schedule_order(o.schedule, s, pp, M)]
 
@@ -499,6 +535,9 @@ class _Mesh:
                 yield from ctx.get_batch(gpu, it, batch=o.micro_batch * self.M)
             for kind, k, m in self.order(s):
                 g = s + k * o.pp
+                if kind == "W":  # zb-h1: its own B ran before it
+                    yield from self._pass(gpu, it, m, kind, k)
+                    continue
                 if (kind == "F" and g > 0) or (kind == "B" and g < last):
                     yield self._event(gpu, it, kind, g, m)
                 yield from self._pass(gpu, it, m, kind, k)

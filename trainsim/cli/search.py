@@ -103,7 +103,8 @@ def search_cmd(
                                            help="Micro-batches to try."),
     recompute: str | None = typer.Option(None, "--recompute", metavar="none,selective,full",
                                          help="Activation recomputation to try."),
-    schedule: str | None = typer.Option(None, "--schedule", metavar="1f1b,gpipe", help="Pipeline schedules."),
+    schedule: str | None = typer.Option(None, "--schedule", metavar="1f1b,gpipe,zb-h1",
+                                         help="Pipeline schedules."),
     virtual_stages: str | None = typer.Option(None, "--virtual-stages", metavar="1,2,4",
                                               help="Interleaved 1F1B's model chunks per pipeline rank."),
     out: str | None = typer.Option(None, "--out", metavar="FILE.json", help="Also write the result as JSON."),
@@ -124,6 +125,7 @@ def search_cmd(
     from trainsim import api
     from trainsim.provenance import provenance
     from trainsim.sim.parallel.search import OBJECTIVES, PLOT_AXES, SearchSpace, mesh_supports_virtual_stages
+    from trainsim.sim.parallel.stage_costs import SCHEDULES
 
     distinct_outputs(("--out", out), ("--plot", plot))
     check_png("--plot", plot)
@@ -151,7 +153,7 @@ def search_cmd(
             raise TrainsimError(f"{zero!r}: ZeRO stages are 0, 1, 2 and 3", field="--zero")
         changes["zero"] = zeros
     for name, text, valid in (("recompute", recompute, ("none", "selective", "full")),
-                              ("schedule", schedule, ("1f1b", "gpipe"))):
+                              ("schedule", schedule, SCHEDULES)):
         values = _names(text, f"--{name}", valid)
         if values is not None:
             changes[name] = values

@@ -148,7 +148,11 @@ class MeshOptions(BaseModel):
     recompute: Literal["none", "selective", "full"] = Field(
         default="none", description="selective: the attention core is recomputed in backward; full: each "
                                     "block keeps only its input and runs its forward again")
-    schedule: Literal["1f1b", "gpipe"] = Field(default="1f1b", description="the pipeline schedule")
+    schedule: Literal["1f1b", "gpipe", "zb-h1"] = Field(
+        default="1f1b",
+        description="the pipeline schedule: 1f1b, gpipe, or zb-h1 (zero bubble: each backward split into its "
+                    "input and weight gradients, the weight gradients deferred into 1F1B's cool-down; at "
+                    "most pp micro-batches held on a stage, as stage 0 under 1F1B; Qi et al. 2023)")
     virtual_stages: int = Field(
         default=1, ge=1, le=64,
         description="model chunks per pipeline rank (interleaved 1F1B: the bubble shrinks by this factor; "
@@ -178,6 +182,9 @@ class MeshOptions(BaseModel):
                                  f"= {chunks} chunks")
             if any(k < 1 for k in self.stage_blocks):
                 raise ValueError("every stage needs at least one block")
+        if self.virtual_stages > 1 and self.schedule == "zb-h1":
+            raise ValueError("schedule zb-h1 runs one model chunk per pipeline rank: give virtual_stages 1 "
+                             "(interleaved zero bubble, ZB-V, is not modelled)")
         if self.virtual_stages > 1 and (self.pp == 1 or self.schedule != "1f1b"):
             raise ValueError("virtual_stages interleaves a 1f1b pipeline: give pp > 1 and schedule 1f1b")
         return self
