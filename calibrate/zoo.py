@@ -390,8 +390,9 @@ class GPT(nn.Module):
 
 
 class Rotary(nn.Module):
-    """RoPE on queries and keys (B, S, heads, head_dim), Hugging Face's rotate-half convention; cos and sin of
-    every position are buffers (not parameters), so a context-parallel run can shard them with the sequence."""
+    """RoPE on queries and keys (B, S, heads, head_dim), Hugging Face's rotate-half convention; cos and sin
+    of every position are buffers (not parameters), so a context-parallel run can shard them with the
+    sequence."""
 
     def __init__(self, head_dim: int, seq_len: int, theta: float = 500000.0):
         super().__init__()

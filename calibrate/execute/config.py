@@ -10,7 +10,8 @@ resolves one first. The fields the executor reads:
 - ``workload`` (zoo name or ``{name: tiny-cnn, image_size: 32}``) -> model, model_cfg
 - ``strategy.name`` / ``bucket_cap_mb`` / ``strategy.easgd`` (``variant``, ``tau``, ``centre``) /
   ``strategy.pipeline`` (``stages``, ``micro_batches``, ``schedule``, ``stage_layers``, ``blocking_sends``,
-  ``recompute``) / ``halo_overlap``, ``backward_halo`` -> strategy options
+  ``recompute``) / ``strategy.mesh`` (``tp``, ``cp``, ``zero``, ``sequence_parallel``, ``micro_batch``,
+  ``reshard_after_forward``, ...) / ``halo_overlap``, ``backward_halo`` -> strategy options
 - ``batch_size`` (global) or ``batch_per_gpu``, ``gpus`` (a count or a list of indices; none: one rank)
 - ``iterations``, ``warmup_iterations``, ``optimizer.name``, ``optimizer.lr``, ``precision``
 - ``host.pinned``, ``host.data_workers`` -> pinned host batches; prefetch threads with preload, else on
@@ -46,9 +47,9 @@ from trainsim.resolve import resolve_scenario
 
 DEVICES = ("cpu", "cuda")
 # what the executor runs
-STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "easgd", "pipeline", "spatial")
+STRATEGIES = ("single", "dp-gpu0", "ddp", "parameter-server", "easgd", "pipeline", "spatial", "mesh")
 # what a scenario may name (the simulator's strategies): the executor reports the others as skipped
-SCENARIO_STRATEGIES = (*STRATEGIES, "hybrid", "mesh")
+SCENARIO_STRATEGIES = (*STRATEGIES, "hybrid")
 BATCHNORM_MODELS = ("resnet18", "resnet50", "googlenet")  # no spatial split without synchronised BatchNorm
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "message-driven")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -158,6 +159,38 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
+class MeshConfig:
+    """Strategy ``mesh`` as the executor runs it (calibrate/execute/mesh.py): ``tp`` x ``cp`` x data parallel
+    ranks on a DeviceMesh (tensor parallelism innermost, as the simulator lays it out). The fields are the
+    scenario's ``strategy.mesh``; what the simulator models but the executor does not run (pipeline or
+    expert parallelism, ZeRO-1/2, HSDP, recomputation) maps here so that `infeasible_reason` names it."""
+
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    ep: int = 1
+    zero: int = 0  # 3: FSDP2 (fully_shard per block); 0: replicated (no data parallelism beside tp/cp)
+    shard: int | None = None
+    sequence_parallel: bool = False
+    micro_batch: int = 1  # samples per micro-batch: batch / (dp x micro_batch) accumulated per iteration
+    recompute: str = "none"
+    reshard_after_forward: bool = True
+    context: str = "allgather"
+
+    def __post_init__(self):
+        for name in ("tp", "cp", "pp", "ep", "micro_batch"):
+            _positive_int(getattr(self, name), f"mesh.{name}")
+        _choice(self.zero, (0, 1, 2, 3), "zero stage", "mesh.zero")
+        if self.sequence_parallel and self.tp == 1:
+            raise TrainsimError("sequence_parallel splits the norms over tensor parallelism: give tp > 1",
+                                field="mesh.sequence_parallel")
+
+    def dp(self, ranks: int) -> int:
+        """Data-parallel replicas (what is left of ``ranks`` after tp x cp x pp)."""
+        return ranks // (self.tp * self.cp * self.pp)
+
+
+@dataclass(frozen=True)
 class OptimizationsConfig:
     preload: int = 0  # batches prepared ahead by background threads (0: off); on CUDA also async H2D copies
     cpu_batch_split: bool = False  # dp-gpu0: each rank loads its own shard instead of rank 0 scattering
@@ -197,6 +230,7 @@ class ExecConfig:
     bucket_cap_mb: float = 25.0  # ddp
     easgd: EasgdConfig = field(default_factory=EasgdConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
     # spatial: the executor exchanges each halo before its layer (blocking send/recv); a scenario asking for
     # the interior computed while the halo is in flight (strategy.halo_overlap, its default) is not run
     halo_overlap: bool = False
@@ -236,7 +270,7 @@ class ExecConfig:
         if not (isinstance(self.bucket_cap_mb, int | float) and self.bucket_cap_mb > 0):
             raise TrainsimError(f"must be > 0, got {self.bucket_cap_mb!r}", field="bucket_cap_mb")
         _positive_int(self.batch_size, "batch_size")
-        if self.strategy not in ("pipeline", "spatial") and self.batch_size % self.ranks:
+        if self.strategy not in ("pipeline", "spatial", "mesh") and self.batch_size % self.ranks:
             raise TrainsimError(f"global batch {self.batch_size} does not divide over {self.ranks} ranks",
                                 field="batch_size")
         _choice(self.optimizer, OPTIMIZERS, "optimizer", "optimizer")
@@ -265,6 +299,8 @@ class ExecConfig:
                 raise TrainsimError(f"global batch {self.batch_size} does not split into "
                                     f"{self.ranks // stages} replica(s) x {self.pipeline.micro_batches} "
                                     "micro-batches", field="batch_size")
+        if self.strategy == "mesh":
+            self._check_mesh()
         if self.precision == "fp16" and opts.offload_optimizer_state:
             raise TrainsimError("fp16 loss scaling needs the optimizer on the device; use bf16 with "
                                 "offload_optimizer_state", field="precision")
@@ -272,8 +308,24 @@ class ExecConfig:
             raise TrainsimError("fp16 needs a loss scaler per stepping rank; use bf16 with "
                                 f"{self.strategy}", field="precision")
 
+    def _check_mesh(self) -> None:
+        mesh = self.mesh
+        group = mesh.tp * mesh.cp * mesh.pp
+        if self.ranks % group:
+            raise TrainsimError(f"tp x cp x pp = {group} does not divide the {self.ranks} ranks",
+                                field="mesh.tp")
+        per_replica = mesh.dp(self.ranks) * mesh.micro_batch
+        if self.batch_size % per_replica:
+            raise TrainsimError(f"global batch {self.batch_size} does not split into {mesh.dp(self.ranks)} "
+                                f"data-parallel replica(s) x micro_batch {mesh.micro_batch}",
+                                field="batch_size")
+
     @property
     def local_batch(self) -> int:
+        """Samples one rank loads per iteration: its data-parallel replica's share (mesh: the ranks of a
+        tensor/context-parallel group load the same samples)."""
+        if self.strategy == "mesh":
+            return self.batch_size // self.mesh.dp(self.ranks)
         return self.batch_size // self.ranks
 
     @property
@@ -321,6 +373,10 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
         if cfg.pipeline.blocking_sends and cfg.pipeline.schedule != "message-driven":
             return ("the executor's gpipe and 1f1b issue each send and go on, they do not wait for it; set "
                     "strategy.pipeline.blocking_sends: false to run and predict that")
+    if cfg.strategy == "mesh":
+        reason = mesh_infeasible(cfg)
+        if reason:
+            return reason
     if cfg.strategy == "spatial":
         from trainsim.calibrate.zoo import model_spec
 
@@ -356,6 +412,54 @@ def infeasible_reason(cfg: ExecConfig) -> str | None:
             return "fp16 autocast with a loss scaler is a CUDA path; CPU ranks run fp32 or bf16"
         if cfg.optimizations.param_compression == "bf16":
             return "gloo (CPU ranks) cannot all-reduce bf16; use fp16 or powersgd compression"
+    return None
+
+
+MESH_MODELS = ("llama-tiny",)  # zoo models whose blocks the executor's mesh knows how to shard
+
+
+def mesh_infeasible(cfg: ExecConfig) -> str | None:
+    """Why the executor does not run ``cfg``'s strategy mesh (None: it does). What it runs: FSDP2
+    (``zero: 3``, fully_shard per block), tensor parallelism with or without sequence parallelism, and on
+    CUDA ranks context parallelism, on one DeviceMesh (calibrate/execute/mesh.py)."""
+    from trainsim.calibrate.zoo import model_config
+
+    mesh, field = cfg.mesh, "strategy.mesh"
+    if cfg.model not in MESH_MODELS:
+        return f"the executor shards the zoo's Llama ({', '.join(MESH_MODELS)}) over a mesh, not {cfg.model}"
+    if mesh.pp > 1:
+        return f"the executor runs {field}.pp 1 (pipeline stages of image models: strategy pipeline)"
+    if mesh.ep > 1:
+        return f"the zoo's Llama has no experts: {field}.ep must be 1 to execute"
+    if mesh.zero in (1, 2):
+        return (f"{field}.zero {mesh.zero} is not executed: PyTorch's FSDP2 shards parameters too (zero 3); "
+                "with reshard_after_forward false it still all-gathers them every iteration, which is not "
+                "ZeRO-1/2's replicated parameters")
+    dp_cp = mesh.dp(cfg.ranks) * mesh.cp
+    if mesh.zero == 0 and dp_cp > 1:
+        return (f"{field}.zero 0 over {dp_cp} data/context-parallel ranks (DDP on a mesh) is not executed; "
+                "give zero 3 (FSDP2)")
+    if mesh.shard is not None and mesh.shard != mesh.dp(cfg.ranks):
+        return f"{field}.shard (HSDP) is not executed: FSDP2 shards over every data-parallel rank"
+    if mesh.recompute != "none":
+        return f"the executor does not recompute activations ({field}.recompute)"
+    config = model_config(cfg.model, **cfg.model_cfg)
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    if heads % mesh.tp or kv % mesh.tp:
+        return (f"{field}.tp {mesh.tp} must divide the {heads} query and {kv} key/value heads (the fused "
+                "projection is split by whole key/value groups)")
+    if mesh.cp > 1:
+        if cfg.device != "cuda":
+            return ("context parallelism (torch's context_parallel) shards SDPA's CUDA flash/efficient "
+                    "kernels; PyTorch has no sharding rule for the CPU flash kernel: it runs on CUDA ranks")
+        if config["seq_len"] % (2 * mesh.cp):
+            return f"the sequence of {config['seq_len']} tokens does not split into 2 x {field}.cp chunks"
+    opts = cfg.optimizations
+    if opts.offload_activations != "none" or opts.offload_optimizer_state or opts.preload:
+        return "the executor's mesh runs without offload or preload optimizations"
+    if cfg.precision == "fp16":
+        return "the executor's mesh trains fp32 or bf16 (fp16 needs a sharded loss scaler)"
     return None
 
 
@@ -430,6 +534,7 @@ def exec_config(scenario: Scenario, **overrides) -> ExecConfig:
         workers = sc.host.data_workers
         data["workers"] = max(1, workers) if opts.preload else workers
     pipe = st.pipeline
+    mesh = st.mesh
     precision = "fp32" if sc.precision == "tf32" else sc.precision  # TF32 is a matmul mode of fp32 training
     if precision in ("fp16", "bf16") and sc.mixed_precision != "autocast":
         # the simulator would model 16-bit weights and an fp32 master copy, which this executor lacks
@@ -448,6 +553,11 @@ def exec_config(scenario: Scenario, **overrides) -> ExecConfig:
             stages=pipe.stages, micro_batches=pipe.micro_batches, schedule=pipe.schedule,
             stage_layers=pipe.stage_layers, blocking_sends=pipe.blocking_sends,
             recompute=pipe.recompute) if pipe is not None else PipelineConfig(blocking_sends=True),
+        mesh=MeshConfig(
+            tp=mesh.tp, cp=mesh.cp, pp=mesh.pp, ep=mesh.ep, zero=mesh.zero, shard=mesh.shard,
+            sequence_parallel=mesh.sequence_parallel, micro_batch=mesh.micro_batch, recompute=mesh.recompute,
+            reshard_after_forward=mesh.reshard_after_forward,
+            context=mesh.context) if mesh is not None else MeshConfig(),
         halo_overlap=st.halo_overlap, backward_halo=st.backward_halo,
         batch_size=batch, optimizer=sc.optimizer.name, lr=sc.optimizer.lr, precision=precision,
         iterations=sc.iterations, warmup=sc.warmup_iterations, pinned=sc.host.pinned,

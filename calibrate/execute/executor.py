@@ -13,7 +13,9 @@ than cores or GPUs, a compression the backend lacks), returns the outcome marked
 Memory: on CUDA, ``torch.cuda.max_memory_allocated`` over the measured iterations (reset after warm-up).
 On the CPU, torch's allocator is invisible to tracemalloc, so it is the peak resident set (``VmHWM``, reset
 through ``/proc/self/clear_refs`` after the model is built) minus the resident set at that moment: the
-memory training added (activations, gradients, optimizer state, batches) as the OS saw it.
+memory training added (activations, gradients, optimizer state, batches) as the OS saw it. Strategy mesh
+on CPU ranks: the rank's persistent tensors plus the peak of torch's CPU allocator over the last warm-up
+iteration (``cpu.allocator_peak``, `mesh.AllocatorPeak`), comparable with the simulator's per-GPU peak.
 
 It stays one module: a rank's training loop, the launch of every rank and the summary of their
 timings are one run, and the variants' table is its output.
@@ -37,6 +39,8 @@ from trainsim.calibrate.execute.config import (
 from trainsim.errors import TrainsimError
 
 SCHEMA = "trainsim.measurement/1"
+#: strategy mesh's CPU peak: persistent tensors + torch's CPU allocator peak over one iteration (`mesh`)
+CPU_ALLOCATOR_PEAK = "cpu.allocator_peak"
 
 
 @dataclass
@@ -215,8 +219,17 @@ def _free_cores(ctx, cfg: ExecConfig) -> tuple[int, ...]:
 def _start_profiler(cfg: ExecConfig, it: int, cuda: bool):
     """A started torch.profiler for iteration ``it`` when it is the one to trace (the last warm-up
     iteration, so the measured ones carry no profiler overhead; the first iteration when there is no
-    warm-up), else None."""
-    if not cfg.profile_trace or it != max(cfg.warmup - 1, 0):
+    warm-up), else None. Strategy mesh on CPU ranks: an `AllocatorPeak` (a profiler with memory events,
+    which also writes the trace), started at the last warm-up iteration."""
+    if it != max(cfg.warmup - 1, 0):
+        return None
+    from trainsim.calibrate.execute.mesh import AllocatorPeak, allocator_peak_wanted
+
+    if allocator_peak_wanted(cfg, cuda):
+        probe = AllocatorPeak()
+        probe.start()
+        return probe
+    if not cfg.profile_trace:
         return None
     import torch
 
@@ -234,6 +247,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
 
     from trainsim.calibrate import zoo
     from trainsim.calibrate.execute.datapipe import SyntheticSource
+    from trainsim.calibrate.execute.mesh import AllocatorPeak
     from trainsim.calibrate.execute.strategies import Clock
 
     device = torch.device(ctx.device)
@@ -256,6 +270,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
     rss_reset = _reset_peak_rss() if not cuda else False
     clock = Clock(device)
     times, phases, losses = [], [], []
+    allocator_peak = None
     try:
         for it in range(total):
             if it == cfg.warmup:
@@ -264,6 +279,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
                     torch.cuda.reset_peak_memory_stats(device)
                 torch.distributed.barrier()  # measured iterations start together
             profiler = _start_profiler(cfg, it, cuda)
+            persistent = _persistent(strategy) if profiler is not None else 0
             # the traced iteration is a ProfilerStep#N span, as torch.profiler's schedule marks each step
             span = (torch.profiler.record_function(f"ProfilerStep#{it}") if profiler is not None
                     else contextlib.nullcontext())
@@ -277,9 +293,13 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
                 if cuda:
                     torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
-            if profiler is not None:
+            trace = f"{cfg.profile_trace}.rank{ctx.rank}.json" if cfg.profile_trace else None
+            if isinstance(profiler, AllocatorPeak):
+                profiler.stop(persistent, trace)
+                allocator_peak = profiler.peak
+            elif profiler is not None:
                 profiler.stop()
-                profiler.export_chrome_trace(f"{cfg.profile_trace}.rank{ctx.rank}.json")
+                profiler.export_chrome_trace(trace)
             if it >= cfg.warmup:
                 times.append(elapsed)
                 ph = clock.phases()
@@ -290,6 +310,8 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
         feeder.close()
     if cuda:
         peak, measure = int(torch.cuda.max_memory_allocated(device)), "cuda.max_memory_allocated"
+    elif allocator_peak is not None:
+        peak, measure = allocator_peak, CPU_ALLOCATOR_PEAK
     else:
         peak = max(0, _rss_bytes("VmHWM") - rss_base)
         measure = "cpu.peak_rss_delta" if rss_reset else "cpu.peak_rss_delta (peak since process start)"
@@ -307,6 +329,14 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
         extra["exchanges"] = strategy.exchanges
     return RankResult(rank=ctx.rank, iteration_s=times, phases=phases, losses=losses, peak_memory_bytes=peak,
                       memory_measure=measure, notes=notes, params=params, extra=extra)
+
+
+def _persistent(strategy) -> int:
+    """Bytes a rank holds between iterations (parameters, optimizer state): what `AllocatorPeak` adds."""
+    from trainsim.calibrate.execute.mesh import persistent_bytes
+
+    optimizer = getattr(strategy, "optimizer", None)
+    return persistent_bytes(strategy.model, optimizer) if optimizer is not None else 0
 
 
 # ---------------------------------------------------------------- the parent
@@ -362,7 +392,7 @@ def rank_main_many(ctx, cfgs: list[ExecConfig]) -> list[RankResult]:
     for cfg in cfgs:
         dist.barrier()
         result = rank_main(ctx, cfg)
-        if cfg.device == "cpu" and len(cfgs) > 1:
+        if cfg.device == "cpu" and len(cfgs) > 1 and result.memory_measure != CPU_ALLOCATOR_PEAK:
             result.memory_measure += " (process reused: freed memory is reused, so later runs read low)"
         results.append(result)
     return results
@@ -511,6 +541,10 @@ def make_strategy(ctx, cfg: ExecConfig, model, device):
         return Pipeline(ctx, cfg, model, device)
     if cfg.strategy == "spatial":
         return Spatial(ctx, cfg, model, device)  # every rank built the same model from the same seed
+    if cfg.strategy == "mesh":
+        from trainsim.calibrate.execute.mesh import Mesh
+
+        return Mesh(ctx, cfg, model, device)  # every rank built the same model from the same seed
     strategy = STRATEGIES[cfg.strategy](ctx, cfg, model, device)
     if cfg.strategy != "ddp":  # DDP broadcasts rank 0's parameters itself
         strategy.broadcast_initial()

@@ -57,7 +57,7 @@ def headline_lines(result: ValidationResult) -> list[str]:
         worst = acc["max_abs_speedup_error_pp"]
         lines.append(f"speedups over {result.baseline}: worst error {worst:.1f} pp; {side}")
     if acc["memory_compared"]:
-        lines.append(f"peak GPU memory (simulated vs torch.cuda.max_memory_allocated): median |error| "
+        lines.append(f"peak memory per rank (simulated vs measured: {_measures(result)}): median |error| "
                      f"{acc['median_abs_memory_error_pct']:.1f} % over {acc['memory_compared']} variant(s); "
                      f"worst {acc['worst_memory_error_pct']:+.1f} % ({acc['worst_memory_variant']})")
     if acc["measured_round_spread_pct"] is not None:
@@ -67,6 +67,19 @@ def headline_lines(result: ValidationResult) -> list[str]:
             line += f", a speedup {acc['measured_speedup_range_pp']:.1f} pp apart over the rounds"
         lines.append(line)
     return lines
+
+
+def _measures(result: ValidationResult) -> str:
+    measures = sorted({r.memory_measure for r in result.rows if r.memory_error_pct is not None})
+    return ", ".join(m.replace("cuda.", "torch.cuda.") for m in measures)
+
+
+def memory_lines(result: ValidationResult) -> list[str]:
+    """One line per variant whose peak memory is compared: predicted and measured MiB (the largest rank's),
+    how it was measured, and the error."""
+    return [f"{r.variant}: peak memory predicted {r.predicted_peak_memory_bytes / 2**20:.1f} MiB, measured "
+            f"{r.measured_peak_memory_bytes / 2**20:.1f} MiB ({r.memory_measure}), error "
+            f"{r.memory_error_pct:+.1f} %" for r in result.rows if r.memory_error_pct is not None]
 
 
 def reason_lines(result: ValidationResult) -> list[str]:
@@ -150,7 +163,7 @@ def report_markdown(result: ValidationResult, *, chart: str | None = CHART) -> s
              "speedup error in percentage points = 100 x (predicted - measured speedup).", ""]
     if result.status != "complete":
         lines += [f"**Status: {result.status}** (the rows below are what finished).", ""]
-    lines += [f"- {line}" for line in headline_lines(result)] + [""]
+    lines += [f"- {line}" for line in headline_lines(result) + memory_lines(result)] + [""]
     lines += _md_table(COLUMNS, table_rows(result)) + [""]
     if chart:
         lines += [f"![predicted vs measured]({chart})", ""]

@@ -63,7 +63,8 @@ class ValidationRow:
     predicted_peak_memory_bytes: int | None = None
     measured_peak_memory_bytes: int | None = None
     memory_measure: str | None = None
-    memory_error_pct: float | None = None  # against cuda.max_memory_allocated only
+    # against cuda.max_memory_allocated, or a mesh CPU rank's allocator peak (cpu.allocator_peak) only
+    memory_error_pct: float | None = None
     sim_trace: str | None = None  # relative to the report folder
     real_trace: str | None = None
 

@@ -80,7 +80,8 @@ def _print_validation(done, as_json: bool) -> None:
         return
     console = Console(width=None if sys.stdout.isatty() else 150)  # piped: keep the 11 columns readable
     console.print(report.rich_table(result))
-    for line in report.headline_lines(result) + report.reason_lines(result) + result.notes:
+    for line in (report.headline_lines(result) + report.memory_lines(result) + report.reason_lines(result)
+                 + result.notes):
         console.print(line, soft_wrap=True, markup=False)
     for what, path in files.items():
         console.print(f"{what} written to {path}", soft_wrap=True, markup=False)
