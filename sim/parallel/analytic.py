@@ -147,6 +147,7 @@ class LayoutTimer:
         (cached per kind of block)."""
         zb = layout.schedule == "zb-h1"
         key = ("block", table.kinds[b], layout.zero, layout.shard, layout.recompute, layout.context, zb,
+               layout.async_tp,
                mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
         hit = table.derived.get(key)
         if hit is not None:
@@ -186,7 +187,7 @@ class LayoutTimer:
         shard = mesh.shard_size
         zb = layout.schedule == "zb-h1"
         key = ("time", table.signature(lo, hi), layout.zero, layout.shard, layout.recompute, layout.context,
-               layout.reshard_after_forward, zb, mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
+               layout.reshard_after_forward, zb, layout.async_tp, mesh.tp, mesh.cp, mesh.pp, mesh.ep, gpu)
         hit = table.derived.get(key)
         if hit is not None:
             return hit

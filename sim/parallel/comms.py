@@ -5,7 +5,15 @@ Per pass of one micro-batch through a block (sim/parallel/stage_costs.py's `Bloc
 
 - tensor parallelism (``tp > 1``): after each row-split layer (and the vocabulary-parallel embedding and
   head), an all-reduce of the hidden states over the tensor-parallel group, or under sequence parallelism
-  an all-gather and a reduce-scatter of them; the same each way (forward and backward);
+  an all-gather and a reduce-scatter of them; the same each way (forward and backward). With ``async_tp``
+  (PyTorch's async tensor parallelism, a micro-pipelined collective matmul) each all-gather is split into
+  tp steps under the column-parallel GEMMs it feeds (forward; backward: under the row layer's input
+  gradient) and each reduce-scatter into tp steps under the row-parallel GEMM that makes it (backward: the
+  column layers' input gradient): tp GEMM steps and tp - 1 transfers, each transfer beside a GEMM step, so
+  a pair takes ``(tp - 1) max(C / tp, X / (tp - 1)) + C / tp`` for C the GEMMs and X the collective
+  (`Call.steps`), about max(C, X + C / tp), not C + X. The GEMMs take as long as they do alone (no
+  contention for the SMs is modelled for the inline collectives, with or without it). The embedding's and
+  head's collectives stay as they are;
 - context parallelism (``cp > 1``) on an attention block: the keys and values all-gathered over the
   context-parallel group (forward) and their gradients reduce-scattered (backward); or with ``context:
   ring`` ``cp - 1`` steps of one chunk to the ring's neighbour, hidden under the attention core's compute
@@ -30,7 +38,9 @@ __all__ = ["Call", "call_seconds", "pass_calls"]
 class Call:
     """One collective in a pass: ``op`` over the mesh group ``dim`` (tp, cp, ep; ``cp_pair``: a rank and
     its ring neighbour), ``nbytes`` as nccl-tests size it, ``repeat`` times in turn, hiding under
-    ``hidden_s`` seconds of compute; ``name`` says what it is (tp_allreduce, cp_ring, ep_dispatch...)."""
+    ``hidden_s`` seconds of compute; ``name`` says what it is (tp_allreduce, cp_ring, ep_dispatch...).
+    ``steps`` > 1: decomposed with that compute into that many steps, each step's transfer beside a step's
+    compute (async TP)."""
 
     name: str
     op: str
@@ -38,11 +48,18 @@ class Call:
     nbytes: float
     repeat: int = 1
     hidden_s: float = 0.0
+    steps: int = 1
 
 
 def call_seconds(call: Call, time_of: Callable[[str, str, float], float]) -> float:
-    """The exposed seconds of ``call``, ``time_of(op, dim, nbytes)`` timing one collective."""
-    return max(0.0, call.repeat * time_of(call.op, call.dim, call.nbytes) - call.hidden_s)
+    """The exposed seconds of ``call``, ``time_of(op, dim, nbytes)`` timing one collective: beyond the
+    compute it hides under (with ``steps`` n: n compute steps and n - 1 transfers, each transfer beside a
+    compute step, ``(n - 1) max(C / n, X / (n - 1)) + C / n - C``)."""
+    seconds = call.repeat * time_of(call.op, call.dim, call.nbytes)
+    if call.steps > 1:
+        n, c = call.steps, call.hidden_s
+        return (n - 1) * max(c / n, seconds / (n - 1)) + c / n - c
+    return max(0.0, seconds - call.hidden_s)
 
 
 def _calls(table, b: int, layout, config: dict, act: float, kind: str) -> list[Call]:
@@ -53,7 +70,14 @@ def _calls(table, b: int, layout, config: dict, act: float, kind: str) -> list[C
     if tp > 1 and points:
         nbytes = mb * seq / cp * hidden * act
         ops = ("allgather", "reduce_scatter") if layout.sequence_parallel else ("allreduce",)
-        out += [Call(f"tp_{op}", op, "tp", nbytes) for _ in range(points) for op in ops]
+        gemms = table.tp_gemms[b] if getattr(layout, "async_tp", False) and layout.sequence_parallel else ()
+        if len(gemms) != table.row_layers[b]:
+            gemms = ()
+        for col_f, col_b, row_f, row_b in gemms:  # async TP: each collective in steps under its GEMMs
+            under = (col_f, row_f) if kind == "F" else (row_b, col_b)
+            out += [Call(f"tp_{op}", op, "tp", nbytes, hidden_s=c, steps=tp)
+                    for op, c in zip(ops, under, strict=True)]
+        out += [Call(f"tp_{op}", op, "tp", nbytes) for _ in range(points - len(gemms)) for op in ops]
     if cp > 1 and table.attention[b]:
         heads = config.get("num_attention_heads", 1)
         kv_dim = (config.get("num_key_value_heads") or heads) * (

@@ -64,6 +64,7 @@ class SearchSpace:
     schedule: tuple[str, ...] = ("1f1b", "gpipe")
     virtual_stages: tuple[int, ...] = (1, 2, 4)
     sequence_parallel: tuple[bool, ...] = (True, False)
+    async_tp: tuple[bool, ...] = (False,)  # (False, True): also async TP where sequence parallelism is on
     context: tuple[str, ...] = ("allgather", "ring")
 
 
@@ -232,12 +233,13 @@ def enumerate_layouts(model: ModelCosts, gpus: int, batch: int, space: SearchSpa
                     elif not scheds:
                         continue  # interleaving is 1F1B's, and the space does not hold it
                     for schedule, sp, zero in itertools.product(scheds, sps, space.zero):
-                        for shard, rc, context in itertools.product(shards if zero >= 1 else [None],
-                                                                    space.recompute, contexts):
+                        asyncs = [a for a in space.async_tp if sp or not a] or [False]
+                        for shard, rc, context, at in itertools.product(shards if zero >= 1 else [None],
+                                                                        space.recompute, contexts, asyncs):
                             out.append(Layout(tp=tp, cp=cp, pp=pp, ep=ep, zero=zero, shard=shard,
                                               sequence_parallel=sp, micro_batch=mb, recompute=rc,
                                               schedule=schedule, stage_blocks=split, context=context,
-                                              virtual_stages=v))
+                                              virtual_stages=v, async_tp=at))
     return out
 
 

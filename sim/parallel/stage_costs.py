@@ -63,6 +63,7 @@ class Layout:
     reshard_after_forward: bool = True
     expert_imbalance: float = 1.0
     virtual_stages: int = 1
+    async_tp: bool = False
 
     @classmethod
     def of(cls, options) -> Layout:
@@ -105,7 +106,7 @@ class Layout:
             zero += f"/shard{self.shard}"
         parts.append(zero)
         if self.sequence_parallel:
-            parts.append("sp")
+            parts.append("sp+async" if self.async_tp else "sp")
         parts.append(f"mb{self.micro_batch}")
         if self.recompute != "none":
             parts.append(f"rc={self.recompute[:4]}")
@@ -145,6 +146,10 @@ class BlockTable:
     # and the bytes W needs from B until it runs (each linear layer's saved input and output gradient)
     weight_grad: list[float] = field(default_factory=list)
     weight_kept: list[float] = field(default_factory=list)
+    # async TP (sim/parallel/comms.py): per row-split layer, the seconds of the GEMMs its collectives overlap:
+    # (the column-parallel linears before it, forward; their input gradient; the row layer forward; its
+    # input gradient)
+    tp_gemms: list[tuple] = field(default_factory=list)
     kinds: list = field(default_factory=list)  # per block: "pre", "post" or the index of a block alike
     workspace_bytes: float = 0.0
     derived: dict = field(default_factory=dict)  # per-layout caches of `memory` and `analytic`
@@ -190,6 +195,32 @@ def _weight_kept(layer, costs, i: int) -> float:
         return 0.0
     out = costs.output_bytes_per_layer[i]
     return out if layer.kind == "embedding" else costs.saved_bytes_per_layer[i] + out
+
+
+def _tp_gemms(layers, idx, costs, config: dict) -> tuple:
+    """Per row-split linear of a block, in order: (forward and input-gradient seconds of the column-split
+    linears since the previous row layer, forward and input-gradient seconds of the row layer). A linear's
+    input gradient is half its backward (dX and dW: two GEMMs of equal FLOPs)."""
+    if not config:
+        return ()
+    from trainsim.sim.compute.transformers import layer_role
+
+    out, col_f, col_b = [], 0.0, 0.0
+    for i in idx:
+        layer = layers[i]
+        if layer.kind != "linear":
+            continue
+        try:
+            role = layer_role(layer.name)
+        except KeyError:
+            continue
+        if role == "column":
+            col_f += costs.forward_s[i]
+            col_b += costs.backward_s[i] / 2
+        elif role == "row":
+            out.append((col_f, col_b, costs.forward_s[i], costs.backward_s[i] / 2))
+            col_f = col_b = 0.0
+    return tuple(out)
 
 
 def stage_ranges(blocks: int, pp: int, stage_blocks=None, *, pre: bool = True, post: bool = True
@@ -295,6 +326,7 @@ class ModelCosts:
                 sum(costs.saved_bytes_per_layer[i] for i in idx if _column_linear(layers[i], self.config)),
                 sum(costs.backward_s[i] * W_SHARE.get(layers[i].kind, 0.0) for i in idx),
                 sum(_weight_kept(layers[i], costs, i) for i in idx),
+                _tp_gemms(layers, idx, costs, self.config),
             )
         # the reduced split names its blocks by position: map the model's blocks to their representative's
         position = {b: k for k, b in enumerate(unique)}

@@ -14,9 +14,10 @@ a pass runs the stage's blocks (sim/parallel/split.py) in order, forward or back
 - inside it, the collectives that sit on the critical path run in turn with the compute (Megatron issues
   them synchronously on the compute stream's order): tensor parallelism's all-reduces (or all-gathers and
   reduce-scatters), context parallelism's key/value exchange, expert parallelism's all-to-alls, and under
-  recomputation the forward's again (sim/parallel/comms.py lists them). Their time is the analytic
-  collective model on that group's GPUs of the topology (sim/collectives/ops.py), the bytes credited to its
-  links;
+  recomputation the forward's again (sim/parallel/comms.py lists them; with ``async_tp`` sequence
+  parallelism's in tp steps under the GEMMs beside them, what they do not hide added). Their time is the
+  analytic collective model on that group's GPUs of the topology (sim/collectives/ops.py), the bytes
+  credited to its links;
 - ZeRO-3/FSDP: before a block's forward its parameters are all-gathered over the shard group (expert
   parameters over the ranks of the shard holding the same experts) on the communication channel, the next
   block's gathered while this one computes (FSDP's prefetch); the gathered copy is freed after the block's
@@ -583,6 +584,7 @@ class _Mesh:
             "micro_batch": o.micro_batch,
             "micro_batches": self.M,
             "sequence_parallel": o.sequence_parallel,
+            "async_tp": o.async_tp,
             "recompute": o.recompute,
             "schedule": o.schedule,
             "virtual_stages": self.v,

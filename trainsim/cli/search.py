@@ -99,6 +99,8 @@ def search_cmd(
     ep: str | None = typer.Option(None, "--ep", metavar="1,2,...", help="Expert-parallel degrees to try."),
     zero: str | None = typer.Option(None, "--zero", metavar="0,1,2,3", help="ZeRO stages to try."),
     no_hsdp: bool = typer.Option(False, "--no-hsdp", help="No HSDP shard groups (shard over all of dp)."),
+    async_tp: bool = typer.Option(False, "--async-tp",
+                                  help="Also try async tensor parallelism where sequence parallelism is on."),
     micro_batch: str | None = typer.Option(None, "--micro-batch", metavar="1,2,4",
                                            help="Micro-batches to try."),
     recompute: str | None = typer.Option(None, "--recompute", metavar="none,selective,full",
@@ -159,6 +161,8 @@ def search_cmd(
             changes[name] = values
     if no_hsdp:
         changes["hsdp"] = False
+    if async_tp:
+        changes["async_tp"] = (False, True)
     space = dataclasses.replace(SearchSpace(), **changes)
     counts = list(_ints(gpus, "--gpus")) if gpus is not None else None
     if counts is not None and 0 in counts:

@@ -144,6 +144,10 @@ class MeshOptions(BaseModel):
     sequence_parallel: bool = Field(
         default=False, description="with tp: norms and dropout split by tokens, all-gather and "
                                    "reduce-scatter instead of all-reduce")
+    async_tp: bool = Field(
+        default=False, description="with sequence_parallel: each all-gather and reduce-scatter split into tp "
+                                   "steps under the GEMMs it feeds or follows (PyTorch's async tensor "
+                                   "parallelism)")
     micro_batch: int = Field(default=1, ge=1, le=2**24, description="samples (sequences) per micro-batch")
     recompute: Literal["none", "selective", "full"] = Field(
         default="none", description="selective: the attention core is recomputed in backward; full: each "
@@ -182,6 +186,9 @@ class MeshOptions(BaseModel):
                                  f"= {chunks} chunks")
             if any(k < 1 for k in self.stage_blocks):
                 raise ValueError("every stage needs at least one block")
+        if self.async_tp and not self.sequence_parallel:
+            raise ValueError("async_tp overlaps sequence parallelism's all-gathers and reduce-scatters with "
+                             "the GEMMs: give sequence_parallel: true (and tp > 1)")
         if self.virtual_stages > 1 and self.schedule == "zb-h1":
             raise ValueError("schedule zb-h1 runs one model chunk per pipeline rank: give virtual_stages 1 "
                              "(interleaved zero bubble, ZB-V, is not modelled)")
