@@ -207,3 +207,21 @@ def test_cli_bad_mesh_is_one_line_naming_the_file(tmp_path):
         "the 8 GPUs of the run; valid: a product that divides 8 (data parallelism "
         "takes what is left)"
     )
+
+
+def test_tensor_parallelism_across_machines_is_allowed_with_a_note(tmp_path):
+    import yaml
+
+    doc = scenario({"tp": 16, "sequence_parallel": True}, topology="dgx-h100-4node", gpus=16, batch_size=1)
+    doc["workload"] = {"name": "llama3-8b", "seq_len": 2048, "num_hidden_layers": 2}
+    doc["strategy"]["collectives"] = "analytic"
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["simulate", str(path)])
+    assert result.exit_code == 0, result.output
+    note = ("note: tensor parallelism of 16 (tp 16) crosses the network between machines: its collectives on "
+            "every layer leave the NVLink domain")
+    assert note in " ".join(result.output.split())
+    inside = CliRunner().invoke(app, ["simulate", str(path), "--set", "strategy.mesh.tp=8", "--set",
+                                      "batch_size=2", "--json"])
+    assert inside.exit_code == 0 and '"notes": []' in inside.output

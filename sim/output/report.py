@@ -33,6 +33,16 @@ def headline(result: Result) -> str:
     return f"{run} -> iteration {_ms(result.iteration_time_s)}, {result.samples_per_s:,.1f} samples/s {mean}"
 
 
+def notes(result: Result) -> list[str]:
+    """The strategy's notes on the run (e.g. strategy mesh: a tensor-parallel group that crosses the
+    network between machines), from ``result.extra``."""
+    out = []
+    for value in result.extra.values():
+        if isinstance(value, dict):
+            out += [str(note) for note in value.get("notes", ())]
+    return out
+
+
 def host_dispatch(result: Result) -> str | None:
     """One line on the host's dispatch of a rank's layers against the GPU's time for them, where modelled."""
     host = result.extra.get("host_dispatch")

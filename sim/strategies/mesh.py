@@ -595,11 +595,13 @@ class _Mesh:
     def _notes(self) -> list[str]:
         notes = []
         machine_of = self.topology.machine_of
+        names = {"tp": "tensor parallelism", "cp": "context parallelism"}
         for dim in ("tp", "cp"):
-            if getattr(self.o, dim) > 1 and self.mesh.crosses_machines(dim, machine_of):
+            degree = getattr(self.o, dim)
+            if degree > 1 and self.mesh.crosses_machines(dim, machine_of):
                 notes.append(
-                    f"{dim} {getattr(self.o, dim)} spans more than one machine: its collectives "
-                    "cross the network"
+                    f"{names[dim]} of {degree} ({dim} {degree}) crosses the network between machines: "
+                    "its collectives on every layer leave the NVLink domain"
                 )
         return notes
 

@@ -90,6 +90,8 @@ def simulate_cmd(
         console.print(table)
     if line := report.host_dispatch(result):
         console.print(line)
+    for note in report.notes(result):
+        console.print(f"note: {note}", markup=False)
     for line in result.oom:
         console.print(f"[bold red]OUT OF MEMORY (a result, not an error): {line}[/]")
     for path, what in ((trace_out, "trace"), (records_out, "records"), (chakra_out, "Chakra traces")):
