@@ -82,6 +82,22 @@ def test_the_shipped_sweep_resolves():
     assert {sweep.resolve(p).topology for p in sweep.points} == {"dgx-a100", "dgx1-v100", "pcie-8gpu-2socket"}
 
 
+@pytest.mark.slow
+def test_the_large_model_sweep_runs_end_to_end(tmp_path):
+    assert "llama3-8b-dgx-h100-layouts" in list_specs()
+    sweep = load_spec("llama3-8b-dgx-h100-layouts")
+    assert len(sweep.points) == 48
+    out = tmp_path / "layouts.csv"
+    result = invoke("sweep", "llama3-8b-dgx-h100-layouts", "-o", out, "--workers", "1", "--json")
+    assert result.exit_code == 0, result.output
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 48 and {row["status"] for row in rows} == {"ok"}
+    oom = {(row["point.strategy.mesh.zero"], row["point.strategy.mesh.tp"])
+           for row in rows if row["oom"] == "true"}
+    assert ("0", "1") in oom and ("3", "1") not in oom  # DDP of 8B does not fit 80 GB; FSDP does
+
+
 def test_pareto_front():
     points = [(1, 10), (2, 15), (2, 12), (3, 14), (4, 20), (1, 9), (5, 20)]
     assert pareto_front(points) == [0, 1, 4]
