@@ -140,6 +140,8 @@ class Simulation:
             loop_holds_output=self.strategy.loop_holds_output, extra=extra,
             plugins=plugins_for(sc, host=self.host, codec_s=measured.codec_s if measured else None,
                                 prefetch_distance=prefetch))
+        if self.ctx.settings.comm_interference and len(self.ranks) > 1:
+            self.machine.enable_interference(self.ctx.simulated)
         self.window = MeasuredWindow(self.machine, sc.warmup_iterations, self.ctx.total_iterations,
                                      self.ctx.simulated, stop)
         self.ctx.on_iteration_end.append(self.window)

@@ -304,6 +304,17 @@ def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: fl
     return min(pairs, key=lambda pair: _nccl_time(topo, op, names, *pair, nbytes))
 
 
+def full_rate_busbw(topo: Topology, op: str, gpus: Sequence[str | int] | None, algo: str) -> float:
+    """GB/s of bus bandwidth the plan of ``algo`` reaches at its links' full rate (what NCCL's channel count
+    follows, `nccl_tuning.channels`); 0 for one rank. Cached with the plans."""
+    names = _names(topo, gpus)
+    if len(names) < 2:
+        return 0.0
+    plan_collective(topo, op, names, algo, "simple")  # builds the plan and its bandwidth term
+    beta = _plans[topo][("bandwidth", op, algo, tuple(names))]
+    return bus_factor(op, len(names)) / beta / GB if beta > 0 else 0.0
+
+
 def _correction(topo: Topology, names: list[str], algo: str, op: str, proto: str, nbytes: float) -> float:
     if measured.figure(topo, op, algo, proto) is not None:
         return 1.0  # a measured figure already is what the box does at every size

@@ -84,6 +84,10 @@ class RankCosts:
     # seconds the host takes to dispatch each layer's forward and backward (`dispatch`); empty: not modelled
     forward_host_s: list[float] = field(default_factory=list)
     backward_host_s: list[float] = field(default_factory=list)
+    # each layer pass's (sm, hbm) make-up (`bounds`): how it shares the GPU with overlapping communication;
+    # empty: taken as matrix work
+    forward_loads: list[tuple[float, float]] = field(default_factory=list)
+    backward_loads: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def grad_bytes(self) -> float:
@@ -170,6 +174,9 @@ def rank_costs(
     last = workload.layers[-1]
     autocast = mixed(precision) and mixed_precision == "autocast"
     host = dispatch_seconds(workload, device, roofline.measured_device(workload, measured_on)) or ([], [])
+    from .bounds import workload_loads  # the roofline's split, as ``roofline`` above
+
+    loads = workload_loads(workload, device, batch, precision)
     forward = [float(f) for f, _ in times]
     backward = [float(b) for _, b in times]
     if here:
@@ -200,6 +207,8 @@ def rank_costs(
         workspace_bytes=float(training_workspace_bytes(device, workspace_config)),
         forward_host_s=host[0],
         backward_host_s=host[1],
+        forward_loads=loads[0],
+        backward_loads=loads[1],
     )
 
 

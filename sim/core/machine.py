@@ -16,6 +16,9 @@ Everything that moves bytes is a flow on a topology route, so transfers contend 
   training loop makes; default ``PAGEABLE_COPY_RATE`` = 10.5 GB/s, the pageable figure on PCIe Gen4 in
   docs/hardware-figures.md, where the link, at 25.8 GB/s pinned, is not what limits it: the CPU memcpy is).
 
+Compute and communication kernels on one GPU share its SMs and HBM (`interference`): with
+`Machine.enable_interference`, work on a compute stream slows while a collective holds some of them.
+
 Every piece of work is recorded as an `Op` (what, where, when, how many bytes, which route) for the result,
 the flat records and the trace.
 """
@@ -32,6 +35,7 @@ from trainsim.topologies.links import GB, PAGEABLE_GBPS
 
 from .devices import DeviceSpec, get_device
 from .flows import FlowNetwork
+from .interference import HBM_STREAM_FRACTION, MATRIX, Contention, Load, run_pieces
 from .latency import CallLatencyModel, CallSite, RouteLatency
 from .memory import MemoryTracker
 
@@ -82,6 +86,9 @@ class Gpu:
         self.host_memory = host_memory
         self.memory = MemoryTracker(capacity, name, record=record_memory)
         self._env = env
+        # the communication in flight that compute shares the GPU with (`Machine.enable_interference`); None:
+        # compute runs at its nominal time whatever overlaps it
+        self.contention: Contention | None = None
 
     @cached_property
     def streams(self) -> dict[str, simpy.Resource]:
@@ -188,6 +195,15 @@ class Machine:
         return self.record(iteration=iteration, resource=resource, stream=stream, op=op, start=start,
                            end=self.env.now, **fields)
 
+    def enable_interference(self, gpus) -> None:
+        """Compute on ``gpus`` (GPU devices with a known SM count) shares the GPU with the communication
+        kernels that overlap it (`interference`); a CPU rank's compute is held by gloo's copies instead."""
+        for g in gpus:
+            gpu = self.gpus[g]
+            if gpu.device.kind == "gpu" and gpu.device.sm_count and gpu.contention is None:
+                gpu.contention = Contention(self.env, gpu.device.sm_count,
+                                            gpu.device.memory_bandwidth * HBM_STREAM_FRACTION)
+
     # ---- work -----------------------------------------------------------------------------------------
     def run(
         self,
@@ -199,13 +215,18 @@ class Machine:
         iteration: int,
         layer: str | None = None,
         category: str | None = COMPUTE,
+        load: Load = MATRIX,
         **args,
     ):
-        """A SimPy process body: ``duration`` seconds of work on a GPU stream (waits for the stream)."""
+        """A SimPy process body: ``duration`` seconds of work on a GPU stream (waits for the stream). On the
+        compute stream, work of ``load`` (`interference.Load`) slows while communication overlaps it."""
         with self.gpus[gpu].streams[stream].request() as req:
             yield req
             start = self.env.now
-            if duration > 0:
+            contention = self.gpus[gpu].contention if stream == "compute" else None
+            if contention is not None:
+                yield from run_pieces(self.env, contention, start, start + duration, (duration,), (load,))
+            elif duration > 0:
                 yield self.env.timeout(duration)
             self.record_since(start, gpu, stream, op, iteration, category=category, layer=layer, args=args)
 

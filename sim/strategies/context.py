@@ -28,6 +28,7 @@ import simpy
 
 from trainsim.sim.compute.costs import RankCosts, weight_bytes
 from trainsim.sim.compute.dispatch import gpu_spans
+from trainsim.sim.core.interference import MATRIX, STREAMING, restamp, run_pieces, warp
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE, DATA, Machine
@@ -215,7 +216,11 @@ class Context:
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
             start = env.now
-            spans, dispatched = self._spans(gpu, start, layers, [times[i] for i in layers], saved_delta > 0)
+            seconds = [times[i] for i in layers]
+            spans, marks = self._spans(gpu, start, layers, seconds, saved_delta > 0)
+            dispatched = marks[:-1] if marks is not None else None
+            first_op = len(machine.ops)
+            first_event = len(memory.timeline)
             grads = costs.output_bytes_per_layer if saved_delta < 0 else []
             last = len(costs.layer_names) - 1
             run_start = 0  # the first layer of the current run of layers with no gap between them
@@ -241,14 +246,26 @@ class Context:
                     first_name, last_name = costs.layer_names[layers[run_start]], costs.layer_names[i]
                     record(spans[run_start][0], end, f"{first_name}..{last_name}", run_start)
                     run_start = k + 1
-            if spans and spans[-1][1] > start:
-                yield env.timeout(spans[-1][1] - start)
+            stamped = (first_op, len(machine.ops)), (first_event, len(memory.timeline))
+            contention = machine.gpus[gpu].contention
+            if contention is None:
+                if spans and spans[-1][1] > start:
+                    yield env.timeout(spans[-1][1] - start)
+                return
+            if not spans:
+                return
+            loads = costs.forward_loads if saved_delta > 0 else costs.backward_loads
+            actual = yield from run_pieces(env, contention, start, spans[-1][1], seconds,
+                                           [loads[i] for i in layers] if loads else [MATRIX] * len(layers),
+                                           dispatched, marks[1:] if marks is not None else None)
+            if actual is not None:  # communication overlapped it: what was stamped nominally moves
+                restamp(machine, memory, *stamped, warp(spans, actual))
 
     def _spans(self, gpu: str, start: float, layers: list[int], times: list[float],
                forward: bool) -> tuple[list[tuple[float, float]], list[float] | None]:
         """Each of ``layers``' (start, end) on the GPU, whose stream is the rank's from ``start``: back to
         back, or as their dispatch allows (the host's progress kept in `host_free`); and when the host began
-        dispatching each (None where its dispatch is not modelled)."""
+        dispatching each, then when it finished the last (None where its dispatch is not modelled)."""
         costs = self.costs[gpu]
         host_s = costs.forward_host_s if forward else costs.backward_host_s
         if not host_s:
@@ -260,7 +277,7 @@ class Context:
             host_free = max(host_free, start)
         dispatch = [host_s[i] for i in layers]
         spans, state.host_free = gpu_spans(start, host_free, times, dispatch)
-        return spans, list(accumulate(dispatch, initial=host_free))[:-1]
+        return spans, list(accumulate(dispatch, initial=host_free))
 
     def forward(self, gpu: str, iteration: int):
         """Every layer's forward on the compute stream; saved activations allocated as they are made."""
@@ -302,6 +319,7 @@ class Context:
                 self.costs[gpu].step_s,
                 op="optimizer",
                 iteration=iteration,
+                load=STREAMING,
                 optimizer=self.settings.optimizer,
             )
         self.zero_grad(gpu)
@@ -351,6 +369,7 @@ class Context:
         topology, or the analytic alpha-beta time when ``collectives: analytic``. ``call``: what the strategy
         knows of this call (e.g. how far apart the ranks arrived), for the machine's latency model."""
         from trainsim.sim.collectives import ops as coll
+        from trainsim.sim.collectives.footprint import footprint
 
         gpus = gpus or self.ranks
         if len(gpus) < 2 or nbytes <= 0:
@@ -361,6 +380,11 @@ class Context:
         requests = [machine.gpus[g].streams["comm"].request() for g in local]
         yield env.all_of(requests)
         start = env.now
+        # the NCCL kernel is resident from now to its end: its CTAs and HBM traffic slow overlapping compute
+        shared = [machine.gpus[g].contention for g in local if machine.gpus[g].contention is not None]
+        if shared:
+            fp = footprint(machine.topology, op, gpus, nbytes, algo=self.settings.collective_algo)
+            holds = [c.hold(fp.ctas, fp.demand) for c in shared]
         tag = f"it{iteration}:{op}{label}"
         paid = machine.latency.cost(call or CallSite(op), nbytes, now=env.now)
         if paid is not None:  # the call's own cost (a measured host's), then its bytes
@@ -380,6 +404,9 @@ class Context:
                 )
             )
         machine.release_compute(held)
+        if shared:
+            for c, h in zip(shared, holds, strict=True):
+                c.release(h)
         for g, req in zip(local, requests, strict=True):
             machine.gpus[g].streams["comm"].release(req)
         algo = self.settings.collective_algo

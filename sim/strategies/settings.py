@@ -43,6 +43,7 @@ class RunSettings:
     # None: every pass takes its nominal time
     jitter_spec: JitterSpec | None = None
     compute_model: str = "roofline"  # how layer times not measured on a device are estimated (costs.py)
+    comm_interference: bool = True  # compute slows while communication kernels hold SMs and HBM (interference)
 
     @classmethod
     def of(cls, scenario: Scenario, *, prep_s_per_sample: float, jitter_spec: JitterSpec | None,
@@ -60,4 +61,4 @@ class RunSettings:
             collective_algo=st.collective_algo, ps_cores=st.ps_cores, ps_socket=st.ps_socket, detail=detail,
             batch_size=scenario.batch_size, strategy=st, optimizations=opts, preload_depth=opts.preload,
             cpu_batch_split=opts.cpu_batch_split, jitter_spec=jitter_spec,
-            compute_model=scenario.compute_model)
+            compute_model=scenario.compute_model, comm_interference=scenario.comm_interference)

@@ -387,6 +387,11 @@ class Scenario(_Strict):
                     "precision): roofline (a fixed fraction of peak FLOP/s or bandwidth) or kernels (the "
                     "kernel model: each layer's kernels timed from figures fitted on measured kernels); CPU "
                     "devices keep the roofline")
+    comm_interference: bool = Field(
+        default=True,
+        description="communication kernels share the GPU with the compute they overlap: while a collective "
+                    "runs, its NCCL channels hold SMs (one CTA each) and its bytes take HBM bandwidth, so "
+                    "overlapped layers slow by the share they lose (false: overlap is free)")
     host: HostSpec = Field(default_factory=HostSpec)
     optimizations: Optimizations = Field(default_factory=Optimizations)
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
