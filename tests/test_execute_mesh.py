@@ -2,6 +2,7 @@
 transformer workload, the executor's configuration and refusals, measured layers split over tensor
 parallelism, and (slow) 2-rank gloo runs of FSDP2 and TP whose parameters match one process's."""
 
+import dataclasses
 import math
 
 import pytest
@@ -240,3 +241,14 @@ def single_start(measurement):
     torch.manual_seed(measurement.config["seed"])
     model = zoo.build_model("llama-tiny", **SMALL)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fsdp_on_one_gpu_runs_its_collectives_and_reads_cuda_memory():
+    from trainsim.calibrate.execute.executor import run
+
+    cfg = _run("mesh", 1, 8, mesh=MeshConfig(zero=3, micro_batch=8))
+    measured = run(dataclasses.replace(cfg, device="cuda", oversubscribe=False))
+    assert measured.memory_measure == "cuda.max_memory_allocated"
+    assert measured.peak_memory_bytes[0] > 0 and measured.median_s > 0

@@ -26,7 +26,7 @@ Phases on the clock: ``forward``, ``backward`` (with FSDP's overlapped collectiv
 Peak memory on CPU ranks (`AllocatorPeak`): the bytes of the rank's persistent tensors at the start of one
 iteration (its parameters as held, shards under FSDP, and optimizer state; gradients are freed between
 iterations) plus the peak of the bytes torch's CPU allocator handed out during that iteration and had not
-freed (torch.profiler's memory events, ``Total Allocated``: activations, gathered parameters, gradients,
+freed (the running sum of torch.profiler's memory events: activations, gathered parameters, gradients,
 communication buffers, temporaries). The iteration measured is the last warm-up one (profiling costs time).
 Memory freed during it that was allocated before it (the previous batch) is not subtracted, so it can read a
 little high; memory outside torch's allocator (gloo's own buffers, the interpreter) is not counted.
@@ -92,8 +92,14 @@ class AllocatorPeak:
         finally:
             if os.path.exists(path):
                 os.remove(path)
-        allocated = [e["args"].get("Total Allocated", 0) for e in events if e.get("name") == "[memory]"]
-        self.peak = persistent + int(max(allocated, default=0))
+        # the running sum of the iteration's allocations and frees (the allocator's own Total Allocated also
+        # keeps memory allocated in an earlier profile and freed outside it, so it is no baseline)
+        deltas = sorted((e["ts"], e["args"].get("Bytes", 0)) for e in events if e.get("name") == "[memory]")
+        live = peak = 0
+        for _, nbytes in deltas:
+            live += nbytes
+            peak = max(peak, live)
+        self.peak = persistent + int(peak)
 
 
 class Mesh(Strategy):

@@ -1,0 +1,114 @@
+"""Strategy mesh predicted vs executed on this box: `trainsim validate`'s rows for the llama-tiny mesh
+variants (FSDP2, TP, TP with sequence parallelism), with the parts of each prediction beside the measured
+phases, and the size of what the simulator's mesh strategy leaves out on CPU ranks.
+
+    python benchmarks/mesh_validate.py --calibration DIR   # a bundle that calibrated llama-tiny here
+    python benchmarks/mesh_validate.py --calibrate DIR     # calibrate it first (quick, ~4 min on CPU)
+    python benchmarks/mesh_validate.py --calibrate DIR --scenario validate-gpu   # on a GPU box
+
+Per row: predicted and measured mean iteration (ms) and error; the prediction's compute and exposed
+communication; the executor's forward, backward and optimizer phases; peak memory per rank predicted and
+measured (cpu.allocator_peak or cuda.max_memory_allocated) and its error. On CPU ranks also: the factor the
+other strategies put on a calibrated CPU rank's layer times (`sim.hosts.rank_step.measured_scale`: the whole
+step alone over the in-process profile, and the slowdown with every rank of the host computing), which the
+mesh strategy's block costs do not carry, and the tensor-parallel collectives per iteration with gloo's
+measured per-call cost (the bundle's collectives.json), which its inline collectives (the topology's
+alpha-beta) do not carry either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "validate-cpu": ["single-llama-tiny", "fsdp-2-llama-tiny", "tp2-llama-tiny", "tp2-sp-llama-tiny"],
+    "validate-gpu": ["single-llama-tiny", "fsdp-1-llama-tiny", "fsdp-2-llama-tiny", "tp2-sp-llama-tiny",
+                     "cp2-llama-tiny"],
+}
+
+
+def calibrate(out: str, device: str) -> None:
+    cmd = ["trainsim", "calibrate", "--model", "llama-tiny", "--device", device, "--quick", "--batch-sizes",
+           "1,2,4" if device == "cpu" else "4,8,16", "-o", out]
+    if device == "cpu":
+        cmd += ["--ranks", "2"]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def left_out(scenario: str, variant: str, calibration: str, cfg) -> dict:
+    """What the mesh strategy's prediction of ``variant`` does not carry on CPU ranks (see the module)."""
+    from trainsim.calibrate.validate.run import predict
+    from trainsim.resolve import bundle_call_latencies, load_bundle
+    from trainsim.sim.hosts.call_latency import cost
+    from trainsim.sim.hosts.rank_step import measured_scale
+    from trainsim.sim.output.records import records
+
+    bundle = load_bundle(calibration)
+    result = predict(scenario, variant, calibration)
+    first = sorted(result.machine.gpus)[0]
+    last = result.iterations - 1
+    calls = [r for r in records(result)
+             if r["resource"] == first and r["iteration"] == last and r["op"].startswith("tp_")]
+    latency = bundle_call_latencies(bundle)
+    gloo_s = sum(cost(latency.get(r["op"].removeprefix("tp_"), 0.0), r["bytes"]) for r in calls)
+    device = result.machine.gpus[first].device
+    scale = measured_scale(bundle.workload, device, cfg.mesh.micro_batch, sharing=cfg.ranks)
+    return {"tp_calls": len(calls), "tp_gloo_s": gloo_s, "host_scale": scale}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", help="a bundle that calibrated llama-tiny on this box")
+    parser.add_argument("--calibrate", metavar="DIR", help="calibrate llama-tiny into DIR first")
+    parser.add_argument("--scenario", default="validate-cpu", choices=sorted(VARIANTS))
+    parser.add_argument("--variants", help="comma-separated (default: the scenario's llama-tiny rows)")
+    args = parser.parse_args(argv)
+    from trainsim.calibrate.execute.config import exec_config_from_scenario
+    from trainsim.calibrate.validate.run import validate
+
+    scenario = str(ROOT / "scenarios" / f"{args.scenario}.yaml")
+    device = "cpu" if args.scenario == "validate-cpu" else "cuda"
+    calibration = args.calibration
+    if args.calibrate:
+        calibrate(args.calibrate, device)
+        calibration = args.calibrate
+    if not calibration:
+        sys.exit("give --calibration DIR or --calibrate DIR")
+    names = args.variants.split(",") if args.variants else VARIANTS[args.scenario]
+    result = validate(scenario, calibration, names, progress=lambda text: print(text, flush=True))
+    print(f"\n{'variant':20s} {'pred ms':>8s} {'meas ms':>8s} {'err %':>7s}  {'pred compute/comm ms':>20s}  "
+          f"{'meas fwd/bwd/opt ms':>20s}  {'pred MiB':>8s} {'meas MiB':>8s} {'err %':>6s}")
+    for row in result.rows:
+        if row.predicted_s is None or row.measured_s is None:
+            print(f"{row.variant:20s} {row.status}: {row.reason}")
+            continue
+        p, m = row.predicted_breakdown_s, row.measured_breakdown_s
+        pred = f"{p.get('compute', 0) * 1e3:.0f}/{p.get('exposed_communication', 0) * 1e3:.0f}"
+        meas = "/".join(f"{m.get(k, 0) * 1e3:.0f}" for k in ("forward", "backward", "optimizer"))
+        mem = ""
+        if row.memory_error_pct is not None:
+            mib = (row.predicted_peak_memory_bytes / 2**20, row.measured_peak_memory_bytes / 2**20)
+            mem = f"{mib[0]:8.1f} {mib[1]:8.1f} {row.memory_error_pct:+6.1f}"
+        times = f"{row.predicted_s * 1e3:8.1f} {row.measured_s * 1e3:8.1f} {row.error_pct:+7.1f}"
+        print(f"{row.variant:20s} {times}  {pred:>20s}  {meas:>20s}  {mem}")
+    if device != "cpu":
+        return
+    print("\nwhat the mesh strategy's prediction leaves out on CPU ranks:")
+    for row in result.rows:
+        cfg = exec_config_from_scenario(scenario, row.variant)
+        if cfg.strategy != "mesh" or row.predicted_s is None:
+            continue
+        out = left_out(scenario, row.variant, calibration, cfg)
+        compute = row.predicted_breakdown_s.get("compute", 0.0)
+        print(f"{row.variant:20s} host scale on layer times x{out['host_scale']:.2f} "
+              f"(compute {compute * 1e3:.0f} -> {compute * out['host_scale'] * 1e3:.0f} ms); "
+              f"{out['tp_calls']} TP collectives at gloo's per-call cost: {out['tp_gloo_s'] * 1e3:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
