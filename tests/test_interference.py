@@ -11,6 +11,7 @@ from trainsim.sim.core.interference import (
     Contention,
     Walk,
     factor,
+    overlapped_seconds,
 )
 from trainsim.sim.core.machine import build_machine
 from trainsim.topologies import load_topology
@@ -155,3 +156,13 @@ def test_back_to_back_pieces_walk_as_pieces_with_host_times_that_never_hold_them
         assert fast.end((0.9, 0.1)) == pytest.approx(slow.end((0.9, 0.1)))
     flat = [[t for span in walk.finish((0.9, 0.1)) for t in span] for walk in (fast, slow)]
     assert flat[0] == pytest.approx(flat[1]) and all(type(t) is float for t in flat[0] + flat[1])
+
+
+def test_the_closed_form_agrees_with_the_simulated_overlap():
+    s = (A100_SMS - 12) / A100_SMS
+    end, ops = _overlapped_run(MATRIX, 12, 0.0)
+    # the first kernel from 2 ms on: 8 ms of work that starts with the 4 ms collective
+    assert 2 * MS + overlapped_seconds(8 * MS, 4 * MS, factor(MATRIX, (s, 0.0))) == pytest.approx(
+        dict(ops)["forward"])
+    assert overlapped_seconds(8.0, 100.0, 2.0) == 16.0  # all of it beside the collective
+    assert overlapped_seconds(8.0, 4.0, 1.0) == 8.0

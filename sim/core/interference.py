@@ -56,6 +56,17 @@ def factor(load: Load, state: tuple[float, float]) -> float:
     return max(sm / s, hbm * max(1.0, hbm + h)) + 1.0 - bound
 
 
+def overlapped_seconds(compute_s: float, comm_s: float, slowdown: float) -> float:
+    """Closed form for analytic models: wall seconds of ``compute_s`` of compute that starts with a
+    collective of ``comm_s`` seconds and runs ``slowdown`` (`factor`) times slower beside it. The part of
+    the wall time the two share is min(comm_s, compute_s x slowdown); in it only 1 / slowdown of the nominal
+    work gets done, so the compute ends that share x (1 - 1 / slowdown) later than alone."""
+    if compute_s <= 0 or comm_s <= 0 or slowdown <= 1.0:
+        return compute_s
+    shared = min(comm_s, compute_s * slowdown)
+    return compute_s + shared * (1.0 - 1.0 / slowdown)
+
+
 class Contention:
     """One GPU's communication in flight: CTAs held and HBM demand (bytes/s), and who waits on a change.
 
@@ -132,7 +143,8 @@ class Walk:
         """`factor` of pieces k.. under ``state`` (the last state's kept: a change asks for it twice)."""
         if self.cached is None or self.cached[0] != state:
             s, h = state
-            self.cached = state, np.maximum(self.sm / s, self.hbm * np.maximum(1.0, self.hbm + h)) + self.launch
+            memory = self.hbm * np.maximum(1.0, self.hbm + h)
+            self.cached = state, np.maximum(self.sm / s, memory) + self.launch
         return self.cached[1][k:]
 
     def _ends(self, state: tuple[float, float]) -> np.ndarray:
