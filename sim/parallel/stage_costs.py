@@ -251,11 +251,13 @@ _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 class ModelCosts:
     """A workload on a device at a precision and optimizer (and ``compute_model``: how layer times are
-    estimated, `rank_costs`): `BlockTable`s for layouts (cached)."""
+    estimated, `rank_costs`; ``fp8``: the linear layers' GEMMs in fp8 as Transformer Engine runs them,
+    `fp8.fp8_costs`): `BlockTable`s for layouts (cached)."""
 
     def __init__(self, workload: Workload, device: DeviceSpec, precision: str = "bf16",
-                 optimizer: str = "adam", mixed_precision: str = "master", compute_model: str = "roofline"):
-        self.workload, self.device = workload, device
+                 optimizer: str = "adam", mixed_precision: str = "master", compute_model: str = "roofline",
+                 fp8: bool = False):
+        self.workload, self.device, self.fp8 = workload, device, fp8
         self.precision, self.optimizer, self.mixed_precision = precision, optimizer, mixed_precision
         self.compute_model = compute_model
         self.config = transformer_config(workload) or {}
@@ -307,6 +309,10 @@ class ModelCosts:
         extra = {"compute_model": self.compute_model} if self.compute_model != "roofline" else {}
         costs = rank_costs(split.workload, self.device, micro_batch, self.precision, self.optimizer,
                            mixed_precision=self.mixed_precision, **extra)
+        if self.fp8:
+            from .fp8 import fp8_costs
+
+            costs = fp8_costs(costs, split.workload, self.device, micro_batch, self.act)
         layers = split.workload.layers
         per_block = {}
         for block in split.blocks:

@@ -143,6 +143,13 @@ def _check(run) -> None:
         raise TrainsimError(
             "shard (HSDP) shards the state: give zero 1, 2 or 3", file=sc.source, field=f"{FIELD}.shard"
         )
+    if o.fp8:
+        from trainsim.sim.core.devices import get_device
+        from trainsim.sim.parallel.fp8 import check_fp8
+
+        for name in sorted({run.topology.gpu_spec(g) for g in run.ranks}):
+            device = (getattr(run, "devices", None) or {}).get(name) or get_device(name)
+            check_fp8(device, file=sc.source, field=f"{FIELD}.fp8")
 
 
 def _representatives(run):
@@ -195,6 +202,7 @@ class _Mesh:
                     ctx.settings.optimizer,
                     mixed_precision=ctx.settings.mixed_precision,
                     compute_model=ctx.settings.compute_model,
+                    fp8=o.fp8,
                 )
             model = self.model = models[device.name]
             table = model.blocks(self.layout)
@@ -585,6 +593,7 @@ class _Mesh:
             "micro_batches": self.M,
             "sequence_parallel": o.sequence_parallel,
             "async_tp": o.async_tp,
+            "fp8": o.fp8,
             "recompute": o.recompute,
             "schedule": o.schedule,
             "virtual_stages": self.v,

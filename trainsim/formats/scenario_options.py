@@ -148,6 +148,10 @@ class MeshOptions(BaseModel):
         default=False, description="with sequence_parallel: each all-gather and reduce-scatter split into tp "
                                    "steps under the GEMMs it feeds or follows (PyTorch's async tensor "
                                    "parallelism)")
+    fp8: bool = Field(
+        default=False, description="the linear layers' GEMMs in fp8 as Transformer Engine runs them (delayed "
+                                   "scaling: casts of inputs, weights and output gradients); attention and "
+                                   "norms in the scenario's precision; a GPU with fp8 tensor cores")
     micro_batch: int = Field(default=1, ge=1, le=2**24, description="samples (sequences) per micro-batch")
     recompute: Literal["none", "selective", "full"] = Field(
         default="none", description="selective: the attention core is recomputed in backward; full: each "
