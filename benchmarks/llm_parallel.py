@@ -16,8 +16,10 @@
     (rail-optimised NDR, 2,048 DGX nodes) with analytic collectives: wall time, step, memory; the closed
     forms beside it.
 (f) `trainsim search`: Llama 3 70B on 1,024 H100s (and 405B on 16,384): layouts ranked, time, the best.
+(g) Llama 3 70B, tp 8 + SP x pp 4 on four DGX H100 (16 sequences of 8192): ZB-H1 against 1F1B (bubble and
+    memory), async TP against plain, fp8 against bf16, each simulated and in closed form.
 
-Run: python benchmarks/llm_parallel.py [--quick]   (--quick: no 405B search)
+Run: python benchmarks/llm_parallel.py [--quick] [--part g]   (--quick: no 405B search; --part: one part)
 """
 
 from __future__ import annotations
@@ -277,16 +279,54 @@ def part_f(model: str, nodes: int, gpus: int, batch: int) -> None:
               f"{c.simulated_figures['tokens_per_s']:>12,.0f}")
 
 
+# ---- (g) -----------------------------------------------------------------------------------------------
+
+def part_g() -> None:
+    print("\n(g) Llama 3 70B, tp 8 + sp x pp 4 x zero 1 on 4 x DGX H100, 16 x 8192 tokens: schedule, "
+          "async TP, fp8")
+    base = {"tp": 8, "pp": 4, "sequence_parallel": True, "zero": 1}
+    rows = [("1f1b, bf16", {}), ("zb-h1", {"schedule": "zb-h1"}), ("async tp", {"async_tp": True}),
+            ("fp8", {"fp8": True}), ("zb-h1 + async tp + fp8", {"schedule": "zb-h1", "async_tp": True,
+                                                                "fp8": True})]
+    print(f"    {'variant':<24} {'sim s':>8} {'analytic s':>10} {'diff':>8} {'bubble s':>9} "
+          f"{'tp exposed s':>12} {'sim GiB (stages)':<30} {'closed max GiB':>14} {'|err|':>7}")
+    for name, extra in rows:
+        mesh = {**base, **extra}
+        doc = scenario(mesh, topology="dgx-h100-4node", workload={"name": "llama3-70b", "seq_len": 8192},
+                       batch=16)
+        run = resolve(doc)
+        result = Simulation(run, record=False).run()
+        model = ModelCosts(run.workload, H100, "bf16", "adam", fp8=mesh.get("fp8", False))
+        layout = Layout.of(mesh)
+        predicted = LayoutTimer(model, run.topology, run.ranks, 16).time(layout)
+        closed = stage_memory(model, layout, 32, 16)
+        sims = [result.gpus[s * 8].memory_peak_bytes for s in range(4)]
+        err = max(abs(c.peak / m - 1) for c, m in zip(closed, sims, strict=True))
+        diff = predicted.iteration_s / result.iteration_time_s - 1
+        print(f"    {name:<24} {result.iteration_time_s:>8.3f} {predicted.iteration_s:>10.3f} {diff:>+8.2%} "
+              f"{predicted.bubble_s:>9.3f} {predicted.inline_comm_s:>12.3f} "
+              f"{' '.join(f'{m / GIB:6.2f}' for m in sims):<30} {max(c.peak for c in closed) / GIB:>14.2f} "
+              f"{err:>7.1e}")
+    print("    bubble: the pipeline's fill and drain (1F1B) or its idle beyond the busiest stage's passes\n"
+          "    (ZB-H1); tp exposed: the slowest stage's critical-path collectives a step (analytic)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 405B search")
+    parser.add_argument("--part", choices=list("abcdefg"), help="run only this part")
     args = parser.parse_args()
+    if args.part:
+        {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "g": part_g,
+         "f": lambda: part_f("llama3-70b", 128, 1024, 512)}[args.part]()
+        return
     part_a()
     part_b()
     part_c()
     part_d()
     part_e()
     part_f("llama3-70b", 128, 1024, 512)
+    part_g()
     if not args.quick:
         part_f("llama3-405b", 2048, 16384, 2048)
 
