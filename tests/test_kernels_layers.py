@@ -105,3 +105,18 @@ def test_a_profiled_ops_shape_is_its_kernels():
     convs = op_kernels(["conv", 4, 3, 8, 32, 32, 3, 3, 1, 1, 1, "backward_data+backward_weight"], "fp32")
     assert [c.pass_ for c in convs] == ["backward_data", "backward_weight"]
     assert op_kernels((), "fp32") == []
+
+
+def test_a_split_attention_is_timed_as_its_rank_s_share_of_heads_and_queries():
+    # tensor parallelism splits the heads, context parallelism the queries (sim/parallel/split.py scales the
+    # layer's output and FLOPs); the kernel model times the rank's share, not the whole layer
+    from trainsim.sim.parallel.stage_costs import Layout, ModelCosts
+
+    workload = build_analytic("llama3-8b", seq_len=8192, num_hidden_layers=2)  # whole waves
+    costs = ModelCosts(workload, get_device("h100-sxm"), "bf16", "adam", compute_model="kernels")
+    whole = costs.blocks(Layout.of({"tp": 1})).core[1]
+    assert costs.blocks(Layout.of({"tp": 4})).core[1] == pytest.approx(whole / 4, rel=0.05)
+    assert costs.blocks(Layout.of({"cp": 2})).core[1] == pytest.approx(whole / 2, rel=0.05)
+    # 4 heads x 1,024 queries: 32 blocks, one wave on 132 SMs where the whole layer takes 16: a 64th of the
+    # work in a 16th of the time (the rank's SMs mostly idle)
+    assert costs.blocks(Layout.of({"tp": 8, "cp": 8})).core[1] == pytest.approx(whole / 16, rel=0.05)

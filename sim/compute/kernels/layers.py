@@ -212,20 +212,32 @@ def _attention(layer, batch, precision, storage, itemsize, config, autocast=Fals
     seq = int(seq)
     if seq < 1:
         raise LayerUnknown("an attention whose sequence length cannot be told")
-    common = dict(batch=batch, heads=heads, q_len=seq, kv_len=seq, head_dim=head_dim, causal=causal,
+    q_len, kv_len = seq, seq
+    # a rank's share of the layer (tensor parallelism splits the heads, context parallelism the queries:
+    # sim/parallel/split.py scales the output and FLOPs): its query rows of all heads, as whole heads of
+    # every query where they divide, else as one head of its rows against the mean keys a query sees
+    rows = out_elements / (seq * head_dim)
+    if abs(rows - heads) > 1e-6 * heads:
+        if rows >= 1 and abs(rows - round(rows)) < 1e-6:
+            heads = round(rows)
+        else:
+            q_len = max(1, round(rows * seq))
+            kv_len = (seq + 1) // 2 if causal else seq
+            heads, causal = 1, False
+    common = dict(batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim, causal=causal,
                   fused=fused, dtype=precision)
     forward, backward = [Attention(**common)], [Attention(**common, backward=True)]
     if not fused:  # q, k, v made contiguous for the batched GEMMs; the output transposed back
-        qkv = batch * 3 * seq * heads * head_dim
-        out = batch * seq * heads * head_dim
+        qkv = batch * 3 * q_len * heads * head_dim
+        out = batch * q_len * heads * head_dim
         forward += [Streaming("copy", qkv, dtype=STORAGE[precision]),
                     Streaming("copy", out, dtype=STORAGE[precision])]
         backward += [Streaming("copy", qkv, dtype=STORAGE[precision]),
                      Streaming("copy", out, dtype=STORAGE[precision])]
         if autocast and STORAGE[precision] != "fp32":  # the softmax runs in fp32: its 16-bit scores are
-            scores = batch * heads * seq * seq       # read as fp32-sized values and cast back for P·V
-            forward += [Streaming("softmax", scores, reads=1, writes=1, dtype=STORAGE[precision], row=seq)]
-            backward += [Streaming("softmax", scores, reads=2, writes=1, dtype=STORAGE[precision], row=seq)]
+            scores = batch * heads * q_len * kv_len  # read as fp32-sized values and cast back for P·V
+            forward += [Streaming("softmax", scores, reads=1, writes=1, dtype=STORAGE[precision], row=kv_len)]
+            backward += [Streaming("softmax", scores, reads=2, writes=1, dtype=STORAGE[precision], row=kv_len)]
     return forward, backward
 
 
