@@ -13,7 +13,10 @@ other strategies put on a calibrated CPU rank's layer times (`sim.hosts.rank_ste
 step alone over the in-process profile, and the slowdown with every rank of the host computing), which the
 mesh strategy's block costs do not carry, and the tensor-parallel collectives per iteration with gloo's
 measured per-call cost (the bundle's collectives.json), which its inline collectives (the topology's
-alpha-beta) do not carry either.
+alpha-beta) do not carry either; and FSDP's collectives' whole time beside the part left exposed (the
+strategy overlaps them with compute as a GPU's NCCL would; gloo runs them on the rank's own cores). And the
+single row's peak memory measured as the mesh rows measure theirs (one process, `mesh.AllocatorPeak`), beside
+what strategy single's memory model predicts for it.
 """
 
 from __future__ import annotations
@@ -52,13 +55,46 @@ def left_out(scenario: str, variant: str, calibration: str, cfg) -> dict:
     result = predict(scenario, variant, calibration)
     first = sorted(result.machine.gpus)[0]
     last = result.iterations - 1
-    calls = [r for r in records(result)
-             if r["resource"] == first and r["iteration"] == last and r["op"].startswith("tp_")]
+    ops = [r for r in records(result) if r["resource"] == first and r["iteration"] == last]
+    calls = [r for r in ops if r["op"].startswith("tp_")]
+    fsdp = [r for r in ops if r["stream"] == "comm" and r["op"] in ("allgather", "reduce_scatter")]
     latency = bundle_call_latencies(bundle)
     gloo_s = sum(cost(latency.get(r["op"].removeprefix("tp_"), 0.0), r["bytes"]) for r in calls)
     device = result.machine.gpus[first].device
     scale = measured_scale(bundle.workload, device, cfg.mesh.micro_batch, sharing=cfg.ranks)
-    return {"tp_calls": len(calls), "tp_gloo_s": gloo_s, "host_scale": scale}
+    return {"tp_calls": len(calls), "tp_gloo_s": gloo_s, "host_scale": scale, "fsdp_calls": len(fsdp),
+            "fsdp_s": sum(r["duration_s"] for r in fsdp)}
+
+
+def single_allocator_peak(cfg) -> float:
+    """MiB: one process training ``cfg``'s model at its batch, the CPU allocator peak of its third step
+    (`mesh.AllocatorPeak`, as the mesh rows measure it), on one thread: the single row's memory in the
+    mesh rows' measure."""
+    import torch
+
+    from trainsim.calibrate import zoo
+    from trainsim.calibrate.execute.mesh import AllocatorPeak, persistent_bytes
+    from trainsim.calibrate.execute.strategies import make_optimizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed)
+    model = zoo.build_model(cfg.model, **cfg.model_cfg)
+    optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
+    x, y = zoo.example_batch(cfg.model, cfg.batch_size, **cfg.model_cfg)
+
+    def step():
+        zoo.loss_fn(cfg.model, model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    step()
+    probe = AllocatorPeak()
+    persistent = persistent_bytes(model, optimizer)
+    probe.start()
+    step()
+    probe.stop(persistent)
+    return probe.peak / 2**20
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,6 +134,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row.variant:20s} {times}  {pred:>20s}  {meas:>20s}  {mem}")
     if device != "cpu":
         return
+    single = next((row for row in result.rows if row.strategy == "single"), None)
+    if single is not None and single.predicted_peak_memory_bytes:
+        mib = single_allocator_peak(exec_config_from_scenario(scenario, single.variant))
+        predicted = single.predicted_peak_memory_bytes / 2**20
+        error = (predicted / mib - 1) * 100
+        print(f"\n{single.variant}: peak memory predicted {predicted:.1f} MiB (strategy single's memory "
+              f"model), cpu.allocator_peak of one process {mib:.1f} MiB ({error:+.1f} %)")
     print("\nwhat the mesh strategy's prediction leaves out on CPU ranks:")
     for row in result.rows:
         cfg = exec_config_from_scenario(scenario, row.variant)
@@ -105,9 +148,16 @@ def main(argv: list[str] | None = None) -> None:
             continue
         out = left_out(scenario, row.variant, calibration, cfg)
         compute = row.predicted_breakdown_s.get("compute", 0.0)
-        print(f"{row.variant:20s} host scale on layer times x{out['host_scale']:.2f} "
-              f"(compute {compute * 1e3:.0f} -> {compute * out['host_scale'] * 1e3:.0f} ms); "
-              f"{out['tp_calls']} TP collectives at gloo's per-call cost: {out['tp_gloo_s'] * 1e3:.0f} ms")
+        line = (f"{row.variant:20s} host scale on layer times x{out['host_scale']:.2f} (compute "
+                f"{compute * 1e3:.0f} -> {compute * out['host_scale'] * 1e3:.0f} ms)")
+        if out["tp_calls"]:
+            gloo_ms = out["tp_gloo_s"] * 1e3
+            line += f"; {out['tp_calls']} TP collectives at gloo's per-call cost: {gloo_ms:.0f} ms"
+        if out["fsdp_calls"]:
+            exposed = row.predicted_breakdown_s.get("exposed_communication", 0.0)
+            line += (f"; {out['fsdp_calls']} FSDP collectives take {out['fsdp_s'] * 1e3:.0f} ms, "
+                     f"{exposed * 1e3:.0f} ms exposed (gloo runs them on the rank's cores)")
+        print(line)
 
 
 if __name__ == "__main__":

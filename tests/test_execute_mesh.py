@@ -252,3 +252,18 @@ def test_fsdp_on_one_gpu_runs_its_collectives_and_reads_cuda_memory():
     measured = run(dataclasses.replace(cfg, device="cuda", oversubscribe=False))
     assert measured.memory_measure == "cuda.max_memory_allocated"
     assert measured.peak_memory_bytes[0] > 0 and measured.median_s > 0
+
+
+@pytest.mark.slow
+def test_tp_by_fsdp_on_a_two_dimensional_mesh_trains_as_one_process():
+    """4 gloo ranks (oversubscribed: a correctness check, not a timing) as dp 2 x tp 2 with sequence
+    parallelism and FSDP2 over the data-parallel pairs end where one process does."""
+    from trainsim.calibrate.execute.executor import run
+
+    single = run(_run("single", 1, 8))
+    mesh = run(_run("mesh", 4, 8, mesh=MeshConfig(tp=2, zero=3, sequence_parallel=True, micro_batch=4)))
+    moved = single.ranks[0].params - single_start(single)
+    whole = moved.size
+    for rank in mesh.ranks:
+        assert abs(rank.params - single.ranks[0].params).max() <= 1e-4 * abs(moved).max()
+        assert rank.extra["local_params"] < whole / 2  # a quarter of the split tensors, half of the norms
