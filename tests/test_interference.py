@@ -12,6 +12,7 @@ from trainsim.sim.core.interference import (
     Walk,
     factor,
     overlapped_seconds,
+    settle,
 )
 from trainsim.sim.core.machine import build_machine
 from trainsim.topologies import load_topology
@@ -166,3 +167,39 @@ def test_the_closed_form_agrees_with_the_simulated_overlap():
         dict(ops)["forward"])
     assert overlapped_seconds(8.0, 100.0, 2.0) == 16.0  # all of it beside the collective
     assert overlapped_seconds(8.0, 4.0, 1.0) == 8.0
+
+
+def test_compute_slows_the_collective_in_turn_where_hbm_runs_out():
+    machine = build_machine(load_topology(tiny_topology(gpus=2)))
+    machine.enable_interference(["gpu0"])
+    env, contention = machine.env, machine.gpus["gpu0"].contention
+    achievable = contention.hbm_bandwidth
+    ends = {}
+
+    def collective(demand):
+        yield env.timeout(2 * MS)
+        held = contention.hold(0, demand)
+        mark = contention.lost
+        yield env.timeout(4 * MS)  # its bytes at full rate
+        yield from settle(env, [contention], [mark])
+        contention.release(held)
+        ends["collective"] = env.now
+
+    def compute(load):
+        yield from machine.run("gpu0", "compute", 20 * MS, op="forward", iteration=0, load=load)
+        ends["compute"] = env.now
+
+    env.process(compute(STREAMING))
+    env.process(collective(0.5 * achievable))
+    env.run()
+    # both ask for 1.5 x what HBM gives: the collective's 4 ms take 6, the compute loses 2 ms of its 6
+    assert ends["collective"] == pytest.approx(8 * MS)
+    assert ends["compute"] == pytest.approx(22 * MS)
+    # beside matrix work (no HBM demand to speak of) the collective keeps its time
+    machine = build_machine(load_topology(tiny_topology(gpus=2)))
+    machine.enable_interference(["gpu0"])
+    env, contention = machine.env, machine.gpus["gpu0"].contention
+    env.process(compute(MATRIX))
+    env.process(collective(0.5 * achievable))
+    env.run()
+    assert ends["collective"] == pytest.approx(6 * MS) and ends["compute"] == pytest.approx(20 * MS)

@@ -117,7 +117,7 @@ def footprint(topo: Topology, op: str, gpus: Sequence[str], nbytes: float, *, al
     else:
         used, how = ops.choose(topo, op, gpus, nbytes, algo=algo, proto=proto)
         cc = ops.compute_capability(topo, gpus)
-        busbw = ops.full_rate_busbw(topo, op, gpus, used)
+        busbw = ops.full_rate_busbw(topo, op, gpus, used, how)
         seconds = ops.collective_time(topo, op, gpus, nbytes, algo=used, proto=how)
         ctas = nccl_ctas(cc, op, used, how, len(gpus), nbytes, busbw)
         moved = hbm_bytes(op, used, len(gpus), nbytes) if cc is not None else 0.0

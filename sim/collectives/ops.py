@@ -304,14 +304,18 @@ def choose(topo: Topology, op: str, gpus: Sequence[str | int] | None, nbytes: fl
     return min(pairs, key=lambda pair: _nccl_time(topo, op, names, *pair, nbytes))
 
 
-def full_rate_busbw(topo: Topology, op: str, gpus: Sequence[str | int] | None, algo: str) -> float:
+def full_rate_busbw(topo: Topology, op: str, gpus: Sequence[str | int] | None, algo: str,
+                    proto: str = "simple") -> float:
     """GB/s of bus bandwidth the plan of ``algo`` reaches at its links' full rate (what NCCL's channel count
-    follows, `nccl_tuning.channels`); 0 for one rank. Cached with the plans."""
+    follows, `nccl_tuning.channels`); 0 for one rank. Cached with the plans: the same for every protocol
+    (give the one that runs, whose plan is built already)."""
     names = _names(topo, gpus)
     if len(names) < 2:
         return 0.0
-    plan_collective(topo, op, names, algo, "simple")  # builds the plan and its bandwidth term
-    beta = _plans[topo][("bandwidth", op, algo, tuple(names))]
+    key = ("bandwidth", op, algo, tuple(names))
+    if key not in _plans.setdefault(topo, {}):
+        plan_collective(topo, op, names, algo, proto)  # builds the plan and its bandwidth term
+    beta = _plans[topo][key]
     return bus_factor(op, len(names)) / beta / GB if beta > 0 else 0.0
 
 

@@ -31,7 +31,7 @@ is not takes its nominal time.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import simpy
@@ -46,6 +46,18 @@ STREAMING: Load = (0.0, 1.0)
 #: the same evidence: STREAM-like copy kernels reach 75-90 %); a communication's demand is counted in it
 HBM_STREAM_FRACTION = 0.8
 IDLE = (1.0, 0.0)  # (s, h) with nothing in flight
+
+
+#: the loads of a pass's pieces: (sm, hbm) pairs, an (n, 2) array, or a function giving one when it is needed
+#: (most passes never are: nothing overlaps them)
+Loads = Sequence[Load] | np.ndarray | Callable[[], np.ndarray]
+
+
+def as_pairs(loads: Loads) -> np.ndarray:
+    """``loads`` as an (n, 2) array of (sm, hbm)."""
+    if callable(loads):
+        loads = loads()
+    return np.asarray(loads, dtype=float).reshape(-1, 2)
 
 
 def factor(load: Load, state: tuple[float, float]) -> float:
@@ -67,13 +79,33 @@ def overlapped_seconds(compute_s: float, comm_s: float, slowdown: float) -> floa
     return compute_s + shared * (1.0 - 1.0 / slowdown)
 
 
+def settle(env: simpy.Environment, contentions: Sequence[Contention], marks: Sequence[float]):
+    """A process body, at the end of a collective's bytes: the progress its GPUs' compute took from it
+    since ``marks`` (their `Contention.lost` at its start) is paid before it ends: the slowest rank's, at
+    that rank's present rate (a collective ends together on all its ranks). Nothing where none was lost."""
+    debt, rate = 0.0, 0.0
+    for contention, mark in zip(contentions, marks, strict=True):
+        lost = contention.lost - mark
+        if lost > debt:
+            debt, rate = lost, contention.loss_rate
+    if debt > 0:
+        yield env.timeout(debt / (1.0 - rate))
+
+
 class Contention:
-    """One GPU's communication in flight: CTAs held and HBM demand (bytes/s), and who waits on a change.
+    """One GPU's communication in flight (CTAs held, HBM demand in bytes/s), the HBM demand of the compute
+    pass running beside it, and who waits on a change.
 
     ``sm_count``: the GPU's SMs; ``hbm_bandwidth``: its achievable HBM bandwidth (bytes/s). At most one
-    compute pass waits at a time (the compute stream runs one at a time)."""
+    compute pass waits at a time (the compute stream runs one at a time).
 
-    __slots__ = ("env", "sm_count", "hbm_bandwidth", "ctas", "demand", "waiting", "_holds")
+    The other way round, compute slows communication: where the two ask HBM for more than it gives
+    (``v + h > 1``, ``v`` the compute pass's demand), the communication's bytes move at ``1 / (v + h)`` of
+    their rate too. The GPU keeps the integral of that loss (seconds of communication progress lost,
+    `lost`); a collective reads it at its start and end, and pays the difference before it ends (`settle`)."""
+
+    __slots__ = ("env", "sm_count", "hbm_bandwidth", "ctas", "demand", "waiting", "_holds", "_pass", "_v",
+                 "_lost", "_since")
 
     def __init__(self, env: simpy.Environment, sm_count: int, hbm_bandwidth: float):
         self.env = env
@@ -83,6 +115,10 @@ class Contention:
         self.demand = 0.0
         self.waiting: simpy.Process | None = None
         self._holds = 0
+        self._pass: tuple | None = None  # the running compute pass's (seconds, loads); its demand when asked
+        self._v = 0.0
+        self._lost = 0.0
+        self._since = env.now
 
     @property
     def busy(self) -> bool:
@@ -97,9 +133,49 @@ class Contention:
         left = max(1, self.sm_count - self.ctas)
         return left / self.sm_count, self.demand / self.hbm_bandwidth
 
+    @property
+    def loss_rate(self) -> float:
+        """The share of its rate the communication loses now to oversubscribed HBM: 1 - 1 / max(1, v + h)."""
+        if not self._holds:
+            return 0.0
+        total = self.compute_hbm + self.demand / self.hbm_bandwidth
+        return 1.0 - 1.0 / total if total > 1.0 else 0.0
+
+    def _integrate(self) -> None:
+        now = self.env.now
+        if now > self._since:
+            rate = self.loss_rate
+            if rate:
+                self._lost += (now - self._since) * rate
+            self._since = now
+
+    @property
+    def lost(self) -> float:
+        """Seconds of communication progress lost to compute's HBM traffic since the start."""
+        self._integrate()
+        return self._lost
+
+    @property
+    def compute_hbm(self) -> float:
+        """The running compute pass's HBM demand in units of the achievable bandwidth: its pieces' time-
+        weighted ``hbm`` (worked out only when communication runs beside it)."""
+        if self._pass is not None:
+            seconds, loads = self._pass
+            busy = sum(seconds)
+            moved = float(np.dot(seconds, as_pairs(loads)[:, 1])) if busy > 0 else 0.0
+            self._v, self._pass = (moved / busy if busy > 0 else 0.0), None
+        return self._v
+
+    def set_compute_pass(self, seconds: Sequence[float] | None = None, loads: Loads = ()) -> None:
+        """The compute pass of ``seconds`` and ``loads`` starts now (None: it ended)."""
+        if self._holds:
+            self._integrate()
+        self._pass, self._v = (None, 0.0) if seconds is None else ((seconds, loads), 0.0)
+
     def hold(self, ctas: int, demand: float) -> tuple[int, float]:
         """A communication kernel starts: it holds ``ctas`` SMs and asks HBM for ``demand`` bytes/s. Returns
         what to pass to `release`."""
+        self._integrate()
         self._holds += 1
         self.ctas += ctas
         self.demand += demand
@@ -107,6 +183,7 @@ class Contention:
         return ctas, demand
 
     def release(self, held: tuple[int, float]) -> None:
+        self._integrate()
         self._holds -= 1
         self.ctas -= held[0]
         self.demand = self.demand - held[1] if self._holds else 0.0  # no float dust once nothing is in flight
@@ -128,10 +205,10 @@ class Walk:
     __slots__ = ("seconds", "sm", "hbm", "launch", "ready", "until", "k", "left", "t", "begin", "spans",
                  "cached")
 
-    def __init__(self, start: float, seconds: Sequence[float], loads: Sequence[Load],
+    def __init__(self, start: float, seconds: Sequence[float], loads: Loads,
                  ready: Sequence[float] | None = None, until: Sequence[float] | None = None):
         self.seconds = np.asarray(seconds, dtype=float)
-        pairs = np.asarray(loads, dtype=float).reshape(-1, 2)
+        pairs = as_pairs(loads)
         self.sm, self.hbm = pairs[:, 0], pairs[:, 1]
         self.launch = 1.0 - np.maximum(self.sm, self.hbm)
         self.ready, self.until = ready, until
@@ -213,7 +290,7 @@ class Walk:
 
 
 def run_pieces(env: simpy.Environment, contention: Contention | None, start: float, nominal_end: float,
-               seconds: Sequence[float], loads: Sequence[Load], ready: Sequence[float] | None = None,
+               seconds: Sequence[float], loads: Loads, ready: Sequence[float] | None = None,
                until: Sequence[float] | None = None):
     """A process body: the pieces, from ``start`` (now) on the compute stream the caller holds; nominally
     they end at ``nominal_end``. Returns None where no communication overlapped them (they took their
@@ -226,6 +303,7 @@ def run_pieces(env: simpy.Environment, contention: Contention | None, start: flo
         return None
     walk = None
     state = contention.state
+    contention.set_compute_pass(seconds, loads)  # its HBM demand takes from the communication's
     try:
         while True:
             state = contention.state
@@ -244,6 +322,7 @@ def run_pieces(env: simpy.Environment, contention: Contention | None, start: flo
                     walk.advance(env.now, state)
     finally:
         contention.waiting = None
+        contention.set_compute_pass(None)
     return None if walk is None else walk.finish(state)
 
 
@@ -273,11 +352,10 @@ def warp(nominal: Sequence[tuple[float, float]], actual: Sequence[tuple[float, f
 def restamp(machine, memory, ops: tuple[int, int], events: tuple[int, int], to_actual) -> None:
     """Move the ops ``machine`` recorded at indices ``ops`` (first, end) and the memory events ``memory``
     recorded at ``events`` (a pass's, stamped at its nominal times before it ran) to their actual times."""
-    import dataclasses
-
     for i in range(*ops):
         op = machine.ops[i]
         op.start, op.end = to_actual(op.start), to_actual(op.end)
     timeline = memory.timeline
     for i in range(*events):
-        timeline[i] = dataclasses.replace(timeline[i], time=to_actual(timeline[i].time))
+        e = timeline[i]
+        timeline[i] = type(e)(to_actual(e.time), e.in_use, e.delta, e.category)

@@ -24,11 +24,12 @@ from functools import cached_property
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import simpy
 
 from trainsim.sim.compute.costs import RankCosts, weight_bytes
 from trainsim.sim.compute.dispatch import gpu_spans
-from trainsim.sim.core.interference import MATRIX, STREAMING, restamp, run_pieces, warp
+from trainsim.sim.core.interference import MATRIX, STREAMING, restamp, run_pieces, settle, warp
 from trainsim.sim.core.jitter import Jitter
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE, DATA, Machine
@@ -91,6 +92,7 @@ class Context:
     shared_loaders: dict[int, SharedLoader] = field(default_factory=dict)  # machine -> its one loader
     _rank_state: dict[str, RankState] = field(default_factory=dict, repr=False)
     _announced: set[int] = field(default_factory=set, repr=False)
+    _loads: dict = field(default_factory=dict, repr=False)  # `_load_table`
 
     def __post_init__(self):
         if callable(self.plugins):
@@ -254,12 +256,24 @@ class Context:
                 return
             if not spans:
                 return
-            loads = costs.forward_loads if saved_delta > 0 else costs.backward_loads
-            actual = yield from run_pieces(env, contention, start, spans[-1][1], seconds,
-                                           [loads[i] for i in layers] if loads else [MATRIX] * len(layers),
-                                           dispatched, marks[1:] if marks is not None else None)
+            table = self._load_table(costs, saved_delta > 0)
+
+            def loads():  # asked for only where a collective overlaps the pass
+                return table[layers] if len(table) else np.tile(MATRIX, (len(layers), 1))
+
+            actual = yield from run_pieces(env, contention, start, spans[-1][1], seconds, loads, dispatched,
+                                           marks[1:] if marks is not None else None)
             if actual is not None:  # communication overlapped it: what was stamped nominally moves
                 restamp(machine, memory, *stamped, warp(spans, actual))
+
+    def _load_table(self, costs: RankCosts, forward: bool):
+        """The (sm, hbm) of every layer's forward or backward pass as an array, made once per costs."""
+        key = (id(costs), forward)
+        entry = self._loads.get(key)
+        if entry is None or entry[0] is not costs:
+            loads = costs.forward_loads if forward else costs.backward_loads
+            entry = self._loads[key] = (costs, np.asarray(loads, dtype=float).reshape(-1, 2))
+        return entry[1]
 
     def _spans(self, gpu: str, start: float, layers: list[int], times: list[float],
                forward: bool) -> tuple[list[tuple[float, float]], list[float] | None]:
@@ -385,6 +399,7 @@ class Context:
         if shared:
             fp = footprint(machine.topology, op, gpus, nbytes, algo=self.settings.collective_algo)
             holds = [c.hold(fp.ctas, fp.demand) for c in shared]
+            marks = [c.lost for c in shared]
         tag = f"it{iteration}:{op}{label}"
         paid = machine.latency.cost(call or CallSite(op), nbytes, now=env.now)
         if paid is not None:  # the call's own cost (a measured host's), then its bytes
@@ -405,6 +420,7 @@ class Context:
             )
         machine.release_compute(held)
         if shared:
+            yield from settle(env, shared, marks)  # the HBM the compute beside it took from its bytes
             for c, h in zip(shared, holds, strict=True):
                 c.release(h)
         for g, req in zip(local, requests, strict=True):
