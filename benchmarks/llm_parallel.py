@@ -19,7 +19,7 @@
 (g) Llama 3 70B, tp 8 + SP x pp 4 on four DGX H100 (16 sequences of 8192): ZB-H1 against 1F1B (bubble and
     memory), async TP against plain, fp8 against bf16, each simulated and in closed form.
 
-Run: python benchmarks/llm_parallel.py [--quick] [--part g]   (--quick: no 405B search; --part: one part)
+Run: python benchmarks/llm_parallel.py [--quick] [--part a-h]   (--quick: no 405B search; --part: one part)
 """
 
 from __future__ import annotations
@@ -311,13 +311,56 @@ def part_g() -> None:
           "    (ZB-H1); tp exposed: the slowest stage's critical-path collectives a step (analytic)")
 
 
+# ---- (h) -----------------------------------------------------------------------------------------------
+
+#: layouts published runs chose, with what they reported (The Llama 3 Herd of Models, 2024, Table 4:
+#: Llama 3 405B pre-training on H100s at 8,192 tokens, 16M tokens a step, BF16)
+PUBLISHED = [
+    ("Llama 3 405B, 8,192 H100s", 1024, 8192, 2048, {"tp": 8, "cp": 1, "pp": 16}, 430),
+    ("Llama 3 405B, 16,384 H100s", 2048, 16384, 2048, {"tp": 8, "cp": 1, "pp": 16}, 400),
+]
+
+
+def model_flops_per_token(workload, seq_len: int) -> float:
+    """Forward and backward FLOPs of one token as the workload counts them (attention's causal half included)."""
+    return sum(layer.flops_forward_per_sample + layer.flops_backward_per_sample
+               for layer in workload.layers) / seq_len
+
+
+def part_h() -> None:
+    print("\n(h) the layout a published run chose beside the search's first (predicted TFLOP/s a GPU: model FLOPs"
+          "\n    of the workload / step / GPUs; the publication's own figure beside it, not used by the model)")
+    for title, nodes, gpus, batch, chosen, reported in PUBLISHED:
+        run = resolve(scenario({"tp": 8, "pp": 16}, topology=rail(nodes),
+                               workload={"name": "llama3-405b", "seq_len": 8192}, batch=batch))
+        per_token = model_flops_per_token(run.workload, 8192)
+        print(f"    {title}: published {chosen} at {reported} TFLOP/s a GPU")
+        for compute_model in ("roofline", "kernels"):
+            t = time.perf_counter()
+            report = api.search(model={"name": "llama3-405b", "seq_len": 8192}, topology_source=rail(nodes),
+                                gpus=gpus, batch=batch, top=1, compute_model=compute_model)
+            cands = report.ranking.candidates
+            same = [(i, c) for i, c in enumerate(cands)
+                    if all(getattr(c.layout, k) == v for k, v in chosen.items())]
+            print(f"      compute_model {compute_model}: {len(cands):,} layouts fit, searched in "
+                  f"{time.perf_counter() - t:.1f} s")
+            rows = [("first", report.top[0], 0)] + ([("published", same[0][1], same[0][0])] if same else [])
+            for label, c, rank in rows:
+                step = c.simulated_step_s or c.predicted.iteration_s
+                tflops = per_token * batch * 8192 / step / gpus / 1e12
+                kind = "simulated" if c.simulated_step_s else "closed form"
+                print(f"        {label:<10} #{rank + 1:<6,} {c.label:<46} step {step:7.3f} s ({kind:<11}) "
+                      f"{tflops:5.0f} TFLOP/s a GPU, {c.memory.peak / GIB:5.1f} GiB")
+            if not same:
+                print(f"        published  {chosen}: no such layout fits in memory here")
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 405B search")
-    parser.add_argument("--part", choices=list("abcdefg"), help="run only this part")
+    parser.add_argument("--part", choices=list("abcdefgh"), help="run only this part")
     args = parser.parse_args()
     if args.part:
-        {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "g": part_g,
+        {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "g": part_g, "h": part_h,
          "f": lambda: part_f("llama3-70b", 128, 1024, 512)}[args.part]()
         return
     part_a()
@@ -329,6 +372,7 @@ def main() -> None:
     part_g()
     if not args.quick:
         part_f("llama3-405b", 2048, 16384, 2048)
+        part_h()
 
 
 if __name__ == "__main__":

@@ -556,7 +556,8 @@ def reproduce(paper: str, *, progress: Callable[[int, int, str], None] | None = 
 def search(scenario_source: str | os.PathLike | None = None, *, model: str | dict | None = None,
            topology_source: str | dict | None = None, gpus: int | Sequence[int] | None = None,
            batch: int | None = None, tokens_per_step: int | None = None, precision: str | None = None,
-           optimizer: str | None = None, overrides: Sequence[str] = (), objective: str = "throughput",
+           optimizer: str | None = None, compute_model: str | None = None, overrides: Sequence[str] = (),
+           objective: str = "throughput",
            tokens: float | None = None, price: float | None = None, top: int = 10,
            collectives: str = "analytic", space=None, headroom: float = 0.0,
            progress: Callable[[str, int, int], None] | None = None, out: str | None = None,
@@ -572,8 +573,9 @@ def search(scenario_source: str | os.PathLike | None = None, *, model: str | dic
     The model, machine and batch come from a scenario (``scenario_source`` with ``overrides``) or from
     ``model`` (a workload name, file or mapping such as ``{name: llama3-70b, seq_len: 8192}``),
     ``topology_source`` (a preset, file, or generator mapping) and ``batch`` (sequences) or
-    ``tokens_per_step``. ``out`` (JSON) and ``plot`` (PNG: throughput against ``plot_x``) are written
-    whole or not at all."""
+    ``tokens_per_step``; ``precision``, ``optimizer`` and ``compute_model`` (roofline or kernels) set the
+    scenario's fields of those names. ``out`` (JSON) and ``plot`` (PNG: throughput against ``plot_x``) are
+    written whole or not at all."""
     import time as _time
 
     from trainsim.errors import TrainsimError
@@ -601,7 +603,8 @@ def search(scenario_source: str | os.PathLike | None = None, *, model: str | dic
         if model is not None or topology_source is not None:
             raise TrainsimError("give SCENARIO or --model/--topology, not both", field="SCENARIO")
         sets = [*overrides, *([f"precision={precision}"] if precision else []),
-                *([f"optimizer.name={optimizer}"] if optimizer else [])]
+                *([f"optimizer.name={optimizer}"] if optimizer else []),
+                *([f"compute_model={compute_model}"] if compute_model else [])]
         if batch is not None:
             sets.append(f"batch_size={batch}")
         base = resolve(scenario_source, overrides=sets)
@@ -615,7 +618,8 @@ def search(scenario_source: str | os.PathLike | None = None, *, model: str | dic
         doc = {"name": "search", "topology": _mapping_or_name(topology_source, "--topology", "topology"),
                "workload": _mapping_or_name(model, "--model", "workload"),
                "strategy": {"name": "mesh"}, "batch_size": batch or 1,
-               "precision": precision or "bf16", "optimizer": {"name": optimizer or "adam"}}
+               "precision": precision or "bf16", "optimizer": {"name": optimizer or "adam"},
+               **({"compute_model": compute_model} if compute_model else {})}
         base = resolve(doc)
     cfg = ps.transformer_config_of(base.workload)
     seq = cfg["seq_len"]

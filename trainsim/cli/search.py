@@ -77,6 +77,10 @@ def search_cmd(
         help="Global batch in tokens (a multiple of the sequence length)."),
     precision: str | None = typer.Option(None, "--precision", help="bf16 (default), fp16, fp32 or tf32."),
     optimizer: str | None = typer.Option(None, "--optimizer", help="adam (default), momentum or sgd."),
+    compute_model: str | None = typer.Option(
+        None, "--compute-model",
+        help="roofline (the default) or kernels: how the layers' times are estimated (the scenario's "
+             "compute_model)."),
     overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
                                         help="Override a scenario field (repeatable)."),
     objective: str = typer.Option(
@@ -183,7 +187,8 @@ def search_cmd(
     with bar:
         report = api.search(scenario, model=model, topology_source=topology, gpus=counts, batch=batch,
                             tokens_per_step=int(per_step) if per_step is not None else None,
-                            precision=precision, optimizer=optimizer, overrides=overrides,
+                            precision=precision, optimizer=optimizer, compute_model=compute_model,
+                            overrides=overrides,
                             objective=objective, tokens=_count(tokens, "--tokens"), price=price, top=top,
                             collectives=collectives,
                             space=space, headroom=headroom, progress=progress, out=out, plot=plot,
