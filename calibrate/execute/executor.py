@@ -279,7 +279,7 @@ def rank_main(ctx, cfg: ExecConfig) -> RankResult:
                     torch.cuda.reset_peak_memory_stats(device)
                 torch.distributed.barrier()  # measured iterations start together
             profiler = _start_profiler(cfg, it, cuda)
-            persistent = _persistent(strategy) if profiler is not None else 0
+            persistent = _persistent(strategy) if isinstance(profiler, AllocatorPeak) else 0
             # the traced iteration is a ProfilerStep#N span, as torch.profiler's schedule marks each step
             span = (torch.profiler.record_function(f"ProfilerStep#{it}") if profiler is not None
                     else contextlib.nullcontext())
