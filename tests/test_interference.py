@@ -13,6 +13,7 @@ from trainsim.sim.core.interference import (
     factor,
     overlapped_seconds,
     settle,
+    state_beside,
 )
 from trainsim.sim.core.machine import build_machine
 from trainsim.topologies import load_topology
@@ -203,3 +204,14 @@ def test_compute_slows_the_collective_in_turn_where_hbm_runs_out():
     env.process(collective(0.5 * achievable))
     env.run()
     assert ends["collective"] == pytest.approx(6 * MS) and ends["compute"] == pytest.approx(20 * MS)
+
+
+def test_a_closed_form_reads_the_same_state_as_the_simulation():
+    topo = load_topology("dgx-a100")
+    fp = footprint(topo, "allreduce", topo.gpus, 25 * 2**20)
+    machine = build_machine(topo)
+    machine.enable_interference(topo.gpus)
+    contention, device = machine.gpus[topo.gpus[0]].contention, machine.gpus[topo.gpus[0]].device
+    contention.hold(fp.ctas, fp.demand)
+    assert state_beside(device.sm_count, device.memory_bandwidth, fp.ctas, fp.demand) == pytest.approx(
+        contention.state)

@@ -68,6 +68,13 @@ def factor(load: Load, state: tuple[float, float]) -> float:
     return max(sm / s, hbm * max(1.0, hbm + h)) + 1.0 - bound
 
 
+def state_beside(sm_count: int, hbm_bandwidth: float, ctas: int, demand: float) -> tuple[float, float]:
+    """(s, h) on a GPU of ``sm_count`` SMs and ``hbm_bandwidth`` bytes/s of HBM (the datasheet's) while
+    communication holds ``ctas`` of them and asks for ``demand`` bytes/s (a `footprint`'s ``ctas`` and
+    ``demand``): what `factor` takes, for closed forms as for the simulation."""
+    return max(1, sm_count - ctas) / sm_count, demand / (hbm_bandwidth * HBM_STREAM_FRACTION)
+
+
 def overlapped_seconds(compute_s: float, comm_s: float, slowdown: float) -> float:
     """Closed form for analytic models: wall seconds of ``compute_s`` of compute that starts with a
     collective of ``comm_s`` seconds and runs ``slowdown`` (`factor`) times slower beside it. The part of
@@ -130,8 +137,7 @@ class Contention:
         units of the achievable bandwidth."""
         if not self._holds:
             return IDLE
-        left = max(1, self.sm_count - self.ctas)
-        return left / self.sm_count, self.demand / self.hbm_bandwidth
+        return max(1, self.sm_count - self.ctas) / self.sm_count, self.demand / self.hbm_bandwidth
 
     @property
     def loss_rate(self) -> float:
