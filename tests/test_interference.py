@@ -215,3 +215,10 @@ def test_a_closed_form_reads_the_same_state_as_the_simulation():
     contention.hold(fp.ctas, fp.demand)
     assert state_beside(device.sm_count, device.memory_bandwidth, fp.ctas, fp.demand) == pytest.approx(
         contention.state)
+
+
+def test_every_gpu_preset_has_the_sm_count_the_model_needs():
+    from trainsim.sim.core.devices import DEVICES
+
+    gpus = [d for d in DEVICES.values() if d.kind == "gpu"]
+    assert gpus and all(d.sm_count and d.sm_count > 0 for d in gpus), [d.name for d in gpus if not d.sm_count]
