@@ -222,3 +222,9 @@ def test_every_gpu_preset_has_the_sm_count_the_model_needs():
 
     gpus = [d for d in DEVICES.values() if d.kind == "gpu"]
     assert gpus and all(d.sm_count and d.sm_count > 0 for d in gpus), [d.name for d in gpus if not d.sm_count]
+
+
+def test_hbm_is_counted_in_the_bandwidth_the_roofline_streams_at():
+    from trainsim.sim.compute.roofline import DEFAULT_EFFICIENCY
+
+    assert HBM_STREAM_FRACTION == DEFAULT_EFFICIENCY.memory

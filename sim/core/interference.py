@@ -25,7 +25,8 @@ channels take; memory-bound work by the HBM share the communication takes; launc
 runs a sequence of pieces (the layers of a pass) on the compute stream under it: one timeout while nothing
 changes; where a collective starts or ends mid-way, the pieces' progress is carried over to the new state
 (`Walk`), so a layer overlapped by a collective takes longer by exactly the modelled share and a layer that
-is not takes its nominal time.
+is not takes its nominal time. The other way round, the compute pass's HBM demand slows the collective's
+bytes by the same rule; `Contention` keeps the progress it lost and `settle` pays it at the collective's end.
 """
 
 from __future__ import annotations
