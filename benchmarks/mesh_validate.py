@@ -28,9 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
-    "validate-cpu": ["single-llama-tiny", "fsdp-2-llama-tiny", "tp2-llama-tiny", "tp2-sp-llama-tiny"],
-    "validate-gpu": ["single-llama-tiny", "fsdp-1-llama-tiny", "fsdp-2-llama-tiny", "tp2-sp-llama-tiny",
-                     "cp2-llama-tiny"],
+    "validate-cpu": ["single-llama-tiny", "fsdp-2-llama-tiny", "fsdp-2-recompute-llama-tiny",
+                     "tp2-llama-tiny", "tp2-sp-llama-tiny"],
+    "validate-gpu": ["single-llama-tiny", "fsdp-1-llama-tiny", "fsdp-1-recompute-llama-tiny",
+                     "fsdp-2-llama-tiny", "tp2-sp-llama-tiny", "cp2-llama-tiny"],
 }
 
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", help="comma-separated (default: the scenario's llama-tiny rows)")
     args = parser.parse_args(argv)
     from trainsim.calibrate.execute.config import exec_config_from_scenario
-    from trainsim.calibrate.validate.run import validate
+    from trainsim.calibrate.validate.run import predict, validate
 
     scenario = str(ROOT / "scenarios" / f"{args.scenario}.yaml")
     device = "cpu" if args.scenario == "validate-cpu" else "cuda"
@@ -117,11 +118,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("give --calibration DIR or --calibrate DIR")
     names = args.variants.split(",") if args.variants else VARIANTS[args.scenario]
     result = validate(scenario, calibration, names, progress=lambda text: print(text, flush=True))
-    print(f"\n{'variant':20s} {'pred ms':>8s} {'meas ms':>8s} {'err %':>7s}  {'pred compute/comm ms':>20s}  "
+    print(f"\n{'variant':28s} {'pred ms':>8s} {'meas ms':>8s} {'err %':>7s}  {'pred compute/comm ms':>20s}  "
           f"{'meas fwd/bwd/opt ms':>20s}  {'pred MiB':>8s} {'meas MiB':>8s} {'err %':>6s}")
     for row in result.rows:
         if row.predicted_s is None or row.measured_s is None:
-            print(f"{row.variant:20s} {row.status}: {row.reason}")
+            print(f"{row.variant:28s} {row.status}: {row.reason}")
             continue
         p, m = row.predicted_breakdown_s, row.measured_breakdown_s
         pred = f"{p.get('compute', 0) * 1e3:.0f}/{p.get('exposed_communication', 0) * 1e3:.0f}"
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             mib = (row.predicted_peak_memory_bytes / 2**20, row.measured_peak_memory_bytes / 2**20)
             mem = f"{mib[0]:8.1f} {mib[1]:8.1f} {row.memory_error_pct:+6.1f}"
         times = f"{row.predicted_s * 1e3:8.1f} {row.measured_s * 1e3:8.1f} {row.error_pct:+7.1f}"
-        print(f"{row.variant:20s} {times}  {pred:>20s}  {meas:>20s}  {mem}")
+        print(f"{row.variant:28s} {times}  {pred:>20s}  {meas:>20s}  {mem}")
     if device != "cpu":
         return
     single = next((row for row in result.rows if row.strategy == "single"), None)
@@ -139,8 +140,12 @@ def main(argv: list[str] | None = None) -> None:
         mib = single_allocator_peak(exec_config_from_scenario(scenario, single.variant))
         predicted = single.predicted_peak_memory_bytes / 2**20
         error = (predicted / mib - 1) * 100
+        at_peak = predict(scenario, single.variant, calibration).gpus[0].memory_at_peak
+        transient = {k: at_peak.get(k, 0.0) / 2**20 for k in ("output", "activation_grads")}
         print(f"\n{single.variant}: peak memory predicted {predicted:.1f} MiB (strategy single's memory "
-              f"model), cpu.allocator_peak of one process {mib:.1f} MiB ({error:+.1f} %)")
+              f"model, with the logits {transient['output']:.1f} MiB and the activation gradients "
+              f"{transient['activation_grads']:.1f} MiB in flight at the start of backward, which the mesh "
+              f"strategy's has not), cpu.allocator_peak of one process {mib:.1f} MiB ({error:+.1f} %)")
     print("\nwhat the mesh strategy's prediction leaves out on CPU ranks:")
     for row in result.rows:
         cfg = exec_config_from_scenario(scenario, row.variant)
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         out = left_out(scenario, row.variant, calibration, cfg)
         compute = row.predicted_breakdown_s.get("compute", 0.0)
-        line = (f"{row.variant:20s} host scale on layer times x{out['host_scale']:.2f} (compute "
+        line = (f"{row.variant:28s} host scale on layer times x{out['host_scale']:.2f} (compute "
                 f"{compute * 1e3:.0f} -> {compute * out['host_scale'] * 1e3:.0f} ms)")
         if out["tp_calls"]:
             gloo_ms = out["tp_gloo_s"] * 1e3

@@ -118,7 +118,6 @@ def _cfg(**mesh):
     ({"zero": 0}, "zero 0 over 2 data/context-parallel ranks"),
     ({"cp": 2, "zero": 3}, "it runs on CUDA ranks"),
     ({"pp": 2}, "strategy.mesh.pp 1"),
-    ({"tp": 2, "recompute": "full"}, "strategy.mesh.recompute"),
     ({"zero": 3, "shard": 1}, "strategy.mesh.shard (HSDP)"),
 ])
 def test_what_the_executor_does_not_run_is_skipped_with_the_field(mesh, words):
@@ -212,15 +211,19 @@ def _run(strategy, ranks, batch, **kw):
 @pytest.mark.slow
 def test_fsdp_and_tp_on_two_gloo_ranks_train_as_one_process():
     """The sharding is real: 2 ranks of FSDP2 (global batch 8) and of TP with and without sequence
-    parallelism (batch 4) end with the parameters one process reaches on the same batches."""
+    parallelism (batch 4), and both with recomputation, end with the parameters one process reaches on the
+    same batches."""
     from trainsim.calibrate.execute.executor import run_many
 
     single8, single4 = run_many([_run("single", 1, 8), _run("single", 1, 4)])
-    fsdp, tp_sp, tp = run_many([_run("mesh", 2, 8, mesh=MeshConfig(zero=3, micro_batch=2)),
-                                _run("mesh", 2, 4, mesh=MeshConfig(tp=2, sequence_parallel=True,
-                                                                   micro_batch=4)),
-                                _run("mesh", 2, 4, mesh=MeshConfig(tp=2, micro_batch=2))])
-    for mine, ref in ((fsdp, single8), (tp_sp, single4), (tp, single4)):
+    fsdp, tp_sp, tp, full, selective = run_many([
+        _run("mesh", 2, 8, mesh=MeshConfig(zero=3, micro_batch=2)),
+        _run("mesh", 2, 4, mesh=MeshConfig(tp=2, sequence_parallel=True, micro_batch=4)),
+        _run("mesh", 2, 4, mesh=MeshConfig(tp=2, micro_batch=2)),
+        _run("mesh", 2, 8, mesh=MeshConfig(zero=3, micro_batch=4, recompute="full")),
+        _run("mesh", 2, 4, mesh=MeshConfig(tp=2, micro_batch=4, recompute="selective"))])
+    pairs = ((fsdp, single8), (tp_sp, single4), (tp, single4), (full, single8), (selective, single4))
+    for mine, ref in pairs:
         for rank in mine.ranks:
             moved = ref.ranks[0].params - single_start(ref)
             assert abs(rank.params - ref.ranks[0].params).max() <= 1e-4 * abs(moved).max()

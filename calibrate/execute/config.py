@@ -420,8 +420,8 @@ MESH_MODELS = ("llama-tiny",)  # zoo models whose blocks the executor's mesh kno
 
 def mesh_infeasible(cfg: ExecConfig) -> str | None:
     """Why the executor does not run ``cfg``'s strategy mesh (None: it does). What it runs: FSDP2
-    (``zero: 3``, fully_shard per block), tensor parallelism with or without sequence parallelism, and on
-    CUDA ranks context parallelism, on one DeviceMesh (calibrate/execute/mesh.py)."""
+    (``zero: 3``, fully_shard per block), tensor parallelism with or without sequence parallelism,
+    recomputation, and on CUDA ranks context parallelism, on one DeviceMesh (calibrate/execute/mesh.py)."""
     from trainsim.calibrate.zoo import model_config
 
     mesh, field = cfg.mesh, "strategy.mesh"
@@ -441,8 +441,6 @@ def mesh_infeasible(cfg: ExecConfig) -> str | None:
                 "give zero 3 (FSDP2)")
     if mesh.shard is not None and mesh.shard != mesh.dp(cfg.ranks):
         return f"{field}.shard (HSDP) is not executed: FSDP2 shards over every data-parallel rank"
-    if mesh.recompute != "none":
-        return f"the executor does not recompute activations ({field}.recompute)"
     config = model_config(cfg.model, **cfg.model_cfg)
     heads = config["num_attention_heads"]
     kv = config.get("num_key_value_heads") or heads

@@ -17,6 +17,8 @@ parallel APIs, on gloo CPU ranks and NCCL GPUs alike:
 - context parallelism (``cp``, CUDA only): ``context_parallel`` shards the tokens, targets and RoPE tables
   by sequence (load-balanced for the causal mask) and runs SDPA as ring attention; PyTorch has no rule for
   the CPU flash kernel, so CPU ranks skip it (`config.mesh_infeasible`);
+- recomputation (``recompute``): ``checkpoint_wrapper`` (non-reentrant) on every block (``full``: a block
+  keeps its input and runs its forward again in backward) or on every attention core (``selective``);
 - micro-batches: ``batch / (dp x micro_batch)`` per iteration, gradients accumulated, synchronised by FSDP
   at the last one only (as the simulator has it).
 
@@ -42,6 +44,7 @@ import tempfile
 import torch
 
 from trainsim.calibrate.execute.strategies import Clock, Strategy
+from trainsim.calibrate.zoo import Rotary, SdpaCore
 
 
 def _storages(tensors) -> int:
@@ -119,12 +122,15 @@ class Mesh(Strategy):
         self.micro_batches = cfg.local_batch // m.micro_batch
         if self.tp > 1:
             self._tensor_parallel(m.sequence_parallel)
+        if m.recompute != "none":  # after TP and before FSDP, as torchtitan orders them
+            self._recompute(m.recompute)
         self.fsdp = m.zero == 3
         if self.fsdp:
             self._fully_shard(m.reshard_after_forward)
         if self.cp > 1:
-            for layer in model.model.layers:  # CP's ring shards the plain flash/efficient kernels
-                layer.self_attn.core.repeat_kv = True
+            for core in model.modules():  # CP's ring shards the plain flash/efficient kernels
+                if isinstance(core, SdpaCore):
+                    core.repeat_kv = True
         self.optimizer = self.new_optimizer(model.parameters())
         self.notes.append(self._describe())
         # parameters this rank holds at rest (its shards): the proof that the model is sharded
@@ -140,6 +146,8 @@ class Mesh(Strategy):
             parts.append(f"FSDP2 fully_shard per block (reshard_after_forward {m.reshard_after_forward})")
         if self.cp > 1:
             parts.append("context_parallel (ring attention)")
+        if m.recompute != "none":
+            parts.append(f"recompute {m.recompute} (checkpoint_wrapper)")
         if self.micro_batches > 1:
             parts.append(f"{self.micro_batches} micro-batches of {m.micro_batch}")
         return "mesh: " + ", ".join(parts)
@@ -175,6 +183,17 @@ class Mesh(Strategy):
                 plan[f"{p}.post_attention_layernorm"] = SequenceParallel()
         parallelize_module(self.model, tp_mesh, plan)
 
+    def _recompute(self, mode: str) -> None:
+        """Activation checkpointing (non-reentrant): ``full`` wraps every block (it keeps its input and runs
+        its forward again in backward), ``selective`` every attention core."""
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, block in enumerate(self.model.model.layers):
+            if mode == "full":
+                self.model.model.layers[i] = checkpoint_wrapper(block)
+            else:
+                block.self_attn.core = checkpoint_wrapper(block.self_attn.core)
+
     def _fully_shard(self, reshard: bool) -> None:
         from torch.distributed.fsdp import fully_shard
 
@@ -199,8 +218,8 @@ class Mesh(Strategy):
             return contextlib.nullcontext()
         from torch.distributed.tensor.experimental import context_parallel
 
-        tables = [t for layer in self.model.model.layers
-                  for t in (layer.self_attn.rotary.cos, layer.self_attn.rotary.sin)]
+        rotaries = [m for m in self.model.modules() if isinstance(m, Rotary)]
+        tables = [t for rotary in rotaries for t in (rotary.cos, rotary.sin)]
         return context_parallel(self.mesh["cp"], buffers=[inputs, targets, *tables],
                                 buffer_seq_dims=[1, 1] + [0] * len(tables),
                                 no_restore_buffers={inputs, targets})
