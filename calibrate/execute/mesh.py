@@ -246,7 +246,7 @@ class Mesh(Strategy):
             if self.fsdp:  # FSDP reduce-scatters the gradients after the last micro-batch only
                 self.model.set_requires_gradient_sync(k == self.micro_batches - 1)
             if self.cp > 1:
-                x, y = x.contiguous(), y.contiguous()  # sharded in place by context_parallel
+                x, y = x.clone(), y.clone()  # context_parallel resizes its buffers in place: not views
             with self._context(x, y), self._loss_parallel():
                 with self.precision.autocast():
                     output = self.model(x)
