@@ -252,12 +252,13 @@ _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 class ModelCosts:
     """A workload on a device at a precision and optimizer (and ``compute_model``: how layer times are
     estimated, `rank_costs`; ``fp8``: the linear layers' GEMMs in fp8 as Transformer Engine runs them,
-    `fp8.fp8_costs`): `BlockTable`s for layouts (cached)."""
+    `fp8.fp8_costs`; ``scale``: the factor on times measured on this device, a host plug-in's, as
+    `rank_costs` takes it): `BlockTable`s for layouts (cached)."""
 
     def __init__(self, workload: Workload, device: DeviceSpec, precision: str = "bf16",
                  optimizer: str = "adam", mixed_precision: str = "master", compute_model: str = "roofline",
-                 fp8: bool = False):
-        self.workload, self.device, self.fp8 = workload, device, fp8
+                 fp8: bool = False, scale: float = 1.0):
+        self.workload, self.device, self.fp8, self.scale = workload, device, fp8, scale
         self.precision, self.optimizer, self.mixed_precision = precision, optimizer, mixed_precision
         self.compute_model = compute_model
         self.config = transformer_config(workload) or {}
@@ -308,7 +309,7 @@ class ModelCosts:
                              expert_imbalance=imbalance)[0]
         extra = {"compute_model": self.compute_model} if self.compute_model != "roofline" else {}
         costs = rank_costs(split.workload, self.device, micro_batch, self.precision, self.optimizer,
-                           mixed_precision=self.mixed_precision, **extra)
+                           mixed_precision=self.mixed_precision, scale=self.scale, **extra)
         if self.fp8:
             from .fp8 import fp8_costs
 

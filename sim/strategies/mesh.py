@@ -53,6 +53,7 @@ import dataclasses
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.costs import WEIGHT_BYTES
 from trainsim.sim.core.machine import COMM, COMPUTE
+from trainsim.sim.core.latency import CallSite
 from trainsim.sim.parallel.comms import Call, call_seconds, pass_calls
 from trainsim.sim.parallel.layout import Mesh
 from trainsim.sim.parallel.memory import kept_bytes
@@ -190,12 +191,17 @@ class _Mesh:
         self.act = WEIGHT_BYTES[ctx.settings.precision]  # bytes per activation value
         self.shard = self.mesh.shard_size if o.zero >= 1 else 1
         self.shard_e = max(1, self.shard // o.ep)  # ranks of a shard holding the same experts
-        models: dict = {}  # per device
+        models: dict = {}  # per device and host factor
         self.chunks: dict[str, list[_Chunk]] = {}
+        sharing = ctx.machine.host_sharing(ctx.ranks)
+        host = ctx.plugins.host
         for gpu in ctx.simulated:
             device = ctx.machine.gpus[gpu].device
-            if device.name not in models:
-                models[device.name] = ModelCosts(
+            # a calibrated CPU rank's layer times as its whole step runs them, beside the host's other ranks
+            # (the host plug-in's factor, as every strategy's rank costs take it); 1 on GPUs
+            scale = host.step_scale(device, o.micro_batch, sharing[gpu]) if host is not None else 1.0
+            if (device.name, scale) not in models:
+                models[device.name, scale] = ModelCosts(
                     ctx.workload,
                     device,
                     ctx.settings.precision,
@@ -203,8 +209,9 @@ class _Mesh:
                     mixed_precision=ctx.settings.mixed_precision,
                     compute_model=ctx.settings.compute_model,
                     fp8=o.fp8,
+                    scale=scale,
                 )
-            model = self.model = models[device.name]
+            model = self.model = models[device.name, scale]
             table = model.blocks(self.layout)
             ranges = stage_ranges(
                 model.n_blocks, o.pp * self.v, o.stage_blocks, pre=bool(model.pre), post=bool(model.post)
@@ -256,7 +263,9 @@ class _Mesh:
                 )
             seconds, links, link_bytes = self._times[key]
             self.ctx.machine.net.credit(links, link_bytes)
-            return seconds
+            # a measured host's own cost of each call before its bytes move (gloo's), as Context.collective
+            paid = self.ctx.machine.latency.cost(CallSite(op), nbytes, now=self.ctx.env.now)
+            return seconds + (paid or 0.0)
 
         return time_of
 
