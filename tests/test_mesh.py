@@ -164,7 +164,9 @@ def test_full_recompute_keeps_block_inputs_and_runs_the_forward_again():
     _, plain = simulate({"zero": 3})
     _, full = simulate({"zero": 3, "recompute": "full"})
     assert full.breakdown_s["compute"] == pytest.approx(plain.breakdown_s["compute"] * 4 / 3, rel=0.05)
-    assert full.gpus[0].memory_at_peak["activations"] < 0.1 * plain.gpus[0].memory_at_peak["activations"]
+    # what stays is the blocks' inputs and, at the head's backward, the loss's two fp32 gradients of the
+    # logits (a fixed 2 x seq x vocab x 4 bytes that recomputation cannot drop)
+    assert full.gpus[0].memory_at_peak["activations"] < 0.3 * plain.gpus[0].memory_at_peak["activations"]
 
 
 def test_mirroring_the_stages_is_exact():

@@ -81,14 +81,16 @@ def test_the_closed_form_equals_the_simulated_peak_stage_by_stage(name):
 
 def test_fsdp_by_hand():
     # Llama 3 8B on 8 GPUs, ZeRO-3, one sequence of 2048 per GPU: bf16 weights over 8, fp32 master and Adam's
-    # moments over 8, the whole micro-batch's activations, the LM head's gathered 7/8 and the last block's
+    # moments over 8, the whole micro-batch's activations and the loss's gradients, the LM head's gathered 7/8
+    # and the last block's
     model = ModelCosts(load_workload("llama3-8b"), H100, "bf16", "adam")
     n = model.workload.num_params
     m = layout_memory(model, Layout(zero=3), 8, 8)
     assert m.params == pytest.approx(2 * n / 8, rel=1e-9)
     assert m.optimizer_state == pytest.approx((STATE_BYTES["adam"] + 4) * n / 8, rel=1e-9)
     table = model.blocks(Layout(zero=3))
-    assert m.activations == pytest.approx(sum(table.saved), rel=1e-9)
+    # at the head's backward: every block's activations and the loss's gradients of the logits
+    assert m.activations == pytest.approx(sum(table.saved) + table.grad_held[-1], rel=1e-9)
     assert m.gathered_params == pytest.approx(7 / 8 * (table.params[-1] + table.params[-2]), rel=1e-9)
     assert m.peak == pytest.approx(m.params + m.optimizer_state + m.activations + m.gathered_params
                                    + m.grads + m.workspaces, rel=1e-12)

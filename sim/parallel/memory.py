@@ -29,7 +29,9 @@ interleaved 1F1B (``virtual_stages`` v: a rank holds v model chunks) the passes'
 same order the strategy runs), each pass's worst instant taken from its chunk's terms as above.
 
 Beyond what the split keeps per layer: a recomputed block's activations are live again while its backward
-runs (``transient_b``: full recomputation brings the whole block's back, selective the attention core's);
+runs (``transient_b``: full recomputation brings the whole block's back, selective the attention core's),
+and so are the activation gradients its worst layer holds (`stage_costs.BlockTable.grad_held`: that layer's
+output and input gradients, the loss's two fp32 gradients of the logits in the head's block);
 selective recomputation keeps the attention core's inputs (queries, keys, values) and its output; expert
 parameters are alike only on the data-parallel ranks of one expert position, so ZeRO shards their gradients,
 optimizer state (and, ZeRO-3, weights) over ``shard / ep`` ranks; with ``reshard_after_forward: false`` a
@@ -125,7 +127,7 @@ def _stage_terms(table: BlockTable, lo: int, hi: int, layout: Layout, shard: int
         kept.append(a)
         grads.append(p if layout.zero < 2 else d / shard + e / shard_e)
         gathered.append(d * (1 - 1 / shard) + e * (1 - 1 / shard_e) if zero3 else 0.0)
-        transient.append(max(0.0, table.saved[b] - a))
+        transient.append(max(0.0, table.saved[b] - a) + table.grads_held(b))  # recomputed; gradients
     G = sum(grads)
     n = hi - lo
     # each candidate instant: (bytes above F A, its activations, gradients and gathered parts)

@@ -150,6 +150,10 @@ class BlockTable:
     # (the column-parallel linears before it, forward; their input gradient; the row layer forward; its
     # input gradient)
     tp_gemms: list[tuple] = field(default_factory=list)
+    # the activation gradients a block's backward holds at its worst layer: the gradient of that layer's
+    # output and of its input (as strategy single holds them, `context.gradients_in`); the loss's two fp32
+    # gradients of the logits in the block with the head
+    grad_held: list[float] = field(default_factory=list)
     kinds: list = field(default_factory=list)  # per block: "pre", "post" or the index of a block alike
     workspace_bytes: float = 0.0
     derived: dict = field(default_factory=dict)  # per-layout caches of `memory` and `analytic`
@@ -157,6 +161,10 @@ class BlockTable:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def grads_held(self, b: int) -> float:
+        """`grad_held` of block ``b`` (0 for a table built without it)."""
+        return self.grad_held[b] if self.grad_held else 0.0
 
     def signature(self, lo: int, hi: int) -> tuple:
         """Blocks [lo, hi) as runs of alike blocks ((kind, count), ...): two ranges with one signature cost
@@ -249,6 +257,15 @@ _ranges: dict = {}
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _grads_held(idx: list[int], costs, last: int) -> float:
+    """The most activation-gradient bytes live while one of layers ``idx`` runs its backward: its output's
+    gradient and its input's (the previous layer's output size; none before the first layer), and for the
+    model's ``last`` layer the loss's two gradients of its fp32 input first (`context.gradients_in`)."""
+    out = costs.output_bytes_per_layer
+    held = max(out[i] + (out[i - 1] if i > 0 else 0.0) for i in idx)
+    return max(held, 2.0 * costs.loss_input_bytes) if last in idx else held
+
+
 class ModelCosts:
     """A workload on a device at a precision and optimizer (and ``compute_model``: how layer times are
     estimated, `rank_costs`; ``fp8``: the linear layers' GEMMs in fp8 as Transformer Engine runs them,
@@ -334,6 +351,7 @@ class ModelCosts:
                 sum(costs.backward_s[i] * W_SHARE.get(layers[i].kind, 0.0) for i in idx),
                 sum(_weight_kept(layers[i], costs, i) for i in idx),
                 _tp_gemms(layers, idx, costs, self.config),
+                _grads_held(idx, costs, len(layers) - 1),
             )
         # the reduced split names its blocks by position: map the model's blocks to their representative's
         position = {b: k for k, b in enumerate(unique)}

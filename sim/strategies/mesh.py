@@ -169,7 +169,7 @@ class _Chunk:
     hi: int
     backward_s: list[float]  # with recomputation (zb-h1: its B, without the weight gradient)
     kept: list[float]  # one micro-batch's activations kept from forward to backward
-    transient: list[float]  # brought back while a recomputed block's backward runs
+    transient: list[float]  # live while the block's backward runs: recomputed activations, gradients
     step_s: float  # the optimizer step of this rank's shard of the chunk
     weight_s: list[float]  # zb-h1: the weight gradient's pass (W); empty otherwise
     weight_kept: list[float]  # zb-h1: what W needs from B until it runs
@@ -236,7 +236,8 @@ class _Mesh:
             backward.append(table.backward[b] + extra - (table.weight_grad[b] if zb else 0.0))
             a = kept_bytes(table, b, layout, hidden_kept)
             kept.append(a)
-            transient.append(max(0.0, table.saved[b] - a))
+            # recomputed activations, and the activation gradients, live while the block's backward runs
+            transient.append(max(0.0, table.saved[b] - a) + table.grads_held(b))
         experts = sum(table.experts[lo:hi]) / model.weight  # parameters in experts
         dense = sum(table.num_params[lo:hi]) - experts
         step = model.step_seconds(dense / self.shard + experts / self.shard_e)
