@@ -1,6 +1,6 @@
 """Strategy mesh predicted vs executed on this box: `trainsim validate`'s rows for the llama-tiny mesh
 variants (FSDP2, TP, TP with sequence parallelism), with the parts of each prediction beside the measured
-phases, and the size of what the simulator's mesh strategy leaves out on CPU ranks.
+phases, and the size of what the simulator's mesh strategy carries for CPU ranks.
 
     python benchmarks/mesh_validate.py --calibration DIR   # a bundle that calibrated llama-tiny here
     python benchmarks/mesh_validate.py --calibrate DIR     # calibrate it first (quick, ~4 min on CPU)
@@ -8,13 +8,12 @@ phases, and the size of what the simulator's mesh strategy leaves out on CPU ran
 
 Per row: predicted and measured mean iteration (ms) and error; the prediction's compute and exposed
 communication; the executor's forward, backward and optimizer phases; peak memory per rank predicted and
-measured (cpu.allocator_peak or cuda.max_memory_allocated) and its error. On CPU ranks also: the factor the
-other strategies put on a calibrated CPU rank's layer times (`sim.hosts.rank_step.measured_scale`: the whole
-step alone over the in-process profile, and the slowdown with every rank of the host computing), which the
-mesh strategy's block costs do not carry, and the tensor-parallel collectives per iteration with gloo's
-measured per-call cost (the bundle's collectives.json), which its inline collectives (the topology's
-alpha-beta) do not carry either; and FSDP's collectives' whole time beside the part left exposed (the
-strategy overlaps them with compute as a GPU's NCCL would; gloo runs them on the rank's own cores). And the
+measured (cpu.allocator_peak or cuda.max_memory_allocated) and its error. On CPU ranks also what the mesh
+strategy's prediction carries for them: the factor on a calibrated CPU rank's layer times
+(`sim.hosts.rank_step.measured_scale`: the whole step alone over the in-process profile, and the slowdown
+with every rank of the host computing), the tensor-parallel collectives per iteration and gloo's measured
+per-call cost of them (the bundle's collectives.json), and FSDP's collectives' whole time beside the part
+left exposed (a CPU rank moves gloo's bytes with its own core). And the
 single row's peak memory measured as the mesh rows measure theirs (one process, `mesh.AllocatorPeak`), beside
 what strategy single's memory model predicts for it.
 """
@@ -45,7 +44,7 @@ def calibrate(out: str, device: str) -> None:
 
 
 def left_out(scenario: str, variant: str, calibration: str, cfg) -> dict:
-    """What the mesh strategy's prediction of ``variant`` does not carry on CPU ranks (see the module)."""
+    """What the mesh strategy's prediction of ``variant`` carries for CPU ranks (see the module)."""
     from trainsim.calibrate.validate.run import predict
     from trainsim.resolve import bundle_call_latencies, load_bundle
     from trainsim.sim.hosts.call_latency import cost
@@ -144,24 +143,24 @@ def main(argv: list[str] | None = None) -> None:
         transient = {k: at_peak.get(k, 0.0) / 2**20 for k in ("output", "activation_grads")}
         print(f"\n{single.variant}: peak memory predicted {predicted:.1f} MiB (strategy single's memory "
               f"model, with the logits {transient['output']:.1f} MiB and the activation gradients "
-              f"{transient['activation_grads']:.1f} MiB in flight at the start of backward, which the mesh "
-              f"strategy's has not), cpu.allocator_peak of one process {mib:.1f} MiB ({error:+.1f} %)")
-    print("\nwhat the mesh strategy's prediction leaves out on CPU ranks:")
+              f"{transient['activation_grads']:.1f} MiB in flight at the start of backward; the mesh "
+              f"strategy holds the gradients, not the logits), cpu.allocator_peak of one process {mib:.1f} MiB ({error:+.1f} %)")
+    print("\nwhat the mesh strategy's prediction carries for CPU ranks:")
     for row in result.rows:
         cfg = exec_config_from_scenario(scenario, row.variant)
         if cfg.strategy != "mesh" or row.predicted_s is None:
             continue
         out = left_out(scenario, row.variant, calibration, cfg)
         compute = row.predicted_breakdown_s.get("compute", 0.0)
-        line = (f"{row.variant:28s} host scale on layer times x{out['host_scale']:.2f} (compute "
-                f"{compute * 1e3:.0f} -> {compute * out['host_scale'] * 1e3:.0f} ms)")
+        line = (f"{row.variant:28s} host scale on layer times x{out['host_scale']:.2f} (in the compute, "
+                f"{compute * 1e3:.0f} ms)")
         if out["tp_calls"]:
             gloo_ms = out["tp_gloo_s"] * 1e3
-            line += f"; {out['tp_calls']} TP collectives at gloo's per-call cost: {gloo_ms:.0f} ms"
+            line += f"; {out['tp_calls']} TP collectives, gloo's per-call cost of them {gloo_ms:.0f} ms"
         if out["fsdp_calls"]:
             exposed = row.predicted_breakdown_s.get("exposed_communication", 0.0)
             line += (f"; {out['fsdp_calls']} FSDP collectives take {out['fsdp_s'] * 1e3:.0f} ms, "
-                     f"{exposed * 1e3:.0f} ms exposed (gloo runs them on the rank's cores)")
+                     f"{exposed * 1e3:.0f} ms exposed")
         print(line)
 
 
