@@ -136,10 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                      "that ran alone (python benchmarks/fit_trace_gemms.py --write)")
         arch.setdefault("tensor_evidence", {}).update({f"matmul.{name}": rows_said for name in figures})
         stored["unfitted"]["tensor_efficiency.other_generations"] = (
-            "tensor-core figures rest on two GPUs: Hopper's TF32 convolutions and misaligned bf16 GEMMs on an h200 "
-            "(calibration bundles), Ampere's TF32 GEMMs on an a100 (profiler traces, fit_trace_gemms.py); every "
-            "other generation and precision takes the default's fractions of its own tensor-core peaks, a guess "
-            "until a sweep of its own")
+            "tensor-core figures rest on four GPUs: Hopper's TF32 convolutions and misaligned bf16 GEMMs on an "
+            "h200 (calibration bundles), Ampere's TF32 GEMMs on an a100 (profiler traces, fit_trace_gemms.py), "
+            "Hopper's and Blackwell's bf16/TF32(/fp8) GEMMs on an h100 and a b200 (XLA's GEMM table, "
+            "fit_gemm_table.py); every other generation and precision takes the default's fractions of its own "
+            "tensor-core peaks, a guess until a sweep of its own")
         stored["evidence"]["a100_trace_gemms"] = {
             "files": [FIT, CHECK], "from": "HolisticTraceAnalysis public test data (MIT), via ../shared/traces",
             "what": "GEMM kernels timed by the PyTorch profiler in a 128-rank A100 job with their ops' shapes; "

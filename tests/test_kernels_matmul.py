@@ -182,3 +182,88 @@ def test_the_gemm_fit_recovers_figures_from_rows_they_generate():
     fitted = gemm_fit.fit_tensor_gemm(rows, a100, shipped)
     for name, value in truth.items():
         assert fitted[name] == pytest.approx(value, rel=0.03), name
+
+
+# ---- tensor-core GEMM figures of their own: tiles, a call's fixed time, the small-tile penalty -----------
+
+from kernel_fixtures import data as kernel_data  # noqa: E402
+
+from trainsim.sim.compute.kernels.params import KernelParams  # noqa: E402
+
+
+def _with_tensor(tiles=None, **matmul) -> KernelParams:
+    raw = kernel_data(matmul=matmul)
+    if tiles is not None:
+        raw["tiles"]["ampere"] = {"tensor": tiles}
+    return KernelParams(raw, file="test-params.json")
+
+
+def test_a_tensor_gemm_adds_its_call_time_and_an_fp32_one_does_not():
+    fitted = _with_tensor(tensor_efficiency_bf16=0.5, call_s_bf16=5e-6)
+    bare = _with_tensor(tensor_efficiency_bf16=0.5)
+    spec = Gemm(m=256, n=256, k=1024, dtype="bf16")
+    assert gemm_time(spec, GPU4, fitted).seconds == pytest.approx(gemm_time(spec, GPU4, bare).seconds + 5e-6)
+    fp32 = Gemm(m=256, n=256, k=1024)
+    assert gemm_time(fp32, GPU4, fitted).seconds == gemm_time(fp32, GPU4, bare).seconds
+
+
+def test_a_tensor_gemm_takes_its_architecture_s_tensor_tiles():
+    # 512 x 512 output as four 256 x 256 tiles on the 4 SMs: one wave of 4x the 128 x 128 tile's time
+    wide = _with_tensor(tiles=[[256, 256]], tensor_efficiency_bf16=1.0)
+    estimate = gemm_time(Gemm(m=512, n=512, k=1024, dtype="bf16"), GPU4, wide)
+    assert estimate.detail["tile"] == "256x256"
+    assert estimate.seconds == pytest.approx(4 * (TILE_S / 2) * 1024)  # bf16 peak is twice fp32's
+    # fp32 (SIMT) keeps the single-GEMM tiles; an architecture without tensor tiles falls back to them too
+    assert gemm_time(Gemm(m=256, n=256, k=1024), GPU4, wide).detail["tile"] == "128x128"
+    plain = _with_tensor(tensor_efficiency_bf16=1.0)
+    assert gemm_time(Gemm(m=256, n=256, k=1024, dtype="bf16"), GPU4, plain).detail["tile"] == "128x128"
+
+
+def test_a_tensor_gemm_takes_its_own_small_tile_penalty():
+    tiles = [[64, 64]]
+    own = _with_tensor(tiles=tiles, tensor_efficiency_bf16=1.0, tile_a_bf16=32.0)
+    shared = _with_tensor(tiles=tiles, tensor_efficiency_bf16=1.0)  # tile_a 0 in the fixture
+    spec = Gemm(m=256, n=256, k=4096, dtype="bf16")  # 16 tiles in 4 waves, compute-bound
+    ratio = gemm_time(spec, GPU4, own).seconds / gemm_time(spec, GPU4, shared).seconds
+    assert ratio == pytest.approx(1 / tile_factor(64, 64, 32.0))
+
+
+def test_the_gemm_fit_recovers_a_call_time_and_tile_penalty_it_generated():
+    h100, shipped = get_device("h100-sxm"), load_params()
+    truth = {"tensor_efficiency_bf16": 0.8, "k0_bf16": 200.0, "call_s_bf16": 5e-6, "tile_a_bf16": 40.0}
+    known = gemm_fit.with_figures(shipped, h100, "bf16", truth)
+    sizes = (256, 1024, 4096)
+    rows = [gemm_fit.GemmRow("synthetic", "h100-sxm", "bf16", b, m, n, k, False, 1.0)
+            for b in (1, 4) for m in sizes for n in sizes for k in sizes]
+    rows = [dataclasses.replace(r, seconds=gemm_fit.predict(r, h100, known)) for r in rows]
+    fitted = gemm_fit.fit_tensor_gemm(rows, h100, shipped, ("call_s", "tile_a"))
+    for name, value in truth.items():
+        assert fitted[name] == pytest.approx(value, rel=0.05), name
+
+
+def test_shipped_hopper_and_blackwell_gemm_figures_reproduce_xla_s_measured_table():
+    from pathlib import Path
+
+    from trainsim.sim.compute.kernels.dataset import read_rows
+
+    table = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "xla-gemm-table.csv"
+    shipped = load_params()
+    by_series: dict = {}
+    for r in read_rows(table):
+        by_series.setdefault((r.device, r.dtype), []).append(r)
+    assert {key: len(rows) for key, rows in by_series.items()} == {
+        ("b200", "bf16"): 375, ("b200", "fp8"): 375, ("b200", "tf32"): 375, ("h100-sxm", "bf16"): 375,
+        ("h100-sxm", "tf32"): 375}
+    for (device, dtype), rows in by_series.items():
+        spec = get_device(device)
+        errors = sorted(abs(gemm_time(r.spec, spec, shipped).seconds / r.latency_s - 1) for r in rows)
+        assert errors[len(errors) // 2] < 0.12, (device, dtype)  # the fit's medians are 2.5 ... 9.3 %
+
+
+def test_no_tensor_gemm_runs_above_its_measured_ceiling():
+    fast = _with_tensor(tensor_efficiency_bf16=1.0)
+    capped = _with_tensor(tensor_efficiency_bf16=1.0, ceiling_bf16=0.5)
+    spec = Gemm(m=512, n=512, k=4096, dtype="bf16")
+    assert gemm_time(spec, GPU4, fast).achieved == pytest.approx(8e12)  # the whole bf16 peak
+    assert gemm_time(spec, GPU4, capped).achieved == pytest.approx(4e12)
+    assert gemm_time(spec, GPU4, capped).detail["ceiling"] == 0.5

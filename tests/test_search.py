@@ -162,8 +162,9 @@ def test_zero_bubble_is_a_schedule_the_search_tries_on_request():
 
 
 def test_the_search_ranks_under_the_compute_model_it_is_given():
-    # flash attention on Hopper runs at ~35 % of peak under the kernel model (fitted on published kernel
-    # timings), 70 % under the roofline: the same layout's closed-form step is longer
+    # under the kernel model flash attention on Hopper runs at ~35 % of peak (fitted on published kernel
+    # timings) and bf16 GEMMs at their fitted tiles, share of peak and call time; the roofline runs both at
+    # 70 %: the same layout's closed-form step differs
     from trainsim import api
 
     steps = {}
@@ -172,4 +173,4 @@ def test_the_search_ranks_under_the_compute_model_it_is_given():
                             top=0, compute_model=compute_model)
         steps[compute_model] = {c.label: c.predicted.iteration_s for c in report.ranking.candidates}
     label = next(iter(steps["roofline"]))
-    assert steps["kernels"][label] > 1.05 * steps["roofline"][label]
+    assert abs(steps["kernels"][label] / steps["roofline"][label] - 1) > 0.02

@@ -61,10 +61,16 @@ def predict(row: GemmRow, device: DeviceSpec, params: KernelParams) -> float:
     return gemm_time(spec, device, params, misaligned=row.misaligned).seconds
 
 
-def fit_tensor_gemm(rows: list[GemmRow], device: DeviceSpec, params: KernelParams) -> dict:
-    """``tensor_efficiency_<dtype>``, ``k0_<dtype>`` (a tile's fixed cost in steps of K) and, where misaligned
-    rows exist, ``misaligned_<dtype>``, fitted on
-    ``rows`` of one GPU and one precision, the other figures as ``params`` has them."""
+#: the optional figures `fit_tensor_gemm` may fit beside the efficiency and k0: (start, upper bound)
+EXTRA = {"call_s": (4e-6, 50e-6), "tile_a": (10.0, 400.0)}
+
+
+def fit_tensor_gemm(rows: list[GemmRow], device: DeviceSpec, params: KernelParams,
+                    extra: tuple[str, ...] = ()) -> dict:
+    """``tensor_efficiency_<dtype>``, ``k0_<dtype>`` (a tile's fixed cost in steps of K), where misaligned
+    rows exist ``misaligned_<dtype>``, and each of ``extra`` (`EXTRA`: ``call_s``, a call's fixed GPU time;
+    ``tile_a``, the operand-load penalty of small tiles) as ``<name>_<dtype>``, fitted on ``rows`` of one
+    GPU and one precision, the other figures as ``params`` has them."""
     from scipy.optimize import least_squares  # only when fitting
 
     dtypes = {r.dtype for r in rows}
@@ -73,16 +79,27 @@ def fit_tensor_gemm(rows: list[GemmRow], device: DeviceSpec, params: KernelParam
     dtype = dtypes.pop()
     names = [f"tensor_efficiency_{dtype}", f"k0_{dtype}"]
     names += [f"misaligned_{dtype}"] if any(r.misaligned for r in rows) else []
-    start = {f"k0_{dtype}": 32.0}
-    upper = {f"k0_{dtype}": 4096.0}
+    names += [f"{name}_{dtype}" for name in extra]
+    start = {f"k0_{dtype}": 32.0, **{f"{name}_{dtype}": EXTRA[name][0] for name in extra}}
+    upper = {f"k0_{dtype}": 4096.0, **{f"{name}_{dtype}": EXTRA[name][1] for name in extra}}
+    lower = {f"{name}_{dtype}": 0.0 for name in extra}
+    scale = [start.get(n, 0.5) for n in names]
 
     def residuals(x):
-        fitted = with_figures(params, device, dtype, dict(zip(names, x, strict=True)))
+        fitted = with_figures(params, device, dtype, dict(zip(names, x * scale, strict=True)))
         return [math.log(predict(r, device, fitted) / r.seconds) for r in rows]
 
-    fit = least_squares(residuals, [start.get(n, 0.5) for n in names],
-                        bounds=([0.01] * len(names), [upper.get(n, 1.0) for n in names]))
-    return {name: round(float(v), 4) for name, v in zip(names, fit.x, strict=True)}
+    fit = least_squares(residuals, [1.0] * len(names),
+                        bounds=([lower.get(n, 0.01) / s for n, s in zip(names, scale, strict=True)],
+                                [upper.get(n, 1.0) / s for n, s in zip(names, scale, strict=True)]))
+    return {name: float(f"{v * s:.4g}") for name, v, s in zip(names, fit.x, scale, strict=True)}
+
+
+def ceiling(rows: list[GemmRow], device: DeviceSpec) -> dict:
+    """``ceiling_<dtype>``: the largest share of ``device``'s peak any of ``rows`` (one precision)
+    reached, as measured (not fitted)."""
+    dtype = rows[0].dtype
+    return {f"ceiling_{dtype}": round(max(r.flops / r.seconds for r in rows) / device.peak_flops[dtype], 4)}
 
 
 def errors(rows: list[GemmRow], device: DeviceSpec, params: KernelParams) -> list[float]:
@@ -90,16 +107,19 @@ def errors(rows: list[GemmRow], device: DeviceSpec, params: KernelParams) -> lis
     return [predict(r, device, params) / r.seconds - 1.0 for r in rows]
 
 
-def held_out_errors(rows: list[GemmRow], device: DeviceSpec, params: KernelParams, folds: int = 10
-                    ) -> list[float]:
+def held_out_errors(rows: list[GemmRow], device: DeviceSpec, params: KernelParams, folds: int = 10,
+                    extra: tuple[str, ...] = (), with_ceiling: bool = False) -> list[float]:
     """Every row predicted by figures fitted without its shape: the distinct shapes dealt into ``folds``
-    groups, each group's rows predicted from a fit on the others."""
+    groups, each group's rows predicted from a fit on the others (``with_ceiling``: under the `ceiling`
+    of the others)."""
     shapes = sorted({r.shape for r in rows})
     out = []
     for fold in range(min(folds, len(shapes))):
         left = set(shapes[fold::folds])
         rest = [r for r in rows if r.shape not in left]
-        figures = fit_tensor_gemm(rest, device, params)
+        top = ceiling(rest, device) if with_ceiling else {}
+        figures = {**fit_tensor_gemm(rest, device, with_figures(params, device, rest[0].dtype, top), extra),
+                   **top}
         dtype = rest[0].dtype
         scored = [r for r in rows if r.shape in left and (not r.misaligned or f"misaligned_{dtype}" in figures)]
         out += errors(scored, device, with_figures(params, device, dtype, figures))

@@ -15,8 +15,9 @@ measured GPUs') over the boards whose power does not cap them, capped in turn by
 
 Precision: fp32 runs on the SIMT cores at the fp32 peak; tf32/fp16/bf16/fp8 on the tensor cores at that
 precision's peak, where the architecture has it (`hardware.matrix_peak` refuses TF32 on a V100, FP8 before
-Ada/Hopper). The evidence so far is fp32 only: the tensor-core efficiency is the fp32 figure, uncapped,
-until a tensor-core sweep fits its own (`params.json` ``unfitted``).
+Ada/Hopper). A tensor-core precision takes its own figures where its architecture has rows (`gemm_time`:
+tiles, share of peak, K prologue, small-tile penalty, a call's fixed time, the measured ceiling), else the
+stand-in chain of `TENSOR_STAND_IN` (`params.json` ``unfitted`` says which).
 
 A 3x3 stride-1 convolution may run as Winograd, as cuDNN picks it when benchmarking (the evidence's kernel
 names show it for most of them): F(4x4, 3x3) as 36 batched GEMMs of a quarter of the direct FLOPs around
@@ -144,12 +145,7 @@ def aligned(spec: Gemm) -> bool:
 def gemm_k0(device: DeviceSpec, params: KernelParams, dtype: str) -> float:
     """A GEMM tile's fixed cost in steps of K (its prologue and epilogue): ``k0_<dtype>`` for a tensor-core
     precision where fitted, else ``k0`` (fitted on fp32 SIMT kernels)."""
-    if dtype != "fp32":
-        try:
-            return params.figure(device, "matmul", f"k0_{dtype}")[0]
-        except TrainsimError:
-            pass
-    return params.figure(device, "matmul", "k0")[0]
+    return tensor_figure(device, params, dtype, "k0", params.figure(device, "matmul", "k0")[0])
 
 
 def misaligned_factor(device: DeviceSpec, params: KernelParams, dtype: str) -> float | None:
@@ -164,26 +160,50 @@ def misaligned_factor(device: DeviceSpec, params: KernelParams, dtype: str) -> f
     return None
 
 
+def tensor_figure(device: DeviceSpec, params: KernelParams, dtype: str, name: str, otherwise: float) -> float:
+    """A tensor-core GEMM figure fitted for ``dtype`` (``<name>_<dtype>`` of the matmul class, as
+    `params.KernelParams.figure` finds it), else ``otherwise``; fp32 (SIMT) always takes ``otherwise``."""
+    if dtype != "fp32":
+        try:
+            return params.figure(device, "matmul", f"{name}_{dtype}")[0]
+        except TrainsimError:
+            pass
+    return otherwise
+
+
 def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams, *,
               misaligned: bool | None = None) -> KernelEstimate:
     """The kernel model's time for a (batched) GEMM on ``device``. ``misaligned``: whether the library runs
-    its misaligned kernels (a trace's kernel name says so); None: decided from the shape (`aligned`)."""
+    its misaligned kernels (a trace's kernel name says so); None: decided from the shape (`aligned`).
+
+    A tensor-core GEMM uses its precision's figures where fitted: the ``tensor`` tiles of its architecture
+    (else the SIMT kernels' tiles), ``tile_a_<dtype>`` (its operand-load penalty of small tiles),
+    ``k0_<dtype>`` and ``call_s_<dtype>``, the fixed GPU time of one call (its smallest GEMMs take it
+    whatever their FLOPs), and ``ceiling_<dtype>``: the largest share of the peak any measured GEMM of
+    the precision reached on the architecture (its clocks under the power cap), which no predicted call
+    beats (the tile model, fitted on shapes up to 4096, would otherwise run past it on longer K)."""
     peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "matmul")
     if (not aligned(spec) if misaligned is None else misaligned) and spec.dtype != "fp32":
         scale = misaligned_factor(device, params, spec.dtype)
         if scale is not None:
             efficiency, where = efficiency * scale, f"{where}, misaligned x{scale:.3f}"
     kind = "batched" if spec.batch > 1 and not spec.shared_b else "single"
-    tiles = params.tiles(device, kind)
+    tiles = params.tiles(device, "tensor", fallback=kind) if spec.dtype != "fp32" else params.tiles(device, kind)
+    tile_a = tensor_figure(device, params, spec.dtype, "tile_a", params.figure(device, "matmul", "tile_a")[0])
+    call_s = tensor_figure(device, params, spec.dtype, "call_s", 0.0)
     seconds, compute, memory, tile, split = gemm_core(
         spec.m, spec.n, spec.k, spec.batch, spec.bytes, rate_per_sm=peak / sms, sms=sms,
-        efficiency=efficiency, tile_a=params.figure(device, "matmul", "tile_a")[0],
-        k0=gemm_k0(device, params, spec.dtype), tiles=tiles, bandwidth=bandwidth)
+        efficiency=efficiency, tile_a=tile_a, k0=gemm_k0(device, params, spec.dtype), tiles=tiles,
+        bandwidth=bandwidth)
     tm, tn = tiles[int(tile)]
     blocks = spec.batch * math.ceil(spec.m / tm) * math.ceil(spec.n / tn) * int(split)
+    ceiling = tensor_figure(device, params, spec.dtype, "ceiling", 0.0)
+    floor = spec.flops / (peak * ceiling) if ceiling > 0 else 0.0
+    seconds, compute = max(float(seconds) + call_s, floor), max(float(compute) + call_s, floor)
     detail = {"tile": f"{tm}x{tn}", "split_k": int(split), "waves": math.ceil(blocks / sms),
-              "efficiency": efficiency, "efficiency_from": where, "peak": peak}
-    return _estimate(float(seconds), float(compute), float(memory), spec, params, "matmul", detail)
+              "efficiency": efficiency, "efficiency_from": where, "peak": peak, "call_s": call_s,
+              "ceiling": ceiling}
+    return _estimate(seconds, compute, float(memory), spec, params, "matmul", detail)
 
 
 def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
@@ -246,8 +266,9 @@ def layout_bytes(spec: Conv2d) -> float:
 
 def _estimate(seconds, compute, memory, spec, params, cls, detail) -> KernelEstimate:
     low, high = params.held_out(cls)
-    if spec.dtype != "fp32" and cls == "conv" and f"tensor.conv2d.{spec.dtype}" in params.data["held_out"]:
-        low, high = params.held_out(f"tensor.conv2d.{spec.dtype}")  # the layer fit's held-out band
+    band = {"conv": f"tensor.conv2d.{spec.dtype}", "matmul": f"tensor.matmul.{spec.dtype}"}[cls]
+    if spec.dtype != "fp32" and band in params.data["held_out"]:
+        low, high = params.held_out(band)  # the tensor-core fit's held-out band
     compute_bound = compute >= memory
     achieved = (spec.flops if compute_bound else spec.bytes) / seconds if seconds > 0 else 0.0
     return KernelEstimate(seconds=seconds, bound="compute" if compute_bound else "memory", achieved=achieved,

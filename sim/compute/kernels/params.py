@@ -34,8 +34,9 @@ from trainsim.errors import TrainsimError
 SCHEMA = "trainsim.kernel-params/1"
 PARAMS_FILE = Path(__file__).with_name("params.json")
 #: figures that may be 0 (no penalty, no fixed cost); the others (efficiencies, passes) must be > 0
-MAY_BE_ZERO = ("tile_a", "k0", "k0_tf32", "k0_bf16", "k0_fp16", "flops_per_element", "forward_block_keys",
-               "backward_block_keys", "causal_block_keys")
+MAY_BE_ZERO = ("tile_a", "k0", "flops_per_element", "forward_block_keys", "backward_block_keys",
+               "causal_block_keys", *(f"{figure}_{dtype}" for figure in ("k0", "tile_a", "call_s", "ceiling")
+                                      for dtype in ("tf32", "bf16", "fp16", "fp8")))
 SECTIONS = ("evidence", "fit", "tiles", "devices", "architectures", "default", "held_out")
 
 
@@ -96,11 +97,11 @@ class KernelParams:
         raise TrainsimError(f"no dispatch figure for op {op!r}", file=self.file,
                             field=f"default.dispatch.{op}")
 
-    def tiles(self, device, kind: str) -> list[tuple[int, int]]:
+    def tiles(self, device, kind: str, fallback: str | None = None) -> list[tuple[int, int]]:
         """The (rows, columns) output tiles ``device``'s libraries launch for ``kind`` GEMMs (``batched``,
-        ``single``, ``conv``): its own where it was measured, else its architecture's, else those of the
-        newest older architecture that has them (later GPUs run earlier kernels: an H100 runs sm80 SGEMMs),
-        else the default list."""
+        ``single``, ``conv``, ``tensor``): its own where it was measured, else its architecture's, else those
+        of the newest older architecture that has them (later GPUs run earlier kernels: an H100 runs sm80
+        SGEMMs), else the default list; where none has ``kind``, those of ``fallback``."""
         from trainsim.sim.core.devices import ARCHITECTURES
 
         own = self.data["devices"].get(device.name, {}).get("tiles", {}).get(kind)
@@ -112,6 +113,8 @@ class KernelParams:
             for arch in reversed(ARCHITECTURES[:ARCHITECTURES.index(architecture) + 1]):
                 if kind in tiles.get(arch, {}):
                     return [tuple(t) for t in tiles[arch][kind]]
+        if kind not in tiles["default"] and fallback is not None:
+            return self.tiles(device, fallback)
         return [tuple(t) for t in tiles["default"][kind]]
 
     def held_out(self, cls: str) -> tuple[float, float]:
