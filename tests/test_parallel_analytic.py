@@ -82,14 +82,27 @@ def test_seventy_billion_on_1024_gpus(mesh):
     assert predicted.iteration_s == pytest.approx(simulated, rel=0.02)
 
 
+def _blocks(compute, gather, sync, share=1.0, inline=0.0):
+    return (compute, inline, gather, sync, share, share)
+
+
 def test_a_pass_hides_the_prefetched_gathers_and_shows_the_slower_ones():
-    compute_bound = [(2.0, 1.0, 0.0)] * 4
+    compute_bound = [_blocks(2.0, 1.0, 0.0)] * 4
     assert analytic._pass(compute_bound, True) == (1.0 + 4 * 2.0, 0.0)  # the first gather, then compute
-    comm_bound = [(1.0, 3.0, 0.0)] * 4
+    comm_bound = [_blocks(1.0, 3.0, 0.0)] * 4
     assert analytic._pass(comm_bound, True)[0] == 4 * 3.0 + 1.0  # each block waits for its gather
     # the last backward's syncs: queued as each block ends; what the last block does not hide is the tail
-    duration, tail = analytic._pass([(1.0, 0.0, 1.5)] * 3, False)
+    duration, tail = analytic._pass([_blocks(1.0, 0.0, 1.5)] * 3, False)
     assert duration == 3.0 and tail == pytest.approx(1.0 + 3 * 1.5 - 3.0)
+
+
+def test_compute_beside_a_collective_runs_on_the_sms_its_channels_leave():
+    # two blocks of 2 s, the second's 1 s gather beside the first: half the SMs for that second, so the
+    # first block does 0.5 s of work in it and ends at 1 (first gather) + 1 + 1.5; inline collectives after
+    duration, _ = analytic._pass([_blocks(2.0, 1.0, 0.0, share=0.5, inline=0.25)] * 2, True)
+    assert duration == pytest.approx(1.0 + (1.0 + 1.5 + 0.25) + (2.0 + 0.25))
+    assert analytic._advance(0.0, 3.0, [(1.0, 2.0, 0.5)]) == pytest.approx(1.0 + 1.0 + 1.5)
+    assert analytic._advance(0.0, 3.0, []) == 3.0
 
 
 def test_the_pipeline_fill_is_the_other_stages_micro_batch_and_interleaving_shrinks_it():

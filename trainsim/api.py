@@ -652,7 +652,8 @@ def search(scenario_source: str | os.PathLike | None = None, *, model: str | dic
     for n in counts:
         scenario = sc.model_copy(update={"gpus": n, "batch_size": batch, "batch_per_gpu": None})
         runs[n] = base.with_scenario(scenario)
-        timer = LayoutTimer(costs, base.topology, runs[n].ranks, batch, algo=sc.strategy.collective_algo)
+        timer = LayoutTimer(costs, base.topology, runs[n].ranks, batch, algo=sc.strategy.collective_algo,
+                            interference=sc.comm_interference)
         targets.append((n, costs, timer, base.topology.gpu_memory(runs[n].ranks[0])))
     ranking = ps.rank_layouts(targets, batch, batch * seq, space, objective_, gpus_per_machine=per_machine,
                               headroom=headroom, progress=lambda d, t: tell("ranking", d, t))

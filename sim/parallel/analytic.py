@@ -14,6 +14,10 @@ strategy, per pipeline stage s:
   the backward does not hide is the stage's exposed data-parallel sync;
 - then the optimizer steps its shard, and ZeRO-1/2 all-gather the updated parameters.
 
+While a gather or sync is on the channel, the block computing beside it runs on the share of the SMs its
+NCCL channels leave (`LayoutTimer.share`, the strategy's `comm_interference`; ``interference=False`` for
+free overlap), as the strategy's blocks do.
+
 The pipeline: with W_s = F_s + B_s a stage's forward and backward of one micro-batch and k the slowest
 stage, stage 0's last backward ends at ``M W_k + sum_{s != k} W_s / v + 2 (pp - 1) p`` (1F1B: the other
 stages' one micro-batch each is the fill; with v virtual stages the bubble is (pp - 1) / v of a
@@ -81,9 +85,10 @@ class LayoutTimer:
     keeps a search from planning every stage's groups)."""
 
     def __init__(self, model: ModelCosts, topology, ranks, batch_size: int, *, algo: str = "auto",
-                 symmetric: bool = True):
+                 symmetric: bool = True, interference: bool = True):
         self.model, self.topology, self.ranks = model, topology, tuple(ranks)
         self.batch_size, self.algo, self.symmetric = batch_size, algo, symmetric
+        self.interference = interference and len(self.ranks) > 1
         self._coll: dict = {}
         self._per_machine = self._gpus_per_machine()
 
@@ -104,6 +109,33 @@ class LayoutTimer:
         if t is None:
             t = self._coll[key] = collective_time(self.topology, op, list(group), nbytes, algo=self.algo)
         return t
+
+    def share(self, op: str, group, nbytes: float, gpu: str) -> float:
+        """The share of ``gpu``'s SMs left to compute while this collective runs (its NCCL channels hold
+        the rest, `trainsim.sim.core.interference`); 1 without interference, for a CPU rank or an idle call."""
+        if not self.interference or len(group) < 2 or nbytes <= 0:
+            return 1.0
+        key = ("share", op, tuple(group), nbytes, gpu)
+        s = self._coll.get(key)
+        if s is None:
+            from trainsim.sim.collectives.footprint import footprint
+            from trainsim.sim.core.devices import get_device
+
+            device = get_device(self.topology.gpu_spec(gpu))
+            sms = device.sm_count if device.kind == "gpu" else None
+            ctas = footprint(self.topology, op, list(group), nbytes, algo=self.algo).ctas if sms else 0
+            s = self._coll[key] = max(1, sms - ctas) / sms if sms else 1.0
+        return s
+
+    def _parts(self, gpu: str, calls) -> tuple[float, float]:
+        """(seconds, share of SMs left to compute) of collectives run one after the other: their seconds
+        summed, the share averaged over their time."""
+        seconds = lost = 0.0
+        for op, group, nbytes in calls:
+            t = self.coll(op, group, nbytes)
+            seconds += t
+            lost += t * (1.0 - self.share(op, group, nbytes, gpu))
+        return seconds, (1.0 - lost / seconds) if seconds > 0 else 1.0
 
     def p2p(self, src: str, dst: str, nbytes: float) -> float:
         """A stage-to-stage message: each leg's latency and bytes at its bottleneck (no contention)."""
@@ -163,22 +195,25 @@ class LayoutTimer:
         i_f = self._inline(table, b, layout, groups, "F")
         i_b = self._inline(table, b, layout, groups, "B")
         gather = sync = 0.0
+        gather_share = sync_share = 1.0
         p, e = table.params[b], table.experts[b]
         if layout.zero == 3 and mesh.shard_size > 1:
-            gather = self.coll("allgather", groups["shard"], p - e) + \
-                self.coll("allgather", groups["expert_shard"], e)
+            gather, gather_share = self._parts(gpu, [("allgather", groups["shard"], p - e),
+                                                     ("allgather", groups["expert_shard"], e)])
         if mesh.dp > 1:
             if layout.zero == 0:
-                sync = self.coll("allreduce", groups["dp"], p - e) + \
-                    self.coll("allreduce", groups["expert_dp"], e)
+                sync, sync_share = self._parts(gpu, [("allreduce", groups["dp"], p - e),
+                                                     ("allreduce", groups["expert_dp"], e)])
             else:
                 shard_e = len(groups["expert_shard"])
-                sync = self.coll("reduce_scatter", groups["shard"], p - e) + \
-                    self.coll("reduce_scatter", groups["expert_shard"], e) + \
-                    self.coll("allreduce", groups["replica"], (p - e) / len(groups["shard"])) + \
-                    self.coll("allreduce", groups["expert_replica"], e / shard_e)
+                sync, sync_share = self._parts(gpu, [
+                    ("reduce_scatter", groups["shard"], p - e), ("reduce_scatter", groups["expert_shard"], e),
+                    ("allreduce", groups["replica"], (p - e) / len(groups["shard"])),
+                    ("allreduce", groups["expert_replica"], e / shard_e)])
+        # (forward, backward: compute with its collectives; gather, sync; compute; collectives; W; the shares
+        # of SMs the gather and the sync leave to compute; forward and backward compute alone)
         out = (table.forward[b] + i_f, bwd + i_b, gather, sync, table.forward[b] + bwd + weight, i_f + i_b,
-               weight)
+               weight, gather_share, sync_share, table.forward[b], bwd)
         table.derived[key] = out
         return out
 
@@ -197,16 +232,16 @@ class LayoutTimer:
             costs.append((self._block_costs(table, b, layout, mesh, gpu), count))
         blocks = [c for c, n in costs for _ in range(n)]
         zero3 = layout.zero == 3 and shard > 1
-        forward, _ = _pass([(c[0], c[2], 0.0) for c in blocks], zero3)
+        forward, _ = _pass([(c[9], c[0] - c[9], c[2], 0.0, c[7], 1.0) for c in blocks], zero3)
         back = blocks[::-1]
         regather = zero3 and layout.reshard_after_forward
-        backward, _ = _pass([(c[1], c[2], 0.0) for c in back], regather)
+        backward, _ = _pass([(c[10], c[1] - c[10], c[2], 0.0, c[7], 1.0) for c in back], regather)
         if zb:  # the gradients are synchronised as the last micro-batch's W ends, block by block
-            weight, tail = _pass([(c[6], 0.0, c[3]) for c in back], False)
+            weight, tail = _pass([(c[6], 0.0, 0.0, c[3], 1.0, c[8]) for c in back], False)
             last = backward
         else:
             weight = 0.0
-            last, tail = _pass([(c[1], c[2], c[3]) for c in back], regather)
+            last, tail = _pass([(c[10], c[1] - c[10], c[2], c[3], c[7], c[8]) for c in back], regather)
         experts = sum(table.experts[lo:hi])
         shard = shard if layout.zero >= 1 else 1
         expert_params = experts / self.model.weight
@@ -313,23 +348,51 @@ class LayoutTimer:
         return gather
 
 
-def _pass(blocks: list[tuple[float, float, float]], gather: bool) -> tuple[float, float]:
-    """(duration, sync tail) of one pass over ``blocks`` ((compute, gather, sync) each, in pass order):
-    block k starts when the previous one ended and (``gather``) its gathered parameters arrived; the next
-    block's gather starts with it on the communication channel (behind whatever is queued there), and a
-    block's gradient sync is queued there as its compute ends."""
+def _pass(blocks: list[tuple], gather: bool) -> tuple[float, float]:
+    """(duration, sync tail) of one pass over ``blocks`` ((compute, inline collectives, gather, sync, the
+    share of SMs the gather leaves to compute, the sync's) each, in pass order): block k starts when the
+    previous one ended and (``gather``) its gathered parameters arrived; the next block's gather starts with
+    it on the communication channel (behind whatever is queued there), and a block's gradient sync is queued
+    there as its compute ends. A block's compute runs at the share of the SMs the channel's collective in
+    flight leaves it (`_advance`), its inline collectives after it."""
     T = C = 0.0  # compute done; communication channel free
     arrived = 0.0
+    busy: list[tuple[float, float, float]] = []  # the channel's collectives: (begin, end, share left)
     if gather:
-        C = arrived = blocks[0][1]
+        C = arrived = blocks[0][2]
+        busy.append((0.0, C, blocks[0][4]))
     n = len(blocks)
     for i in range(n):
-        compute, _, sync = blocks[i]
+        compute, inline, _, sync, _, sync_share = blocks[i]
         start = T if not gather or T >= arrived else arrived
+        while busy and busy[0][1] <= start:  # over before this block starts
+            busy.pop(0)
         if gather and i + 1 < n:
-            C = (start if start > C else C) + blocks[i + 1][1]
+            begin = start if start > C else C
+            C = begin + blocks[i + 1][2]
+            busy.append((begin, C, blocks[i + 1][4]))
             arrived = C
-        T = start + compute
+        T = _advance(start, compute, busy) + inline
         if sync:
-            C = (C if C > T else T) + sync
+            begin = C if C > T else T
+            C = begin + sync
+            busy.append((begin, C, sync_share))
     return T, max(0.0, C - T)
+
+
+def _advance(t: float, work: float, busy: list[tuple[float, float, float]]) -> float:
+    """When ``work`` seconds of compute started at ``t`` end, running at the share ``s`` of the SMs during
+    each ``busy`` (begin, end, s) interval (in order, apart) and at full rate outside them."""
+    for begin, end, s in busy:
+        if end <= t or s >= 1.0:
+            continue
+        if begin > t:
+            if work <= begin - t:
+                return t + work
+            work -= begin - t
+            t = begin
+        if work <= (end - t) * s:
+            return t + work / s
+        work -= (end - t) * s
+        t = end
+    return t + work

@@ -53,6 +53,7 @@ import dataclasses
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.costs import WEIGHT_BYTES
 from trainsim.sim.core.machine import COMM, COMPUTE
+from trainsim.sim.core.interference import MATRIX, run_pieces
 from trainsim.sim.core.latency import CallSite
 from trainsim.sim.parallel.comms import Call, call_seconds, pass_calls
 from trainsim.sim.parallel.layout import Mesh
@@ -290,9 +291,14 @@ class _Mesh:
         with machine.gpus[gpu].streams["compute"].request() as req:
             yield req
             start = ctx.env.now
-            total = compute + sum(seconds for _, seconds in comms)
-            if total > 0:
-                yield ctx.env.timeout(total)
+            # the block's kernels share the GPU with the collectives in flight beside them (a ZeRO-3 prefetch,
+            # a gradient sync): matrix work slows by the SMs their channels hold (`interference`)
+            yield from run_pieces(ctx.env, machine.gpus[gpu].contention, start, start + compute, (compute,),
+                                  (MATRIX,))
+            end = ctx.env.now
+            inline = sum(seconds for _, seconds in comms)
+            if inline > 0:
+                yield ctx.env.timeout(inline)
             if ctx.settings.detail or compute > 0:
                 machine.record(
                     iteration=it,
@@ -300,12 +306,12 @@ class _Mesh:
                     stream="compute",
                     op={"F": "forward", "B": "backward", "W": "weight_grad"}[kind],
                     start=start,
-                    end=start + compute,
+                    end=end,
                     category=COMPUTE,
                     layer=name,
                     args={"micro_batch": m},
                 )
-            t = start + compute
+            t = end
             for call, seconds in comms:  # recorded in turn after the block's compute
                 if seconds > 0:
                     machine.record(
