@@ -101,8 +101,10 @@ def test_cli_workload_times_with_the_kernel_model():
 
 def test_a_scenario_runs_with_either_model_and_a_bad_one_names_the_field():
     base = ["simulate", "scenarios/single-gpu-resnet50.yaml", "--json"]
-    roofline = runner.invoke(app, base)
-    kernels = runner.invoke(app, [*base, "--set", "compute_model=kernels"])
+    roofline = runner.invoke(app, [*base, "--set", "compute_model=roofline"])
+    kernels = runner.invoke(app, base)  # the default
+    assert json.loads(kernels.output)["iteration_time_s"] == json.loads(
+        runner.invoke(app, [*base, "--set", "compute_model=kernels"]).output)["iteration_time_s"]
     assert roofline.exit_code == kernels.exit_code == 0, kernels.output
     assert json.loads(roofline.output)["iteration_time_s"] != json.loads(kernels.output)["iteration_time_s"]
     bad = runner.invoke(app, [*base, "--set", "compute_model=fast"])

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainsim.formats.scenario import Scenario
 from trainsim.formats.scenario_loader import load_scenario
+from trainsim.formats.scenario_options import DEFAULT_COMPUTE_MODEL
 from trainsim.resolve import Run, load_bundle, resolve, resolve_scenario
 from trainsim.sim.core.result import Result
 from trainsim.sim.core.window import StopFlag
@@ -312,7 +313,7 @@ def generate_workload(model: str, options: Sequence[str] = (), *, out: str | Non
 
 
 def workload_times(source: str | os.PathLike, device_name: str, batch: int = 32,
-                   precision: str = "fp32", compute_model: str = "roofline") -> dict:
+                   precision: str = "fp32", compute_model: str = DEFAULT_COMPUTE_MODEL) -> dict:
     """Per-layer forward/backward time of a workload on a device (measured, retargeted or estimated by
     ``compute_model``: roofline or kernels), with each pass's kernel class, bound, achieved rate and range."""
     from trainsim.sim.compute.roofline import times_report
@@ -645,7 +646,7 @@ def search(scenario_source: str | os.PathLike | None = None, *, model: str | dic
     objective_ = ps.Objective(objective, tokens=tokens, price=price, tdp_watts=device.tdp_watts)
     sc = base.scenario
     costs = ModelCosts(base.workload, device, sc.precision, sc.optimizer.name, sc.mixed_precision,
-                       getattr(sc, "compute_model", "roofline"))
+                       sc.compute_model)
     per_machine = ps.gpus_per_machine(base.topology)
     space = space or ps.SearchSpace()
     targets, runs = [], {}

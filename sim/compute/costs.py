@@ -128,7 +128,7 @@ def rank_costs(
     scale: float = 1.0,
     mixed_precision: str = "master",
     workspace_config: str | None = None,
-    compute_model: str = "roofline",
+    compute_model: str | None = None,
 ) -> RankCosts:
     """The costs of one rank running ``batch`` samples of ``workload`` on ``device`` (``measured_on``: the
     device a measured workload ran on when the built-in library lacks it, e.g. a calibrated CPU).
@@ -136,8 +136,10 @@ def rank_costs(
     ``mixed_precision``: how a 16-bit ``precision`` keeps its weights (`MIXED_MODES`, module docstring).
     ``workspace_config``: the process's ``CUBLAS_WORKSPACE_CONFIG`` (None: PyTorch's default,
     `workspaces`). ``compute_model``: how times not measured on ``device`` are estimated
-    (`roofline.COMPUTE_MODELS`)."""
+    (`roofline.COMPUTE_MODELS`; None: `roofline.DEFAULT_COMPUTE_MODEL`)."""
     from . import roofline  # the roofline module owns "measured or estimated"
+
+    compute_model = compute_model or roofline.DEFAULT_COMPUTE_MODEL
 
     if batch < 1:
         raise TrainsimError(f"per-GPU batch must be >= 1, got {batch}", field="batch_size")

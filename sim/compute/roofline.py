@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from trainsim.errors import TrainsimError, unknown_name
+from trainsim.formats.scenario_options import DEFAULT_COMPUTE_MODEL  # noqa: F401 (the scenario's default)
 from trainsim.formats.workload import DTYPE_BYTES, Layer, TimeModel, Workload, fit_time
 from trainsim.sim.core.devices import DeviceSpec, get_device
 

@@ -22,6 +22,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from trainsim.errors import TrainsimError
+from trainsim.formats.scenario_options import DEFAULT_COMPUTE_MODEL
 from trainsim.formats.workload import Workload
 from trainsim.sim.compute.costs import (
     STATE_BYTES,
@@ -273,8 +274,8 @@ class ModelCosts:
     `rank_costs` takes it): `BlockTable`s for layouts (cached)."""
 
     def __init__(self, workload: Workload, device: DeviceSpec, precision: str = "bf16",
-                 optimizer: str = "adam", mixed_precision: str = "master", compute_model: str = "roofline",
-                 fp8: bool = False, scale: float = 1.0):
+                 optimizer: str = "adam", mixed_precision: str = "master",
+                 compute_model: str = DEFAULT_COMPUTE_MODEL, fp8: bool = False, scale: float = 1.0):
         self.workload, self.device, self.fp8, self.scale = workload, device, fp8, scale
         self.precision, self.optimizer, self.mixed_precision = precision, optimizer, mixed_precision
         self.compute_model = compute_model
@@ -324,9 +325,9 @@ class ModelCosts:
             update={"layers": [wl.layers[i] for i in keep]})
         split = split_stages(reduced, tp=tp, cp=cp, pp=1, ep=ep, sequence_parallel=sp,
                              expert_imbalance=imbalance)[0]
-        extra = {"compute_model": self.compute_model} if self.compute_model != "roofline" else {}
         costs = rank_costs(split.workload, self.device, micro_batch, self.precision, self.optimizer,
-                           mixed_precision=self.mixed_precision, scale=self.scale, **extra)
+                           mixed_precision=self.mixed_precision, scale=self.scale,
+                           compute_model=self.compute_model)
         if self.fp8:
             from .fp8 import fp8_costs
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainsim.formats.scenario_options import DEFAULT_COMPUTE_MODEL
+
 if TYPE_CHECKING:
     from trainsim.formats.scenario import Optimizations, Scenario, StrategySpec
     from trainsim.sim.core.jitter import JitterSpec
@@ -42,8 +44,8 @@ class RunSettings:
     # the spread of a rank's passes: the scenario's strategy.jitter, else a calibrated host's measured one;
     # None: every pass takes its nominal time
     jitter_spec: JitterSpec | None = None
-    compute_model: str = "roofline"  # how layer times not measured on a device are estimated (costs.py)
-    comm_interference: bool = True  # compute slows while communication kernels hold SMs and HBM (interference)
+    compute_model: str = DEFAULT_COMPUTE_MODEL  # how layer times not measured on a device are estimated
+    comm_interference: bool = True  # compute slows while communication kernels hold SMs and HBM
 
     @classmethod
     def of(cls, scenario: Scenario, *, prep_s_per_sample: float, jitter_spec: JitterSpec | None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from trainsim.formats.scenario_options import DEFAULT_COMPUTE_MODEL
+
 from .common import app, check_outputs, make_app, options_named, print_json
 
 workload_app = make_app(help="Per-layer workloads: list the built-ins, show or generate one, time one.")
@@ -76,8 +78,8 @@ def workload_times(
     device: str = typer.Option(..., "--device", "-d", help="Device spec (`trainsim device list`)."),
     batch: int = typer.Option(32, "--batch", "-b", help="Per-device batch size."),
     precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, fp16 or bf16."),
-    compute_model: str = typer.Option("roofline", "--compute-model",
-                                      help="roofline or kernels: how times not measured here are estimated."),
+    compute_model: str = typer.Option(DEFAULT_COMPUTE_MODEL, "--compute-model",
+                                      help="kernels (the kernel model) or roofline: how times not measured here are estimated."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Per-layer forward/backward time on a device: measured, retargeted from another device, or estimated

@@ -79,8 +79,8 @@ def search_cmd(
     optimizer: str | None = typer.Option(None, "--optimizer", help="adam (default), momentum or sgd."),
     compute_model: str | None = typer.Option(
         None, "--compute-model",
-        help="roofline (the default) or kernels: how the layers' times are estimated (the scenario's "
-             "compute_model)."),
+        help="kernels (the default: the kernel model) or roofline: how the layers' times are estimated "
+             "(the scenario's compute_model)."),
     overrides: list[str] = typer.Option([], "--set", metavar="KEY.PATH=VALUE",
                                         help="Override a scenario field (repeatable)."),
     objective: str = typer.Option(

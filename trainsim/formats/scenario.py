@@ -29,6 +29,7 @@ from trainsim.errors import TrainsimError, from_validation_error
 from trainsim.units import GiB, MiB, Seconds
 
 from .scenario_options import (
+    DEFAULT_COMPUTE_MODEL,
     CompressionSpec,
     EasgdOptions,
     JitterSpec,
@@ -381,7 +382,7 @@ class Scenario(_Strict):
                     "master copy in the optimizer: Megatron, DeepSpeed) or autocast (torch.autocast: fp32 "
                     "weights and gradients, 16-bit copies made in the forward; what `validate` executes)")
     compute_model: Literal["roofline", "kernels"] = Field(
-        default="roofline",
+        default=DEFAULT_COMPUTE_MODEL,
         description="how a layer's time is estimated where it was not measured on the GPU it runs on "
                     "(analytic workloads, and the ratio that moves measured times to another GPU or "
                     "precision): roofline (a fixed fraction of peak FLOP/s or bandwidth) or kernels (the "
