@@ -54,8 +54,8 @@ def table_text(source: Path) -> str:
     if at < 0:
         at = raw.find(b"kDefaultMatmulPTable")
     if at < 0:
-        raise SystemExit(f"error: {source}: no GemmPerfTable in it (expected XLA's matmul_interpolator_data.h, "
-                         "its text proto, or a jax-cuda12-pjrt wheel)")
+        raise SystemExit(f"error: {source}: no GemmPerfTable in it (expected XLA's "
+                         "matmul_interpolator_data.h, its text proto, or a jax-cuda12-pjrt wheel)")
     start = raw.rfind(b"\x00", 0, at) + 1
     end = raw.find(b"\x00", at)
     return raw[start:end if end > 0 else len(raw)].decode("utf-8", errors="replace")

@@ -54,6 +54,11 @@ def series() -> dict[tuple[str, str], list[gemm_fit.GemmRow]]:
     return out
 
 
+def dtypes(by_series: dict, device: str) -> set[str]:
+    """The precisions the table has rows of for ``device``."""
+    return {t for d, t in by_series if d == device}
+
+
 def with_tiles(params: KernelParams, architecture: str, tiles) -> KernelParams:
     data = copy.deepcopy(params.data)
     data["tiles"].setdefault(architecture, {})["tensor"] = tiles
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         big = [r for r in rows if r.seconds >= 20e-6]
         print(line("rows of >= 20 us", stats(gemm_fit.errors(big, spec, params))))
         print(line("before", stats(gemm_fit.errors(rows, spec, before))))
-    print("\ncross-GPU: each GPU's rows under the other architecture's figures (tiles, efficiencies, k0, call)")
+    print("\ncross-GPU: each GPU's rows under the other architecture's figures (tiles, efficiencies, k0, "
+          "call)")
     devices = sorted({d for d, _ in by_series})
     for device in devices:
         spec = get_device(device)
@@ -155,16 +161,17 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             swapped = copy.deepcopy(params.data)
             mine, theirs = spec.architecture, get_device(other).architecture
-            swapped["architectures"][mine]["matmul"] = copy.deepcopy(swapped["architectures"][theirs]["matmul"])
+            arches = swapped["architectures"]
+            arches[mine]["matmul"] = copy.deepcopy(arches[theirs]["matmul"])
             swapped["tiles"].setdefault(mine, {})["tensor"] = swapped["tiles"][theirs]["tensor"]
             swapped = KernelParams(swapped, file=params.file)
-            for dtype in sorted({t for d, t in by_series if d == device} & {t for d, t in by_series if d == other}):
+            for dtype in sorted(dtypes(by_series, device) & dtypes(by_series, other)):
                 rows = by_series[(device, dtype)]
                 print(line(f"{device} {dtype} with {theirs}'s", stats(gemm_fit.errors(rows, spec, swapped))))
     if len(devices) == 2:
         a, b = (get_device(d) for d in devices)
         print(f"\n{b.name}/{a.name} time ratio per shape, predicted over measured minus one:")
-        for dtype in sorted({t for d, t in by_series if d == a.name} & {t for d, t in by_series if d == b.name}):
+        for dtype in sorted(dtypes(by_series, a.name) & dtypes(by_series, b.name)):
             ra = {r.shape: r for r in by_series[(a.name, dtype)]}
             errs, peak_errs = [], []
             for r in by_series[(b.name, dtype)]:
@@ -206,12 +213,13 @@ def write(chosen: dict, bands: dict, by_series: dict) -> None:
         "fit": "python benchmarks/fit_gemm_table.py --write"}
     unfitted = stored["unfitted"]
     unfitted["matmul.tensor_efficiency_bf16"] = (
-        "fitted for Hopper and Blackwell on XLA's GEMM table; Ampere and Ada bf16/fp16 and Volta fp16 have no "
-        "GPU-bound tensor-core GEMM rows: they take the stand-in chain (fp16 -> bf16 -> tf32 -> the roofline "
-        "fraction 0.7)")
+        "fitted for Hopper and Blackwell on XLA's GEMM table; Ampere and Ada bf16/fp16 and Volta fp16 have "
+        "no GPU-bound tensor-core GEMM rows: they take the stand-in chain (fp16 -> bf16 -> tf32 -> the "
+        "roofline fraction 0.7)")
     unfitted["tensor_efficiency.fp16, fp8"] = (
-        "fp16 takes bf16's figure (one peak for both since Ampere); fp8 is fitted on Blackwell (XLA's table), "
-        "elsewhere it takes fp16's: the table's sm_90 fp8 rows run above H100's dense fp8 peak and were left out")
+        "fp16 takes bf16's figure (one peak for both since Ampere); fp8 is fitted on Blackwell (XLA's "
+        "table), elsewhere it takes fp16's: the table's sm_90 fp8 rows run above H100's dense fp8 peak and "
+        "were left out")
     PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
     print(f"\nwrote {PARAMS_FILE.name}")
 

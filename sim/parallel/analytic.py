@@ -112,7 +112,8 @@ class LayoutTimer:
 
     def share(self, op: str, group, nbytes: float, gpu: str) -> float:
         """The share of ``gpu``'s SMs left to compute while this collective runs (its NCCL channels hold
-        the rest, `trainsim.sim.core.interference`); 1 without interference, for a CPU rank or an idle call."""
+        the rest, `trainsim.sim.core.interference`); 1 without interference, for a CPU rank or an idle
+        call."""
         if not self.interference or len(group) < 2 or nbytes <= 0:
             return 1.0
         key = ("share", op, tuple(group), nbytes, gpu)

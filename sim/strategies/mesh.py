@@ -52,9 +52,9 @@ import dataclasses
 
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.costs import WEIGHT_BYTES
-from trainsim.sim.core.machine import COMM, COMPUTE
 from trainsim.sim.core.interference import MATRIX, run_pieces
 from trainsim.sim.core.latency import CallSite
+from trainsim.sim.core.machine import COMM, COMPUTE
 from trainsim.sim.parallel.comms import Call, call_seconds, pass_calls
 from trainsim.sim.parallel.layout import Mesh
 from trainsim.sim.parallel.memory import kept_bytes

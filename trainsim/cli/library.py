@@ -79,7 +79,8 @@ def workload_times(
     batch: int = typer.Option(32, "--batch", "-b", help="Per-device batch size."),
     precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, fp16 or bf16."),
     compute_model: str = typer.Option(DEFAULT_COMPUTE_MODEL, "--compute-model",
-                                      help="kernels (the kernel model) or roofline: how times not measured here are estimated."),
+                                      help="kernels (the kernel model) or roofline: how times not "
+                                           "measured here are estimated."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Per-layer forward/backward time on a device: measured, retargeted from another device, or estimated

@@ -188,7 +188,8 @@ def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams, *,
         if scale is not None:
             efficiency, where = efficiency * scale, f"{where}, misaligned x{scale:.3f}"
     kind = "batched" if spec.batch > 1 and not spec.shared_b else "single"
-    tiles = params.tiles(device, "tensor", fallback=kind) if spec.dtype != "fp32" else params.tiles(device, kind)
+    tensor = spec.dtype != "fp32"
+    tiles = params.tiles(device, "tensor", fallback=kind) if tensor else params.tiles(device, kind)
     tile_a = tensor_figure(device, params, spec.dtype, "tile_a", params.figure(device, "matmul", "tile_a")[0])
     call_s = tensor_figure(device, params, spec.dtype, "call_s", 0.0)
     seconds, compute, memory, tile, split = gemm_core(
