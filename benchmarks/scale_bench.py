@@ -25,6 +25,7 @@ is dropped from their environment where a machine sets it; with it, every run co
 afresh, about 0.1 s that no installed copy pays).
 
 Run: python benchmarks/scale_bench.py                 # 8, 64, 256, 1024 GPUs
+     python benchmarks/scale_bench.py --set compute_model=roofline   # another override on every run
      python benchmarks/scale_bench.py --max-gpus 16384 --timeout 300 --collectives analytic
 A point that runs past ``--timeout`` seconds is printed as such and the larger ones are skipped.
 """
@@ -71,11 +72,13 @@ PEAK = ("import atexit, runpy, sys\n"
 ENV = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
 
 
-def command(gpus: int, iterations: int, collectives: str, as_json: bool = False) -> list[str]:
+def command(gpus: int, iterations: int, collectives: str, as_json: bool = False,
+            extra: tuple[str, ...] = ()) -> list[str]:
     args = [sys.executable, "-c", PEAK, "simulate", "ddp-resnet50-dgx-a100",
             *(["--json"] if as_json else []), "--set", f"iterations={iterations}",
             "--set", "warmup_iterations=0",
-            "--set", f"batch_size={256 * gpus}", "--set", f"strategy.collectives={collectives}"]
+            "--set", f"batch_size={256 * gpus}", "--set", f"strategy.collectives={collectives}",
+            *(a for kv in extra for a in ("--set", kv))]
     topo = topology(gpus)
     if topo:
         args += ["--set", f"topology={topo}"]
@@ -138,7 +141,10 @@ def main() -> None:
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up comparison")
     parser.add_argument("--collectives", default="flow,analytic",
                         help="collective paths to run, comma-separated (flow: the default of the scenario)")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more scenario override for every run (e.g. compute_model=roofline)")
     opts = parser.parse_args()
+    extra = tuple(opts.extra)
 
     if not opts.no_startup:
         base, sim = startup()
@@ -151,9 +157,10 @@ def main() -> None:
         for gpus in (g for g in GPUS if g <= opts.max_gpus):
             fabric = "one node" if gpus == PER_NODE else (
                 "rail-optimised" if gpus // PER_NODE <= RAIL_MAX_NODES else "3-tier fat-tree")
-            one = run(command(gpus, 1, collectives), opts.timeout)
-            two = run(command(gpus, 2, collectives), opts.timeout) if one else None
-            figures = run(command(gpus, 1, collectives, as_json=True), opts.timeout) if two else None
+            one = run(command(gpus, 1, collectives, extra=extra), opts.timeout)
+            two = run(command(gpus, 2, collectives, extra=extra), opts.timeout) if one else None
+            figures = (run(command(gpus, 1, collectives, as_json=True, extra=extra), opts.timeout)
+                       if two else None)
             if figures is None:
                 print(f"{gpus:>6} {fabric:<16} {collectives:<11} past the {opts.timeout:g} s limit; larger "
                       "counts skipped", flush=True)
