@@ -116,7 +116,7 @@ def test_layer_times_uses_measurements_on_the_measured_device():
 
 def test_retarget_scales_each_point_by_the_roofline_ratio():
     wl = _measured_on_v100()
-    moved = retarget(wl, "a100")
+    moved = retarget(wl, "a100", model="roofline")
     assert moved.provenance.device_spec == "a100-40gb"
     assert moved.provenance.retargeted_from == "v100-16gb"
     for before, after in zip(wl.layers, moved.layers, strict=True):
@@ -125,15 +125,16 @@ def test_retarget_scales_each_point_by_the_roofline_ratio():
             assert after.forward.at(batch) == pytest.approx(seconds * ratio)
     assert moved.optimizer_step.at(1) == pytest.approx(1e-3 * 900 / 1555)
     # layer_times for another device applies the same ratio without building a workload
-    direct = layer_times(wl, "a100", 16)
+    direct = layer_times(wl, "a100", 16, model="roofline")
     assert direct[3][1] == pytest.approx(moved.layers[3].backward.at(16))
-    assert times_report(wl, "a100", 16)["layers"][3]["source"] == "retargeted"
+    assert times_report(wl, "a100", 16, model="roofline")["layers"][3]["source"] == "retargeted"
 
 
 def test_analytic_workload_times_are_the_roofline():
     wl = build_analytic("tiny-cnn")
-    assert layer_times(wl, "t4", 8)[0] == layer_time(wl.layers[0], "t4", 8)
-    assert times_report(wl, "t4", 8)["layers"][0]["source"] == "roofline"
+    assert layer_times(wl, "t4", 8, model="roofline")[0] == layer_time(wl.layers[0], "t4", 8)
+    assert times_report(wl, "t4", 8, model="roofline")["layers"][0]["source"] == "roofline"
+    assert times_report(wl, "t4", 8)["layers"][0]["source"] == "kernels"  # the default compute model
 
 
 def test_measured_workload_needs_a_device_to_scale_from():

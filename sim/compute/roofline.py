@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from trainsim.errors import TrainsimError, unknown_name
-from trainsim.formats.scenario_options import DEFAULT_COMPUTE_MODEL  # noqa: F401 (the scenario's default)
+from trainsim.formats.scenario_options import DEFAULT_COMPUTE_MODEL
 from trainsim.formats.workload import DTYPE_BYTES, Layer, TimeModel, Workload, fit_time
 from trainsim.sim.core.devices import DeviceSpec, get_device
 
@@ -232,7 +232,7 @@ def _ratio(layer, source, target, src_precision, precision, efficiency, dtype, i
 def layer_times(workload: Workload, device: DeviceSpec | str, batch: int, precision: str = "fp32",
                 efficiency: Efficiency = DEFAULT_EFFICIENCY, *,
                 measured_on: DeviceSpec | str | None = None,
-                model: str = "roofline", autocast: bool = False) -> list[tuple[float, float]]:
+                model: str = DEFAULT_COMPUTE_MODEL, autocast: bool = False) -> list[tuple[float, float]]:
     """(forward, backward) seconds per layer at ``batch`` on ``device``: measured, retargeted or estimated by
     ``model`` (`COMPUTE_MODELS`).
 
@@ -287,7 +287,7 @@ def compute_time(workload: Workload, device: DeviceSpec | str, batch: int, preci
 
 def retarget(workload: Workload, to_device: DeviceSpec | str, precision: str = "fp32",
              efficiency: Efficiency = DEFAULT_EFFICIENCY, *,
-             measured_on: DeviceSpec | str | None = None, model: str = "roofline") -> Workload:
+             measured_on: DeviceSpec | str | None = None, model: str = DEFAULT_COMPUTE_MODEL) -> Workload:
     """A measured workload rescaled to ``to_device``: each layer's times x model(to) / model(from).
 
     The optimizer step (elementwise over the parameters: memory-bound) scales by the bandwidth ratio.
@@ -358,7 +358,7 @@ def fit_efficiency(workload_measured: Workload, device: DeviceSpec | str | None 
 
 
 def times_report(workload: Workload, device: DeviceSpec | str, batch: int, precision: str = "fp32",
-                 efficiency: Efficiency = DEFAULT_EFFICIENCY, *, model: str = "roofline") -> dict:
+                 efficiency: Efficiency = DEFAULT_EFFICIENCY, *, model: str = DEFAULT_COMPUTE_MODEL) -> dict:
     """Per-layer forward/backward seconds as the simulator uses them, with their source (measured,
     retargeted, or the model: roofline or kernels) and, per pass, what the time is made of: the kernel class
     of its longest kernel, what bounds it (compute, memory, launch), the rate it achieves (FLOP/s of a
