@@ -140,3 +140,10 @@ def test_replay_gpu_by_the_kernel_model():
     with pytest.raises(TrainsimError, match="compute_model"):
         WhatIf(gpu="v100", compute_model="fast")
     assert WhatIf.from_options(gpu="v100", sets=["compute_model=kernels"]).compute_model == "kernels"
+
+
+def test_workload_times_refuses_a_precision_the_device_lacks_as_simulate_does():
+    result = runner.invoke(app, ["workload", "times", "resnet50", "-d", "v100", "--precision", "tf32"])
+    assert result.exit_code == 2
+    assert "precision" in result.output and "valid choices: fp16, fp32" in result.output
+    assert "Traceback" not in result.output

@@ -315,9 +315,12 @@ def generate_workload(model: str, options: Sequence[str] = (), *, out: str | Non
 def workload_times(source: str | os.PathLike, device_name: str, batch: int = 32,
                    precision: str = "fp32", compute_model: str = DEFAULT_COMPUTE_MODEL) -> dict:
     """Per-layer forward/backward time of a workload on a device (measured, retargeted or estimated by
-    ``compute_model``: roofline or kernels), with each pass's kernel class, bound, achieved rate and range."""
+    ``compute_model``: roofline or kernels), with each pass's kernel class, bound, achieved rate and range. A
+    precision the device has no peak for is refused as a scenario's is (TF32 or bf16 on a V100)."""
     from trainsim.sim.compute.roofline import times_report
+    from trainsim.sim.core.devices import get_device
 
+    get_device(device_name).peak(precision)
     return times_report(workload(source), device_name, batch, precision, model=compute_model)
 
 
