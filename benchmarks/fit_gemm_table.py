@@ -186,6 +186,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+#: precisions whose figures also become the default's (the median over the architectures measured in it), for
+#: GPUs of generations with no rows of their own in that precision: bf16 (and fp16, which takes bf16's),
+#: whose share of peak holds across generations (H100 0.85, B200 0.71 per tile) where TF32's on the same GPU
+#: does not (H100 0.54): an Ampere or Ada bf16 GEMM is timed as a bf16 GEMM, not as its TF32 sibling
+DEFAULT_PRECISIONS = ("bf16",)
+FIGURE_NAMES = ("tensor_efficiency", "k0", "call_s", "tile_a", "ceiling")
+
+
+def set_defaults(stored: dict) -> None:
+    """The default matmul figures of `DEFAULT_PRECISIONS`: per figure the median over the architectures
+    this fit measured in that precision."""
+    import statistics
+
+    for dtype in DEFAULT_PRECISIONS:
+        for name in FIGURE_NAMES:
+            key = f"{name}_{dtype}"
+            values = [entry["matmul"][key] for entry in stored["architectures"].values()
+                      if key in entry.get("matmul", {})
+                      and "xla-gemm-table" in entry.get("tensor_evidence", {}).get(f"matmul.{key}", "")]
+            if values:
+                stored["default"]["matmul"][f"{name}_{dtype}"] = float(f"{statistics.median(values):.4g}")
+
+
 def write(chosen: dict, bands: dict, by_series: dict) -> None:
     stored = json.loads(PARAMS_FILE.read_text())
     for arch, (name, tiles, figures) in chosen.items():
@@ -201,6 +224,7 @@ def write(chosen: dict, bands: dict, by_series: dict) -> None:
             entry.setdefault("tensor_evidence", {}).update({f"matmul.{n}": said for n in values})
         entry.setdefault("tensor_evidence", {})["tiles.tensor"] = (
             f"{name}: the set of CANDIDATE_TILES with the least fitted error (benchmarks/fit_gemm_table.py)")
+    set_defaults(stored)
     for dtype, errs in bands.items():
         stored["held_out"][f"tensor.matmul.{dtype}"] = {"how": "each shape left out (10 folds), Hopper and "
                                                         "Blackwell rows of XLA's GEMM table", **stats(errs)}
@@ -214,8 +238,8 @@ def write(chosen: dict, bands: dict, by_series: dict) -> None:
     unfitted = stored["unfitted"]
     unfitted["matmul.tensor_efficiency_bf16"] = (
         "fitted for Hopper and Blackwell on XLA's GEMM table; Ampere and Ada bf16/fp16 and Volta fp16 have "
-        "no GPU-bound tensor-core GEMM rows: they take the stand-in chain (fp16 -> bf16 -> tf32 -> the "
-        "roofline fraction 0.7)")
+        "no GPU-bound tensor-core GEMM rows: they take the default's bf16 figures, the median of Hopper's "
+        "and Blackwell's (fp16 takes bf16's), on their own peaks and SIMT tiles")
     unfitted["tensor_efficiency.fp16, fp8"] = (
         "fp16 takes bf16's figure (one peak for both since Ampere); fp8 is fitted on Blackwell (XLA's "
         "table), elsewhere it takes fp16's: the table's sm_90 fp8 rows run above H100's dense fp8 peak and "

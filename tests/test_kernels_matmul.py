@@ -267,3 +267,16 @@ def test_no_tensor_gemm_runs_above_its_measured_ceiling():
     assert gemm_time(spec, GPU4, fast).achieved == pytest.approx(8e12)  # the whole bf16 peak
     assert gemm_time(spec, GPU4, capped).achieved == pytest.approx(4e12)
     assert gemm_time(spec, GPU4, capped).detail["ceiling"] == 0.5
+
+
+def test_fp16_takes_bf16s_whole_set_of_figures_and_bf16_its_own_precision_before_tf32():
+    gpu = dataclasses.replace(GPU4, peak_flops={"fp32": 4e12, "bf16": 8e12, "fp16": 8e12, "tf32": 4e12})
+    raw = kernel_data(matmul={"tensor_efficiency_bf16": 0.5, "call_s_bf16": 5e-6, "ceiling_bf16": 0.4})
+    raw["architectures"]["ampere"] = {"matmul": {"tensor_efficiency_tf32": 0.25}}
+    fitted = KernelParams(raw, file="test-params.json")
+    spec = Gemm(m=512, n=512, k=4096, dtype="bf16")
+    bf16 = gemm_time(spec, gpu, fitted)
+    fp16 = gemm_time(dataclasses.replace(spec, dtype="fp16"), gpu, fitted)
+    assert fp16.seconds == bf16.seconds and fp16.detail["call_s"] == 5e-6 and fp16.detail["ceiling"] == 0.4
+    # the default's bf16 figure (measured on other generations) before this architecture's TF32 one
+    assert bf16.detail["efficiency"] == 0.5 and bf16.detail["efficiency_from"] == "default"

@@ -107,19 +107,30 @@ ROOFLINE_FRACTION = 0.7
 ALIGN_BYTES = 16
 
 
-def tensor_efficiency(device: DeviceSpec, params: KernelParams, cls: str, dtype: str) -> tuple[float, str]:
-    """The fraction of ``dtype``'s tensor-core peak class ``cls`` reaches on ``device``: its figure
-    ``tensor_efficiency_<dtype>``, else that of the next precision of `TENSOR_STAND_IN`, each found as
-    `params.KernelParams.figure` finds figures; else `ROOFLINE_FRACTION` (``unfitted`` in params.json)."""
+def tensor_precision(device: DeviceSpec, params: KernelParams, cls: str, dtype: str) -> str | None:
+    """The precision whose tensor-core figures class ``cls`` takes for ``dtype`` on ``device``: ``dtype``
+    where it has ``tensor_efficiency_<dtype>`` (the device's, its architecture's, or the default's: the
+    measured architectures' median), else the next of `TENSOR_STAND_IN` that has one; None: none has."""
     name = dtype
     while name is not None:
         try:
-            value, where = params.figure(device, cls, f"tensor_efficiency_{name}")
+            params.figure(device, cls, f"tensor_efficiency_{name}")
         except TrainsimError:
             name = TENSOR_STAND_IN.get(name)
             continue
-        return value, where if name == dtype else f"{where} ({name} figure: no {dtype} rows)"
-    return ROOFLINE_FRACTION, "roofline fraction (no tensor-core rows)"
+        return name
+    return None
+
+
+def tensor_efficiency(device: DeviceSpec, params: KernelParams, cls: str, dtype: str) -> tuple[float, str]:
+    """The fraction of ``dtype``'s tensor-core peak class ``cls`` reaches on ``device``: the figure
+    ``tensor_efficiency_<p>`` of `tensor_precision`'s ``p``, found as `params.KernelParams.figure` finds
+    figures; else `ROOFLINE_FRACTION` (``unfitted`` in params.json)."""
+    name = tensor_precision(device, params, cls, dtype)
+    if name is None:
+        return ROOFLINE_FRACTION, "roofline fraction (no tensor-core rows)"
+    value, where = params.figure(device, cls, f"tensor_efficiency_{name}")
+    return value, where if name == dtype else f"{where} ({name} figure: no {dtype} rows)"
 
 
 def _setup(device: DeviceSpec, params: KernelParams, dtype: str, cls: str):
@@ -161,13 +172,16 @@ def misaligned_factor(device: DeviceSpec, params: KernelParams, dtype: str) -> f
 
 
 def tensor_figure(device: DeviceSpec, params: KernelParams, dtype: str, name: str, otherwise: float) -> float:
-    """A tensor-core GEMM figure fitted for ``dtype`` (``<name>_<dtype>`` of the matmul class, as
-    `params.KernelParams.figure` finds it), else ``otherwise``; fp32 (SIMT) always takes ``otherwise``."""
+    """A tensor-core GEMM figure ``<name>_<p>`` of the matmul class, ``p`` the precision whose efficiency
+    ``dtype`` takes (`tensor_precision`: fp16 takes bf16's whole set, not its efficiency alone), as
+    `params.KernelParams.figure` finds it; else ``otherwise``; fp32 (SIMT) always takes ``otherwise``."""
     if dtype != "fp32":
-        try:
-            return params.figure(device, "matmul", f"{name}_{dtype}")[0]
-        except TrainsimError:
-            pass
+        source = tensor_precision(device, params, "matmul", dtype)
+        if source is not None:
+            try:
+                return params.figure(device, "matmul", f"{name}_{source}")[0]
+            except TrainsimError:
+                pass
     return otherwise
 
 
