@@ -162,15 +162,23 @@ def test_zero_bubble_is_a_schedule_the_search_tries_on_request():
 
 
 def test_the_search_ranks_under_the_compute_model_it_is_given():
-    # under the kernel model flash attention on Hopper runs at ~35 % of peak (fitted on published kernel
-    # timings) and bf16 GEMMs at their fitted tiles, share of peak and call time; the roofline runs both at
-    # 70 %: the same layout's closed-form step differs
-    from trainsim import api
+    # each model's ranking is the closed form of that model's block costs, and the two differ: the kernel
+    # model runs flash attention on Hopper at ~35 % of peak (fitted on published kernel timings) and bf16
+    # GEMMs at their fitted tiles, share of peak and call time; the roofline runs both at 70 %
+    from trainsim.resolve import resolve
+    from trainsim.sim.parallel.analytic import LayoutTimer
+    from trainsim.sim.parallel.stage_costs import ModelCosts
 
     steps = {}
     for compute_model in ("roofline", "kernels"):
         report = api.search(model={"name": "llama3-8b", "seq_len": 8192}, topology_source="dgx-h100", batch=8,
                             top=0, compute_model=compute_model)
+        first = report.ranking.candidates[0]
+        run = resolve({"name": "s", "topology": "dgx-h100", "workload": {"name": "llama3-8b", "seq_len": 8192},
+                       "strategy": {"name": "mesh"}, "batch_size": 8, "precision": "bf16"})
+        model = ModelCosts(run.workload, get_device("h100-sxm"), "bf16", "adam", compute_model=compute_model)
+        expected = LayoutTimer(model, run.topology, run.ranks, 8).time(first.layout).iteration_s
+        assert first.predicted.iteration_s == pytest.approx(expected, rel=1e-9), compute_model
         steps[compute_model] = {c.label: c.predicted.iteration_s for c in report.ranking.candidates}
     label = next(iter(steps["roofline"]))
     assert abs(steps["kernels"][label] / steps["roofline"][label] - 1) > 0.02
