@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(kept)} of {len(rows)} layer passes GPU-bound and usable; fitted on {len(out['train'])}, "
           f"held out {len(out['test'])}")
     for (cls, name), source in sorted(tied.items()):
-        take = f"{source[0]}.{source[1]}" if isinstance(source, tuple) else f"{source:g} (roofline fraction)"
+        take = (f"{source[0]}.{source[1]}" if isinstance(source, tuple)
+                else f"{source:g} (fitted elsewhere, or the roofline fraction)")
         print(f"  {cls}.{name}: fewer than {layer_fit.MIN_ROWS} GPU-bound rows, takes {take}")
     for (cls, name), value in sorted(full.figures.items()):
         split = result.figures.get((cls, name))

@@ -280,3 +280,18 @@ def test_fp16_takes_bf16s_whole_set_of_figures_and_bf16_its_own_precision_before
     assert fp16.seconds == bf16.seconds and fp16.detail["call_s"] == 5e-6 and fp16.detail["ceiling"] == 0.4
     # the default's bf16 figure (measured on other generations) before this architecture's TF32 one
     assert bf16.detail["efficiency"] == 0.5 and bf16.detail["efficiency_from"] == "default"
+
+
+def test_a_layer_fit_ties_a_figure_it_has_too_few_rows_for_to_the_one_fitted_elsewhere():
+    from types import SimpleNamespace
+
+    from trainsim.sim.compute.kernels.layer_fit import _elsewhere
+
+    shipped = load_params()
+    hopper = shipped.figure(get_device("h200"), "matmul", "tensor_efficiency_bf16")
+    assert hopper[1] == "architecture:hopper"  # XLA's GEMM table, not the H200 layers
+    h200_rows = [SimpleNamespace(device="h200")]
+    assert _elsewhere(shipped, h200_rows, "matmul", "tensor_efficiency_bf16", 0.7) == hopper[0]
+    # the default's median is a guess for other generations, not evidence about this GPU's rows
+    a100_rows = [SimpleNamespace(device="a100-40gb")]
+    assert _elsewhere(shipped, a100_rows, "matmul", "tensor_efficiency_bf16", 0.7) == 0.7

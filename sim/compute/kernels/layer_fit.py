@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainsim.errors import TrainsimError
 from trainsim.sim.core.devices import DeviceSpec, get_device
 
 from .layers import LayerUnknown, layer_kernels, runs_as
@@ -276,12 +277,15 @@ def fit(table: Table, *, fixed: dict | None = None, fixed_misaligned: float | No
 MIN_ROWS = 10
 
 
-def supported(rows: list[LayerRow]) -> tuple[list[LayerRow], dict]:
+def supported(rows: list[LayerRow], params: KernelParams | None = None) -> tuple[list[LayerRow], dict]:
     """The rows a fit can use and the ties of the figures it cannot fit: a figure with fewer than `MIN_ROWS`
-    rows takes its stand-in (`matmul.TENSOR_STAND_IN`'s next precision where that is fitted, else
-    `matmul.ROOFLINE_FRACTION`), and only its misaligned GEMMs' rows are kept (they fit ``misaligned`` against
-    the stand-in)."""
+    rows takes its stand-in (`matmul.TENSOR_STAND_IN`'s next precision where that is fitted here, else the
+    value ``params`` (default: the shipped ones) hold for the rows' device from other evidence, such as
+    Hopper's bf16 GEMMs from XLA's table, else `matmul.ROOFLINE_FRACTION`), and only its misaligned GEMMs'
+    rows are kept (they fit ``misaligned`` against the stand-in)."""
     from .matmul import ROOFLINE_FRACTION, TENSOR_STAND_IN
+
+    params = params or load_params()
 
     count = defaultdict(int)
     uses = []
@@ -299,9 +303,20 @@ def supported(rows: list[LayerRow]) -> tuple[list[LayerRow], dict]:
         dtype = TENSOR_STAND_IN.get(name.rsplit("_", 1)[1])
         while dtype and (cls, f"tensor_efficiency_{dtype}") not in enough:
             dtype = TENSOR_STAND_IN.get(dtype)
-        tied[(cls, name)] = (cls, f"tensor_efficiency_{dtype}") if dtype else ROOFLINE_FRACTION
+        tied[(cls, name)] = (cls, f"tensor_efficiency_{dtype}") if dtype else _elsewhere(
+            params, rows, cls, name, ROOFLINE_FRACTION)
     kept = [r for r, (figures, bad) in zip(rows, uses, strict=True) if figures <= enough or bad]
     return kept, tied
+
+
+def _elsewhere(params: KernelParams, rows: list[LayerRow], cls: str, name: str, otherwise: float) -> float:
+    """The figure ``cls.name`` as ``params`` hold it for the rows' device where another fit gave it (not the
+    default's guess), else ``otherwise``."""
+    try:
+        value, where = params.figure(get_device(rows[0].device), cls, name)
+    except TrainsimError:
+        return otherwise
+    return value if where != "default" else otherwise
 
 
 def default_held_out(row: LayerRow) -> bool:
@@ -315,7 +330,7 @@ def split_fit(rows: list[LayerRow], held_out=default_held_out, params: KernelPar
     """Fit on the GPU-bound rows not ``held_out``, predict the GPU-bound held-out ones with those figures
     (a held-out figure no fitted row has is fitted on nothing: reported as such)."""
     keep = gpu_bound(rows)
-    usable, tied = supported([r for r, k in zip(rows, keep, strict=True) if k])
+    usable, tied = supported([r for r, k in zip(rows, keep, strict=True) if k], params)
     train = [r for r in usable if not held_out(r)]
     test = [r for r in usable if held_out(r)]
     fitted = fit(Table(train, params), tied=tied)
@@ -370,13 +385,18 @@ def store(data: dict, device: str, architecture: str, figures: dict, notes: dict
         evidence[f"{cls}.{name}"] = notes.get((cls, name), "")
     data["held_out"].update({f"tensor.{k}": v for k, v in held.items()})
     data["unfitted"].pop("matmul.tensor_efficiency", None)
-    data["unfitted"]["tensor_efficiency.other_generations"] = (
+    # the notes other fits keep up to date (fit_gemm_table.py, fit_trace_gemms.py) stay theirs
+    data["unfitted"].setdefault("tensor_efficiency.other_generations", (
         f"tensor-core efficiencies rest on one GPU ({device}, {architecture}); every other generation takes "
         "the same fractions of its own tensor-core peaks (the default's), a guess until a sweep of its own: "
-        "no tensor-core row of another generation is in the evidence")
-    data["unfitted"]["tensor_efficiency.fp16, fp8"] = ("no fp16 or fp8 rows: fp16 takes bf16's figure (one "
-                                                       "peak for both since Ampere), fp8 too")
+        "no tensor-core row of another generation is in the evidence"))
+    data["unfitted"].setdefault("tensor_efficiency.fp16, fp8", (
+        "no fp16 or fp8 rows: fp16 takes bf16's figure (one peak for both since Ampere), fp8 too"))
+    from .matmul import ROOFLINE_FRACTION
+
     for (cls, name), source in sorted((tied or {}).items()):
+        if not isinstance(source, tuple) and source != ROOFLINE_FRACTION:
+            continue  # fitted on other evidence, which says so itself
         take = f"{source[0]}.{source[1]}" if isinstance(source, tuple) else \
             f"the roofline fraction {source:g} (matmul.ROOFLINE_FRACTION)"
         data["unfitted"][f"{cls}.{name}"] = (
