@@ -57,7 +57,7 @@ from trainsim.sim.core.latency import CallSite
 from trainsim.sim.core.machine import COMM, COMPUTE
 from trainsim.sim.parallel.comms import Call, call_seconds, pass_calls
 from trainsim.sim.parallel.layout import Mesh
-from trainsim.sim.parallel.memory import kept_bytes
+from trainsim.sim.parallel.memory import interleaved_order, kept_bytes
 from trainsim.sim.parallel.split import split_stages
 from trainsim.sim.parallel.stage_costs import BlockTable, Layout, ModelCosts, stage_ranges
 from trainsim.sim.parallel.zero_bubble import zb_h1_order
@@ -527,18 +527,7 @@ class _Mesh:
             return [(kind, 0, m) for kind, m in zb_h1_order(s, pp, M)]
         if v == 1:
             return [(kind, 0, m) for kind, m in schedule_order(o.schedule, s, pp, M)]
-
-        def unit(i: int, backward: bool) -> tuple[int, int]:
-            group, within = divmod(i, pp * v)
-            k = within // pp
-            return (v - 1 - k if backward else k), group * pp + within % pp
-
-        total = M * v
-        warm = min((pp - s - 1) * 2 + (v - 1) * pp, total)
-        out = [("F", *unit(i, False)) for i in range(warm)]
-        for i in range(total - warm):
-            out += [("F", *unit(warm + i, False)), ("B", *unit(i, True))]
-        return out + [("B", *unit(i, True)) for i in range(total - warm, total)]
+        return interleaved_order(pp, v, s, M)  # the one order the memory closed form replays too
 
     def stage_process(self, gpu: str):
         ctx, mesh, o = self.ctx, self.mesh, self.o
