@@ -42,6 +42,10 @@ class PcieTreeParams(Meta):
     gpus_per_switch: int = Field(default=2, ge=0, le=MAX_PER_MACHINE,
                                  description="0: GPUs on the sockets' root ports")
     generation: int = Field(default=3, ge=1, le=6, description="PCIe generation")
+    gpu_generation: int | None = Field(
+        default=None, ge=1, le=6,
+        description="PCIe generation of each GPU's link, where the GPU's is older than the switches' (a Gen4 "
+                    "card trains its link at Gen4 behind a Gen5 switch); default: generation")
     lanes: PcieLanes = Field(default=16, description="lanes of each GPU's link")
     uplink_lanes: PcieLanes = Field(default=16, description="lanes of each switch's link to its socket")
     sockets: int = Field(default=1, gt=0, le=MAX_PER_MACHINE)
@@ -50,6 +54,9 @@ class PcieTreeParams(Meta):
     dram_channels: int = Field(default=8, gt=0, le=MAX_PER_MACHINE)
     dram_mt_s: MTps = Field(default=3200, gt=0)
     inter_socket: str = Field(default="skl", description="qpi, skl, spr, emr, amd or xbus")
+    inter_socket_links: int = Field(default=1, gt=0, le=MAX_PER_MACHINE,
+                                    description="links bonded between each pair of sockets (the raw rate; "
+                                                "GPU traffic gets NCCL's figure for the pair whatever the count)")
     nics_per_switch: int = Field(default=0, ge=0, le=MAX_PER_MACHINE)
     nic_network: Literal["ib", "ethernet"] = "ib"
     nic_generation: int | str = "hdr"
@@ -121,7 +128,8 @@ def _host(p: PcieTreeParams) -> tuple[list[dict], list[dict]]:
         nodes.append({"name": cpu, "kind": "cpu", "cores": p.cores, **dram})
     for i, a in enumerate(cpus):
         for b in cpus[i + 1:]:
-            links.append({"a": a, "b": b, "kind": "upi", "generation": p.inter_socket})
+            links.append({"a": a, "b": b, "kind": "upi", "generation": p.inter_socket,
+                          "count": p.inter_socket_links})
     gpu_node = {"kind": "gpu", "spec": p.gpu}
     if p.memory_gib:
         gpu_node["memory_gib"] = p.memory_gib
@@ -136,9 +144,10 @@ def _host(p: PcieTreeParams) -> tuple[list[dict], list[dict]]:
     else:
         parents = cpus
         parent_of_gpu = [cpus[i * p.sockets // p.gpus] for i in range(p.gpus)]
+    gpu_pcie = {**pcie, "generation": p.gpu_generation or p.generation}
     for i, parent in enumerate(parent_of_gpu):
         nodes.append({"name": f"gpu{i}", **gpu_node})
-        links.append({"a": parent, "b": f"gpu{i}", **pcie, "lanes": p.lanes})
+        links.append({"a": parent, "b": f"gpu{i}", **gpu_pcie, "lanes": p.lanes})
     nic = 0
     for parent in parents:
         for _ in range(p.nics_per_switch):
@@ -151,7 +160,8 @@ def _host(p: PcieTreeParams) -> tuple[list[dict], list[dict]]:
 
 def _pcie_words(p: PcieTreeParams) -> str:
     where = f"{p.gpus_per_switch} per PCIe switch" if p.gpus_per_switch else "on root ports"
-    return f"PCIe Gen{p.generation}, {where}, {p.sockets} socket{'s' if p.sockets > 1 else ''}"
+    gpus = f" (GPUs at Gen{p.gpu_generation})" if p.gpu_generation not in (None, p.generation) else ""
+    return f"PCIe Gen{p.generation}{gpus}, {where}, {p.sockets} socket{'s' if p.sockets > 1 else ''}"
 
 
 def build_pcie_tree(p: PcieTreeParams) -> TopologySpec:

@@ -13,7 +13,7 @@ where the efficiency is the protocol overhead explained below. All figures per d
 | nvlink   | 2 (V100)               | 25 per link                      | 0.80  | NCCL SM70: 20 GB/s/link  |
 | nvlink   | 3 (A100)               | 25 per link                      | 0.80  | NCCL SM80: 20 GB/s/link  |
 | nvlink   | 4 (H100)               | 25 per link                      | 0.824 | NCCL SM90: 20.6 GB/s/link|
-| nvlink   | 5 (B200)               | 50 per link                      | 0.824 | assumed as NVLink 4      |
+| nvlink   | 5 (B200)               | 50 per link                      | 0.802 | NCCL SM100: 40.1 GB/s    |
 | upi      | qpi/skl/spr/emr/amd    | 19.2/20.8/32/40/36 per link      | -     | NCCL: 6/10/22/40/16 GB/s |
 | upi      | xbus (IBM POWER9)      | 32 (64 GB/s both ways)           | -     | NCCL P9_BW: 32 GB/s      |
 | ib       | edr/hdr/ndr/xdr        | 12.5/25/50/100 per port          | 0.994 | 4096 B MTU vs 26 B hdrs  |
@@ -73,9 +73,10 @@ PCIE_EFFICIENCY = PCIE_COMPLETION_PAYLOAD_BYTES / (
     PCIE_COMPLETION_PAYLOAD_BYTES + PCIE_TLP_OVERHEAD_BYTES + PCIE_DLLP_SHARE_BYTES)
 
 # NVLink generation -> (raw GB/s per link per direction, share NCCL's kernels reach: SM60 18, SM70 20,
-# SM80 20, SM90 20.6 GB/s per link in NCCL src/graph/topo.h).
+# SM80 20, SM90 20.6, SM100 40.1 GB/s per link in NCCL src/graph/topo.h). NVLink 5 signals 50 GB/s per link
+# each way: 18 links make B200's 1.8 TB/s both ways (NVIDIA Blackwell architecture technical brief).
 NVLINK = {1: (20.0, 18.0 / 20.0), 2: (25.0, 20.0 / 25.0), 3: (25.0, 20.0 / 25.0),
-          4: (25.0, 20.6 / 25.0), 5: (50.0, 20.6 / 25.0)}
+          4: (25.0, 20.6 / 25.0), 5: (50.0, 40.1 / 50.0)}
 
 # Inter-socket link -> (raw GB/s per link per direction, NCCL's figure for the socket pair). POWER9's X-Bus
 # is 4 bytes x 16 GT/s = 64 GB/s both ways (WikiChip, Summit), which NCCL's P9_BW (32 GB/s) also takes.
