@@ -12,7 +12,7 @@ GPU4 = DeviceSpec("gpu4", {"fp32": 4e12, "bf16": 8e12}, 1e11, 2**30, sm_count=4,
 
 FIGURES = {
     "matmul": {"efficiency": 1.0, "memory_efficiency": 1.0, "tile_a": 0.0, "k0": 0.0},
-    "conv": {"efficiency": 1.0, "winograd_efficiency": 1.0, "kernel_s": 0.0},
+    "conv": {"efficiency": 1.0, "winograd_efficiency": 1.0, "fused_winograd_efficiency": 1.0, "kernel_s": 0.0},
     "elementwise": {"efficiency": 1.0},
     "layernorm": {"long_row_passes": 2.0, "flops_per_element": 0.0},
     "softmax": {"long_row_passes": 2.0, "flops_per_element": 0.0},

@@ -6,7 +6,7 @@ import pytest
 
 from trainsim.sim.compute.kernels import fit
 from trainsim.sim.compute.kernels.dataset import KernelRow
-from trainsim.sim.compute.kernels.specs import Gemm, Streaming
+from trainsim.sim.compute.kernels.specs import Conv2d, Gemm, Streaming
 from trainsim.sim.core.devices import get_device
 
 TILES = {"batched": [[128, 128]], "single": [[128, 128], [64, 64]], "conv": [[128, 128]]}
@@ -51,6 +51,46 @@ def test_a_matmul_efficiency_is_recovered_with_the_shape_held():
     got, _, error = fit.fit_pack(pack, TILES, fixed=shape, dispatch_fixed={"linear": (40e-6, 10e-6)})
     assert got["efficiency"] == pytest.approx(0.7, rel=1e-2)
     assert error < 0.01
+
+
+def test_a_conv_dispatch_that_drifts_over_the_collection_is_told_from_the_gpu_time():
+    # shapes in random order, as NeuSight's conv files list them; each call's host time grows by 0.1 us per
+    # row timed before it (the harness's drift), which the GPU figures must not absorb
+    rng = np.random.default_rng(0)
+    specs = [Conv2d(batch=int(b), in_channels=int(c), out_channels=int(o), height=int(h), width=int(h),
+                    kernel=(3, 3), stride=int(s), padding=1)  # stride 2: the implicit GEMM alone
+             for b, c, o, h, s in zip(rng.integers(1, 64, 300), rng.integers(3, 512, 300),
+                                      rng.integers(8, 512, 300), rng.integers(5, 64, 300),
+                                      rng.integers(1, 3, 300), strict=True)]
+    rows = _rows("v100-pcie-32gb", "conv", specs, "conv")
+    truth = {"efficiency": 0.8, "winograd_efficiency": 0.7, "fused_winograd_efficiency": 0.6, "kernel_s": 2e-6}
+    shared = {"tile_a": 10.0, "k0": 8.0, "memory_efficiency": 0.6}
+    rows = _measured(rows, truth, {"conv": (50e-6, 5e-6, 0.1e-6)}, shared)
+    pack = fit.Pack(rows, get_device("v100-pcie-32gb"), "conv")
+    fig, dispatch, error = fit.fit_pack(pack, TILES, shared)
+    assert dispatch["conv"]["dispatch_s"] == pytest.approx(50e-6, rel=0.05)
+    assert dispatch["conv"]["drift_s"] == pytest.approx(0.1e-6, rel=0.05)
+    for name, value in truth.items():
+        assert fig[name] == pytest.approx(value, rel=0.05, abs=1e-7), name
+    assert error < 0.01
+    still = fit.observed(pack, fig, {"conv": (50e-6, 5e-6)}, TILES, shared)  # no drift: the same GPU time
+    assert np.all(still <= pack.measured * 1.01)
+
+
+def test_a_convolution_is_fitted_as_the_algorithm_its_kernels_show():
+    def row(*kernels):
+        return KernelRow("f", 2, "conv", "conv", "g", "t4", Conv2d(1, 8, 8, 8, 8, (3, 3), padding=1), 1.0,
+                         kernel=kernels[-1] if kernels else "", kernels=kernels)
+
+    assert fit.conv_algorithm(row("void cask_cudnn_infer::computeOffsetsKernel",
+                                  "cudnn_infer_volta_scudnn_128x64_relu_small_nn_v1")) == 0
+    assert fit.conv_algorithm(row("void cudnn::winograd_nonfused::winogradForwardData4x4",
+                                  "volta_sgemm_64x64_nn")) == 1
+    assert fit.conv_algorithm(row("void cudnn::winograd::generateWinogradTilesKernel",
+                                  "cudnn_infer_volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1")) == 2
+    assert fit.conv_algorithm(row("void fft2d_r2c_32x32", "ampere_gcgemm_64x64_nt")) == -1  # FFT: not modelled
+    assert fit.conv_algorithm(row()) == -1
+    assert fit.CONV_ALGORITHMS[2] == "fused_winograd"
 
 
 def test_tiles_are_read_from_kernel_names_turned_round():

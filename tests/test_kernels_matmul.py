@@ -118,15 +118,31 @@ def test_winograd_when_its_transforms_are_cheap_enough():
     # transforms move 4 x 4,653,056 bytes
     winograd = 18 * TILE_S * 256
     transforms = 4 * 4_653_056
-    slow = conv_time(conv, GPU4, params())  # 100 GB/s: the transforms cost more than they save
+    unfused = params(conv={"fused_winograd_efficiency": 0.01})  # the fused algorithm out of the running
+    slow = conv_time(conv, GPU4, unfused)  # 100 GB/s: the transforms cost more than they save
     assert slow.detail["algorithm"] == "implicit_gemm"
     assert slow.seconds == pytest.approx(implicit)
-    fast = conv_time(conv, dataclasses.replace(GPU4, memory_bandwidth=1e12), params())
+    fast = conv_time(conv, dataclasses.replace(GPU4, memory_bandwidth=1e12), unfused)
     assert fast.detail["algorithm"] == "winograd"
     assert fast.seconds == pytest.approx(winograd + transforms / 1e12)
     strided = conv_time(dataclasses.replace(conv, stride=2), dataclasses.replace(GPU4, memory_bandwidth=1e12),
-                        params())
+                        unfused)
     assert strided.detail["algorithm"] == "implicit_gemm"  # Winograd takes stride 1 only
+
+
+def test_fused_winograd_keeps_its_transforms_on_chip():
+    conv = Conv2d(batch=1, in_channels=256, out_channels=256, height=32, width=32, kernel=(3, 3), padding=1)
+    # F(2x2, 3x3): 16 x 16 = 256 output tiles, 16 GEMMs of 256 x 256 by K = 256: 64 tiles, 16 waves; HBM sees
+    # the input, the 4x4 filters and the output once (6,291,456 bytes, under the GEMM's time at 100 GB/s),
+    # and the filter transform reads 3x3 and writes 4x4 filters (4 x 25 x 65,536 bytes)
+    fused = 16 * TILE_S * 256 + 4 * 25 * 65_536 / 1e11
+    estimate = conv_time(conv, GPU4, params())
+    assert estimate.detail["algorithm"] == "fused_winograd"
+    assert estimate.seconds == pytest.approx(fused)
+    assert fused < 4 * TILE_S * 2304  # the implicit GEMM's time
+    slower = conv_time(conv, GPU4, params(conv={"fused_winograd_efficiency": 0.75}))
+    assert slower.detail["algorithm"] == "fused_winograd"
+    assert slower.seconds == pytest.approx(16 * TILE_S * 256 / 0.75 + 4 * 25 * 65_536 / 1e11)
 
 
 def test_conv_kernels_add_their_fixed_gpu_time():

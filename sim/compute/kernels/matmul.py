@@ -19,12 +19,14 @@ Ada/Hopper). A tensor-core precision takes its own figures where its architectur
 tiles, share of peak, K prologue, small-tile penalty, a call's fixed time, the measured ceiling), else the
 stand-in chain of `TENSOR_STAND_IN` (`params.json` ``unfitted`` says which).
 
-A 3x3 stride-1 convolution may run as Winograd, as cuDNN picks it when benchmarking (the evidence's kernel
-names show it for most of them): F(4x4, 3x3) as 36 batched GEMMs of a quarter of the direct FLOPs around
-input, filter and output transforms that stream through HBM. The kernel takes the faster of that and the
-direct implicit GEMM, each with the fixed GPU time of the kernels it launches (``conv.kernel_s`` each: two
-for the implicit GEMM, four for Winograd). cuDNN's fused Winograd kernels run at about the implicit GEMM's
-direct-equivalent rate in the evidence and are not told apart.
+A 3x3 stride-1 convolution may run as Winograd, as cuDNN picks it (the evidence's kernel names show it for
+most of them), in one of two forms. Non-fused, F(4x4, 3x3): 36 batched GEMMs of a quarter of the direct
+FLOPs between input, filter and output transforms that stream through HBM (four kernels: ``winograd_nonfused``
+transforms around an SGEMM). Fused, F(2x2, 3x3): 16 batched GEMMs of 4/9 of the direct FLOPs whose
+transforms stay in shared memory (two kernels: the filter transform, then ``scudnn_winograd_128x128``); its
+measured direct-equivalent rate reaches 1.7x the fp32 peak, which no direct algorithm can, and stays under
+the 2.25x of F(2x2, 3x3). The kernel takes the fastest of the three, each with the fixed GPU time of the
+kernels it launches (``conv.kernel_s`` each) and its own fitted share of peak.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ SPLITS = (1, 2, 4, 8, 16)
 #: kernels a convolution launches (each costs ``conv.kernel_s`` on the GPU): cuDNN's implicit GEMM computes
 #: its offsets first; its Winograd transforms the filter and the input, multiplies, transforms the output
 IMPLICIT_KERNELS, WINOGRAD_KERNELS = 2, 4
+#: cuDNN's fused Winograd launches two: the filter transform, then one kernel that transforms, multiplies
+#: and transforms back in shared memory
+FUSED_WINOGRAD_KERNELS = 2
 PARTIAL_BYTES = 4  # split-K partial sums are fp32
 
 
@@ -94,6 +99,20 @@ def winograd_core(batch, in_c, out_c, height, width, out_h, out_w, **gemm):
                          + points * tiles * out_c + batch * out_c * out_h * out_w  # output transform
                          + 9 * in_c * out_c + points * in_c * out_c)  # filter transform
     return seconds + transforms / gemm["bandwidth"]
+
+
+def fused_winograd_core(batch, in_c, out_c, height, width, out_h, out_w, **gemm):
+    """Seconds of a 3x3 stride-1 convolution as cuDNN's fused Winograd F(2x2, 3x3): 16 batched GEMMs over
+    the output's 2x2 tiles (4/9 of the direct FLOPs) whose input and output transforms run in shared
+    memory, so that HBM sees the direct convolution's input, filter and output once, and a separate filter
+    transform (3x3 to 4x4) through HBM at ``gemm['bandwidth']``."""
+    out_tile, points, size = 2, 16, 4.0
+    tiles = batch * np.ceil(np.asarray(out_h, dtype=float) / out_tile) * np.ceil(
+        np.asarray(out_w, dtype=float) / out_tile)
+    in_c, out_c = np.asarray(in_c, dtype=float), np.asarray(out_c, dtype=float)
+    gemm_bytes = size * (batch * in_c * height * width + points * in_c * out_c + batch * out_c * out_h * out_w)
+    seconds, _, _, _, _ = gemm_core(tiles, out_c, in_c, points, gemm_bytes, **gemm)
+    return seconds + size * (9 + points) * in_c * out_c / gemm["bandwidth"]
 
 
 #: tensor-core precisions without rows of their own take the next one's figure: fp8 fp16's, fp16 bf16's
@@ -223,7 +242,7 @@ def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams, *,
 
 def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
     """The kernel model's time for a convolution pass: the fastest of its implicit GEMM and, for a 3x3
-    stride-1 forward, the two Winograd algorithms."""
+    stride-1 fp32 forward, the two Winograd algorithms (`winograd_core`, `fused_winograd_core`)."""
     peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "conv")
     gemm = spec.as_gemm()
     common = {"rate_per_sm": peak / sms, "sms": sms, "tile_a": params.figure(device, "matmul", "tile_a")[0],
@@ -236,12 +255,13 @@ def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelE
     compute, memory = float(compute), float(memory)
     algorithm = "implicit_gemm"
     if spec.winograd_eligible and spec.pass_ == "forward" and spec.dtype == "fp32":
-        eff, _ = params.efficiency(device, "conv", "winograd_efficiency")
-        wino = float(winograd_core(spec.batch, spec.in_channels, spec.out_channels, spec.height, spec.width,
-                                   spec.out_h, spec.out_w, efficiency=eff, **common))
-        wino += WINOGRAD_KERNELS * kernel_s
-        if wino < seconds:
-            seconds, compute, algorithm = wino, wino, "winograd"
+        shape = (spec.batch, spec.in_channels, spec.out_channels, spec.height, spec.width, spec.out_h, spec.out_w)
+        for name, core, kernels in (("winograd", winograd_core, WINOGRAD_KERNELS),
+                                    ("fused_winograd", fused_winograd_core, FUSED_WINOGRAD_KERNELS)):
+            eff, _ = params.efficiency(device, "conv", f"{name}_efficiency")
+            wino = float(core(*shape, efficiency=eff, **common)) + kernels * kernel_s
+            if wino < seconds:
+                seconds, compute, algorithm = wino, wino, name
     transforms = layout_bytes(spec)
     if transforms:
         stream, _ = params.figure(device, "elementwise", "efficiency")

@@ -97,6 +97,16 @@ class KernelParams:
         raise TrainsimError(f"no dispatch figure for op {op!r}", file=self.file,
                             field=f"default.dispatch.{op}")
 
+    def evidence_drift(self, device, op: str) -> float:
+        """Seconds the evidence's host time for op ``op`` grew per row its harness timed before (``drift_s``
+        of the dispatch record `dispatch` finds; 0 where none): an artifact of how the evidence was
+        collected (`fit.DRIFT_OPS`), used to reproduce the evidence, never in a prediction."""
+        for _, entry in self._chain(device, architecture=False):
+            record = entry.get("dispatch", {}).get(op)
+            if record is not None:
+                return float(record.get("drift_s", 0.0))
+        return 0.0
+
     def tiles(self, device, kind: str, fallback: str | None = None) -> list[tuple[int, int]]:
         """The (rows, columns) output tiles ``device``'s libraries launch for ``kind`` GEMMs (``batched``,
         ``single``, ``conv``, ``tensor``): its own where it was measured, else its architecture's, else those
@@ -170,8 +180,9 @@ def _check_entry(entry, file, where) -> None:
                 if not isinstance(value, dict) or {"dispatch_s", "overlap_s"} - set(value):
                     raise TrainsimError("should give dispatch_s and overlap_s (seconds)", file=file,
                                         field=f"{where}.dispatch.{name}")
-                for key in ("dispatch_s", "overlap_s"):
-                    _number(value[key], file, f"{where}.dispatch.{name}.{key}", zero=True)
+                for key in ("dispatch_s", "overlap_s", "drift_s"):
+                    if key in value:
+                        _number(value[key], file, f"{where}.dispatch.{name}.{key}", zero=True)
                 continue
             if name in ("rows", "evidence", "median_abs_error", "files"):
                 continue
