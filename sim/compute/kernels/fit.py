@@ -287,9 +287,9 @@ class DeviceFitter:
     Two figures are shared: the matmul tile shape (``tile_a``, ``k0``: the median of each device's own free
     fit, so that every device's efficiency is measured against the same tiles) and the dispatch of an op a
     device's rows cannot tell from its GPU time (`identifiable_ops`: the median of the devices that can).
-    A convolution's per-call cost is fitted with its other figures: no call in the evidence is small enough
-    to show it alone, and it comes out at 0.2-0.4 ms, more than the fastest calls take, so it is a mean
-    fixed cost of the shapes measured rather than cuDNN's dispatch."""
+    A convolution's per-call cost is fitted with its other figures (no call in the evidence is small enough
+    to show it alone), with the drift of the harness's host time over the file (`DRIFT_OPS`): 25-65 us at
+    the file's first call. Without the drift it came out at 0.2-0.4 ms, more than the fastest calls take."""
 
     def __init__(self, rows: list[KernelRow]):
         self.rows: dict = defaultdict(lambda: defaultdict(list))
