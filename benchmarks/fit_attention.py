@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             "fit": "python benchmarks/fit_attention.py --write"}
         stored["unfitted"]["attention"] = (
             "fused attention is fitted for Hopper only (16-bit FlashAttention-2 kernels, the ones PyTorch's SDPA "
-            "flash backend runs); other generations, fp32/TF32 inputs and the unfused path are composed from "
-            "the matmul and memory-bound figures")
+            "flash backend runs); Blackwell runs the same kernels and takes Hopper's figures; Ampere and Ada, "
+            "fp32/TF32 inputs and the unfused path are composed from the matmul and memory-bound figures")
         PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
         print(f"\nwrote {PARAMS_FILE.name}")
     return 0

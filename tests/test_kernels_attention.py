@@ -67,11 +67,16 @@ def test_the_shipped_hopper_figures_reproduce_the_flash_rows_they_were_fitted_on
     assert all(r.tflops < 0.45 * 989 for r in fitted)
 
 
-def test_attention_figures_apply_to_16_bit_inputs_of_the_fitted_generation_only():
+def test_attention_figures_apply_to_16_bit_inputs_of_the_fitted_generation_and_later_ones():
     shipped = load_params()
     spec = Attention(2, 16, 4096, 4096, 128, causal=True, dtype="bf16")
     assert fused_figures(get_device("h200"), shipped, spec)[4]          # hopper: fitted
     assert not fused_figures(get_device("a100-80gb"), shipped, spec)[4]  # ampere: no rows, GEMM figure
+    assert not fused_figures(get_device("l40s"), shipped, spec)[4]       # ada is older than hopper
+    # blackwell runs the same sm80 flash kernels: hopper's share of the peak, not its own GEMM figure
+    efficiency, _, _, where, fitted = fused_figures(get_device("b200"), shipped, spec)
+    assert fitted and where.startswith("architecture:hopper")
+    assert efficiency == fused_figures(get_device("h100-sxm"), shipped, spec)[0]
     fp32 = Attention(2, 16, 4096, 4096, 128, dtype="fp32")
     assert not fused_figures(get_device("h100-sxm"), shipped, fp32)[4]  # flash kernels take 16-bit inputs
 
