@@ -484,8 +484,11 @@ def test_a_second_ctrl_c_ends_a_sweep_at_once(tmp_path):
                                              "gpus": [1, 2, 4]}}))
     out = tmp_path / "r.csv"
     command = [sys.executable, "-m", "trainsim", "sweep", str(spec), "-o", str(out), "-j", "2"]
+    # as a terminal's foreground process has it, whatever this test run inherited (a job started in the
+    # background of a script ignores SIGINT, and so would the sweep and its workers)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-                               start_new_session=True)
+                               start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (out.exists() and out.read_text().count("\n") >= 2) and time.monotonic() < deadline:
