@@ -63,7 +63,8 @@ def test_a_conv_dispatch_that_drifts_over_the_collection_is_told_from_the_gpu_ti
                                       rng.integers(8, 512, 300), rng.integers(5, 64, 300),
                                       rng.integers(1, 3, 300), strict=True)]
     rows = _rows("v100-pcie-32gb", "conv", specs, "conv")
-    truth = {"efficiency": 0.8, "winograd_efficiency": 0.7, "fused_winograd_efficiency": 0.6, "kernel_s": 2e-6}
+    truth = {"efficiency": 0.8, "winograd_efficiency": 0.7, "fused_winograd_efficiency": 0.6,
+             "kernel_s": 2e-6}
     shared = {"tile_a": 10.0, "k0": 8.0, "memory_efficiency": 0.6}
     rows = _measured(rows, truth, {"conv": (50e-6, 5e-6, 0.1e-6)}, shared)
     pack = fit.Pack(rows, get_device("v100-pcie-32gb"), "conv")
@@ -86,9 +87,10 @@ def test_a_convolution_is_fitted_as_the_algorithm_its_kernels_show():
                                   "cudnn_infer_volta_scudnn_128x64_relu_small_nn_v1")) == 0
     assert fit.conv_algorithm(row("void cudnn::winograd_nonfused::winogradForwardData4x4",
                                   "volta_sgemm_64x64_nn")) == 1
-    assert fit.conv_algorithm(row("void cudnn::winograd::generateWinogradTilesKernel",
-                                  "cudnn_infer_volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1")) == 2
-    assert fit.conv_algorithm(row("void fft2d_r2c_32x32", "ampere_gcgemm_64x64_nt")) == -1  # FFT: not modelled
+    fused = "cudnn_infer_volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1"
+    assert fit.conv_algorithm(row("void cudnn::winograd::generateWinogradTilesKernel", fused)) == 2
+    # FFT: not modelled
+    assert fit.conv_algorithm(row("void fft2d_r2c_32x32", "ampere_gcgemm_64x64_nt")) == -1
     assert fit.conv_algorithm(row()) == -1
     assert fit.CONV_ALGORITHMS[2] == "fused_winograd"
 

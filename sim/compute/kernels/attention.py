@@ -8,14 +8,15 @@ mean kept per query); the backward pass recomputes the scores and makes four mor
 forward FLOPs), as PyTorch's FLOP counter has it.
 
 Where the parameters hold fused-attention figures for the GPU (class ``attention``: fitted on published
-kernel measurements, `attention_fit`), or for the newest older generation that has them (`lineage_figure`:
-PyTorch's flash kernels are FlashAttention-2's, built for sm80 on ``mma.sync``, and a later GPU runs those
-same kernels, not ones made for its own matrix units, as an H100 does), a block costs ``keys + block_keys`` keys' worth of work (its
+kernel measurements, `attention_fit`), or for the newest older generation that has them
+(`params.KernelParams.lineage_figure`: PyTorch's flash kernels are FlashAttention-2's, built for sm80 on
+``mma.sync``, and a later GPU runs those same kernels, as an H100 does), a block costs ``keys +
+block_keys`` keys' worth of work (its
 prologue and epilogue: loading the queries, the final rescale and the output's write; under a causal mask
 ``causal_block_keys`` more for the diagonal block's masking) at ``<pass>_efficiency`` of the 16-bit
 tensor-core peak. Elsewhere (no rows for that generation or an older one, or fp32/TF32 inputs, which
-PyTorch's flash kernels do not take) the block runs at the matrix units' fitted GEMM efficiency (`matmul`) with no per-block cost,
-a composition whose range is the matmul class's held-out error.
+PyTorch's flash kernels do not take) the block runs at the matrix units' fitted GEMM efficiency (`matmul`)
+with no per-block cost, a composition whose range is the matmul class's held-out error.
 
 Unfused (``fused=False``, the math path): Q·Kᵀ as a batched GEMM writing the whole ``q_len x kv_len`` score
 matrix, the scale (and the causal mask) as elementwise kernels over it, the softmax over rows of
@@ -28,7 +29,7 @@ from __future__ import annotations
 import math
 
 from trainsim.errors import TrainsimError
-from trainsim.sim.core.devices import ARCHITECTURES, DeviceSpec
+from trainsim.sim.core.devices import DeviceSpec
 
 from .hardware import matrix_peak, require
 from .matmul import gemm_time, tensor_efficiency
@@ -56,35 +57,18 @@ def fused_seconds(spec: Attention, sms: int, peak: float, efficiency: float, blo
     return waves * per_block / (peak / sms * efficiency), waves
 
 
-def lineage_figure(device: DeviceSpec, params: KernelParams, name: str) -> tuple[float, str]:
-    """The ``attention`` figure ``name`` for ``device`` as `params.KernelParams.figure` finds it, else that of
-    the newest generation older than the device's that has it (the kernels it was measured on run
-    unchanged on later GPUs); a `TrainsimError` where none has."""
-    try:
-        return params.figure(device, "attention", name)
-    except TrainsimError:
-        architecture = getattr(device, "architecture", None)
-        if architecture not in ARCHITECTURES:
-            raise
-        for older in reversed(ARCHITECTURES[:ARCHITECTURES.index(architecture)]):
-            value = params.data["architectures"].get(older, {}).get("attention", {}).get(name)
-            if value is not None:
-                return float(value), f"architecture:{older} (the same kernels, run on {architecture})"
-        raise
-
-
 def fused_figures(device: DeviceSpec, params: KernelParams, spec: Attention
                   ) -> tuple[float, float, float, str, bool]:
     """(efficiency, block_keys, causal_block_keys, where, fitted) for a fused call on ``device``: the
     ``attention`` class's fitted figures for 16-bit inputs where the parameters have them for the GPU, its
-    generation or an older one (`lineage_figure`; ``fitted``), else the GEMM efficiency and no per-block
-    cost."""
+    generation or an older one (`params.KernelParams.lineage_figure`; ``fitted``), else the GEMM
+    efficiency and no per-block cost."""
     if spec.dtype in ("fp16", "bf16"):
         direction = "backward" if spec.backward else "forward"
         try:
-            efficiency, where = lineage_figure(device, params, f"{direction}_efficiency")
-            block_keys, _ = lineage_figure(device, params, f"{direction}_block_keys")
-            causal_keys, _ = lineage_figure(device, params, "causal_block_keys")
+            efficiency, where = params.lineage_figure(device, "attention", f"{direction}_efficiency")
+            block_keys, _ = params.lineage_figure(device, "attention", f"{direction}_block_keys")
+            causal_keys, _ = params.lineage_figure(device, "attention", "causal_block_keys")
             return efficiency, block_keys, causal_keys, where, True
         except TrainsimError:
             pass

@@ -39,8 +39,14 @@ from trainsim.sim.core.devices import ARCHITECTURES, DeviceSpec, get_device
 
 from .dataset import KernelRow, load_neusight
 from .launch import observed_seconds, op_of
-from .matmul import (FUSED_WINOGRAD_KERNELS, IMPLICIT_KERNELS, WINOGRAD_KERNELS, fused_winograd_core,
-                     gemm_core, winograd_core)
+from .matmul import (
+    FUSED_WINOGRAD_KERNELS,
+    IMPLICIT_KERNELS,
+    WINOGRAD_KERNELS,
+    fused_winograd_core,
+    gemm_core,
+    winograd_core,
+)
 from .memory_bound import streaming_core
 from .params import SCHEMA, KernelParams
 from .specs import Conv2d, Gemm
@@ -135,7 +141,8 @@ class Pack:
         self.measured = np.array([r.latency_s for r in rows])
         self.op = np.array([op_of(r.spec) for r in rows])
         self.nbytes = np.array([r.spec.bytes for r in rows])
-        self.calls_before = np.array([r.line - 2 for r in rows], dtype=float)  # rows timed before, in its file
+        # rows its harness timed before each, in its file (`DRIFT_OPS`)
+        self.calls_before = np.array([r.line - 2 for r in rows], dtype=float)
         if cls == "matmul":
             self.m, self.n, self.k, self.batch = (np.array([getattr(r.spec, a) for r in rows], dtype=float)
                                                   for a in ("m", "n", "k", "batch"))
@@ -254,7 +261,8 @@ def fit_pack(pack: Pack, tiles: dict, shared: dict | None = None, *, fixed: dict
         rest, fitted = list(x[len(names):]), {}
         for op in ops:
             pre, after = rest.pop(0), rest.pop(0)
-            fitted[op] = ((pre + after) * US, after * US) + ((rest.pop(0) * US / 1000,) if op in DRIFT_OPS else ())
+            drift = (rest.pop(0) * US / 1000,) if op in DRIFT_OPS else ()
+            fitted[op] = ((pre + after) * US, after * US) + drift
         return fig, {**dispatch_fixed, **fitted}
 
     def residuals(x):
@@ -266,8 +274,7 @@ def fit_pack(pack: Pack, tiles: dict, shared: dict | None = None, *, fixed: dict
     fig, dispatch = unpack(x)
     error = np.abs(observed(pack, fig, dispatch, tiles, shared) / pack.measured - 1)
     return ({k: float(v) for k, v in fig.items()},
-            {op: {"dispatch_s": float(d[0]), "overlap_s": float(d[1]), **({"drift_s": float(d[2])} if len(d) > 2
-                                                                             else {})}
+            {op: dict(zip(("dispatch_s", "overlap_s", "drift_s")[:len(d)], map(float, d), strict=True))
              for op, d in dispatch.items()},
             float(np.median(error)))
 
@@ -404,8 +411,8 @@ def _median_entry(entries: list[dict], uncapped: set[str]) -> dict:
     out["dispatch"] = {}
     for op in ops:
         have = [e["dispatch"][op] for e in entries if op in e.get("dispatch", {})]
-        out["dispatch"][op] = {key: statistics.median(d[key] for d in have)
-                               for key in ("dispatch_s", "overlap_s", "drift_s") if all(key in d for d in have)}
+        keys = [key for key in ("dispatch_s", "overlap_s", "drift_s") if all(key in d for d in have)]
+        out["dispatch"][op] = {key: statistics.median(d[key] for d in have) for key in keys}
     return out
 
 

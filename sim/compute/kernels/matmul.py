@@ -110,7 +110,8 @@ def fused_winograd_core(batch, in_c, out_c, height, width, out_h, out_w, **gemm)
     tiles = batch * np.ceil(np.asarray(out_h, dtype=float) / out_tile) * np.ceil(
         np.asarray(out_w, dtype=float) / out_tile)
     in_c, out_c = np.asarray(in_c, dtype=float), np.asarray(out_c, dtype=float)
-    gemm_bytes = size * (batch * in_c * height * width + points * in_c * out_c + batch * out_c * out_h * out_w)
+    gemm_bytes = size * (batch * in_c * height * width + points * in_c * out_c
+                         + batch * out_c * out_h * out_w)
     seconds, _, _, _, _ = gemm_core(tiles, out_c, in_c, points, gemm_bytes, **gemm)
     return seconds + size * (9 + points) * in_c * out_c / gemm["bandwidth"]
 
@@ -255,7 +256,8 @@ def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelE
     compute, memory = float(compute), float(memory)
     algorithm = "implicit_gemm"
     if spec.winograd_eligible and spec.pass_ == "forward" and spec.dtype == "fp32":
-        shape = (spec.batch, spec.in_channels, spec.out_channels, spec.height, spec.width, spec.out_h, spec.out_w)
+        shape = (spec.batch, spec.in_channels, spec.out_channels, spec.height, spec.width, spec.out_h,
+                 spec.out_w)
         for name, core, kernels in (("winograd", winograd_core, WINOGRAD_KERNELS),
                                     ("fused_winograd", fused_winograd_core, FUSED_WINOGRAD_KERNELS)):
             eff, _ = params.efficiency(device, "conv", f"{name}_efficiency")

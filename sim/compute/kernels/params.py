@@ -40,6 +40,17 @@ MAY_BE_ZERO = ("tile_a", "k0", "flops_per_element", "forward_block_keys", "backw
 SECTIONS = ("evidence", "fit", "tiles", "devices", "architectures", "default", "held_out")
 
 
+def lineage(device) -> list[str]:
+    """``device``'s architecture, then the older ones, newest first (later GPUs run earlier kernels: an
+    H100 runs sm80 SGEMMs); empty for a device of no known architecture."""
+    from trainsim.sim.core.devices import ARCHITECTURES
+
+    architecture = getattr(device, "architecture", None)
+    if architecture not in ARCHITECTURES:
+        return []
+    return list(reversed(ARCHITECTURES[:ARCHITECTURES.index(architecture) + 1]))
+
+
 class KernelParams:
     """A loaded, checked parameter file. ``figure(device, cls, name)`` finds a figure and says where from."""
 
@@ -107,22 +118,31 @@ class KernelParams:
                 return float(record.get("drift_s", 0.0))
         return 0.0
 
+    def lineage_figure(self, device, cls: str, name: str) -> tuple[float, str]:
+        """The figure ``name`` of class ``cls`` as `figure` finds it, else that of the newest architecture
+        older than the device's that has it (`lineage`: for kernels that run unchanged on later GPUs); a
+        `TrainsimError` where none has."""
+        try:
+            return self.figure(device, cls, name)
+        except TrainsimError:
+            for arch in lineage(device)[1:]:
+                value = self.data["architectures"].get(arch, {}).get(cls, {}).get(name)
+                if value is not None:
+                    return float(value), f"architecture:{arch} (its kernels, run on {device.architecture})"
+            raise
+
     def tiles(self, device, kind: str, fallback: str | None = None) -> list[tuple[int, int]]:
         """The (rows, columns) output tiles ``device``'s libraries launch for ``kind`` GEMMs (``batched``,
         ``single``, ``conv``, ``tensor``): its own where it was measured, else its architecture's, else those
         of the newest older architecture that has them (later GPUs run earlier kernels: an H100 runs sm80
         SGEMMs), else the default list; where none has ``kind``, those of ``fallback``."""
-        from trainsim.sim.core.devices import ARCHITECTURES
-
         own = self.data["devices"].get(device.name, {}).get("tiles", {}).get(kind)
         if own:
             return [tuple(t) for t in own]
         tiles = self.data["tiles"]
-        architecture = getattr(device, "architecture", None)
-        if architecture in ARCHITECTURES:
-            for arch in reversed(ARCHITECTURES[:ARCHITECTURES.index(architecture) + 1]):
-                if kind in tiles.get(arch, {}):
-                    return [tuple(t) for t in tiles[arch][kind]]
+        for arch in lineage(device):
+            if kind in tiles.get(arch, {}):
+                return [tuple(t) for t in tiles[arch][kind]]
         if kind not in tiles["default"] and fallback is not None:
             return self.tiles(device, fallback)
         return [tuple(t) for t in tiles["default"][kind]]
