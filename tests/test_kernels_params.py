@@ -29,14 +29,19 @@ def test_figures_come_from_the_device_then_its_architecture_then_the_default():
     assert p.dispatch(get_device("a100-80gb"), "bmm") == (10e-6, 4e-6, "default")
 
 
-def test_tiles_fall_back_to_the_newest_older_architecture():
+def test_tiles_come_from_the_device_then_its_architecture_then_the_default():
     d = data()
     d["tiles"]["volta"] = {"single": [[64, 64]]}
+    d["tiles"]["ampere"] = {"single": [[128, 32]]}
     d["devices"]["t4"] = {"tiles": {"single": [[32, 32]]}}
     p = KernelParams(d)
     assert p.tiles(get_device("t4"), "single") == [(32, 32)]  # its own
-    assert p.tiles(get_device("a100"), "single") == [(64, 64)]  # ampere has none: volta's
-    assert p.tiles(get_device("p100"), "single") == [(128, 128)]  # nothing at or before pascal: default
+    assert p.tiles(get_device("a100"), "single") == [(128, 32)]  # its architecture's
+    # an older architecture's choice is not taken: a library's heuristic picks tiles per GPU
+    assert p.tiles(get_device("h100"), "single") == [(128, 128)]
+    assert p.tiles(get_device("h100"), "tensor", fallback="single") == [(128, 128)]
+    with pytest.raises(TrainsimError, match="no tensor tiles"):
+        p.tiles(get_device("h100"), "tensor")
 
 
 def test_the_power_cap_limits_a_board_never_measured():

@@ -133,19 +133,23 @@ class KernelParams:
 
     def tiles(self, device, kind: str, fallback: str | None = None) -> list[tuple[int, int]]:
         """The (rows, columns) output tiles ``device``'s libraries launch for ``kind`` GEMMs (``batched``,
-        ``single``, ``conv``, ``tensor``): its own where it was measured, else its architecture's, else those
-        of the newest older architecture that has them (later GPUs run earlier kernels: an H100 runs sm80
-        SGEMMs), else the default list; where none has ``kind``, those of ``fallback``."""
+        ``single``, ``conv``, ``tensor``): its own where it was measured, else its architecture's, else the
+        default list; where none has ``kind``, those of ``fallback``. Not an older architecture's: which
+        tiles a library launches is its heuristic's choice for that GPU, and it differs between
+        generations even where they share kernels (an H100 launched sm80 SGEMM tiles of 256x128 to 64x64
+        where an A100 launched 128x32 and 32x128; a V100 given Pascal's lone 64x128 ran skinny batched
+        GEMMs 2.5x slower than it measured)."""
         own = self.data["devices"].get(device.name, {}).get("tiles", {}).get(kind)
         if own:
             return [tuple(t) for t in own]
         tiles = self.data["tiles"]
-        for arch in lineage(device):
-            if kind in tiles.get(arch, {}):
-                return [tuple(t) for t in tiles[arch][kind]]
-        if kind not in tiles["default"] and fallback is not None:
+        for where in (getattr(device, "architecture", None), "default"):
+            if kind in tiles.get(where, {}):
+                return [tuple(t) for t in tiles[where][kind]]
+        if fallback is not None:
             return self.tiles(device, fallback)
-        return [tuple(t) for t in tiles["default"][kind]]
+        raise TrainsimError(f"no {kind} tiles for {device.name!r}, its architecture or the default",
+                            file=self.file, field=f"tiles.default.{kind}")
 
     def held_out(self, cls: str) -> tuple[float, float]:
         """The (low, high) relative error of class ``cls`` under leave-one-GPU-out (0, 0 when not
