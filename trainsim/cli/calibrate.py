@@ -7,7 +7,7 @@ import typer
 
 from trainsim.errors import TrainsimError
 
-from .common import app, check_outputs, make_app, print_json
+from .common import app, check_not_input, check_outputs, make_app, print_json
 
 calibrate_app = make_app(help="Measure this box (topology, links, collectives, a model's layers) into a "
                               "bundle: `trainsim calibrate --model NAME [OPTIONS]`. Ctrl-C leaves a usable "
@@ -159,6 +159,62 @@ def calibrate_layers(
              "unattributed_s": {p.batch: round(p.s, 6) for p in iteration.unattributed},
              "host_dispatch_s": {p.batch: round(p.s, 6) for p in iteration.plain_host}}
     _print_workload(workload, path, as_json, extra)
+
+
+@calibrate_app.command("kernels")
+def calibrate_kernels(
+    out: str = typer.Option(..., "--out", "-o", help="Folder to write kernels.csv and provenance.json into."),
+    device: str = typer.Option("auto", "--device", help="cuda, cpu, or auto (cuda when a GPU is visible)."),
+    dtypes: str = typer.Option("fp32,tf32,bf16,fp8", "--dtypes",
+                               help="Precisions: fp32 (TF32 off), tf32, bf16, fp16, fp8 (matrix products "
+                                    "only). The CPU times fp32 alone."),
+    classes: str = typer.Option("matmul,conv,attention,memory", "--classes",
+                                help="Kernel classes: matmul, conv, attention, memory."),
+    budget: float = typer.Option(540.0, "--budget", help="Seconds to spend; cases not reached are left out."),
+    quick: bool = typer.Option(False, "--quick", help="A few small cases of each class (seconds)."),
+    gemm_samples: int = typer.Option(0, "--gemm-samples", help="GEMM shapes drawn log-uniform from 64 to "
+                                     "16384 a side, timed beside the named ones (a grid to fit on)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the drawn GEMM shapes."),
+    conv_batch: int = typer.Option(64, "--conv-batch", help="Batch of the ResNet-50 convolutions."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+):
+    """Time single kernels of every class the kernel model knows on this GPU (or CPU).
+
+    GEMMs from 256 to 16384 on a side and a transformer's linear layers, ResNet-50's convolutions in their
+    three passes, fused and unfused attention forward and backward, elementwise, layer-norm and softmax
+    kernels; each timed as a CUDA graph of back-to-back calls, with the kernels it launched. Writes a
+    trainsim.kernels/1 table that `benchmarks/kernel_model.py --table` judges the kernel model on. Ctrl-C or
+    the budget keeps the rows measured so far."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trainsim import api
+
+    check_not_input(out, "--out")
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=as_json)
+    task = bar.add_task("kernels", total=None)
+
+    def progress(text: str, done: int, total: int) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        bar.update(task, description=text[:60], completed=done, total=total)
+
+    try:
+        summary = api.sweep_kernels(out, device=device, dtypes=dtypes, classes=classes, quick=quick,
+                                    budget_s=budget, gemm_samples=gemm_samples, seed=seed,
+                                    conv_batch=conv_batch, progress=progress)
+    finally:
+        bar.stop()
+    if as_json:
+        print_json(summary)
+        return
+    typer.echo(f"{summary['rows']} of {summary['cases']} cases timed in {summary['seconds']} s -> "
+               f"{summary['table']}")
+    if summary["not_reached"]:
+        typer.echo(f"  {summary['not_reached']} cases not reached within --budget")
+    for failure in summary["failed"]:
+        typer.echo(f"  not timed: {failure['case']}: {failure['error']}")
 
 
 @calibrate_app.command("profiler")

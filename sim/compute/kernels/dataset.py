@@ -19,8 +19,11 @@ Two formats:
   has ``op``, ``device``, ``dtype``, the op's dimensions and the latency with its unit in the column name
   (``latency_s``, ``latency_ms`` or ``latency_us``); ``kernels`` optional. Ops and their dimensions:
   ``gemm``/``bmm`` (m, n, k, batch), ``linear`` (m, n, k), ``conv`` (batch, in_channels, out_channels,
-  height, width, kernel, stride, padding), ``elementwise``/``layernorm``/``softmax`` (elements, reads,
-  writes, row), ``attention`` (batch, heads, q_len, kv_len, head_dim, causal, fused).
+  height, width, kernel, stride, padding; ``pass`` optional: forward, backward_data or backward_weight),
+  ``elementwise``/``layernorm``/``softmax`` (elements, reads,
+  writes, row), ``attention`` (batch, heads, q_len, kv_len, head_dim, causal, fused;
+  ``backward`` optional, true for the backward kernels alone). Other columns (``gpu``, ``what``, ``timing``,
+  ...) are kept out of the rows.
 
 A file that is not one of them, lacks a column, gives a value that is not a number or names an op or dtype
 not known raises one TrainsimError naming the file (and line) and the column.
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from trainsim.errors import TrainsimError, unknown_name
 
-from .specs import DTYPES, Attention, Conv2d, Gemm, Streaming
+from .specs import CONV_PASSES, DTYPES, Attention, Conv2d, Gemm, Streaming
 
 #: NeuSight's GPUs as CUDA names them -> the device spec each is (trainsim's presets for those boards)
 BOARDS = {
@@ -64,6 +67,8 @@ TABLE_DIMS = {
     "softmax": ("elements", "reads", "writes", "row"),
     "attention": ("batch", "heads", "q_len", "kv_len", "head_dim", "causal", "fused"),
 }
+#: columns an op of a trainsim kernel table may give (their defaults: a forward pass)
+OPTIONAL_DIMS = {"conv": ("pass",), "attention": ("backward",)}
 #: the kernel class of each op of a trainsim kernel table
 TABLE_CLASSES = {"gemm": "matmul", "bmm": "matmul", "linear": "matmul", "conv": "conv",
                  "elementwise": "elementwise", "layernorm": "layernorm", "softmax": "softmax",
@@ -224,7 +229,7 @@ def _table(reader: csv.DictReader, header: list[str], name: str, split: str) -> 
             if column not in header:
                 raise TrainsimError(f"missing (required for {op} rows)", file=name, field=column)
         latency = _number(row, units[0], name, line, whole=False) * scale
-        dims = {c: row[c] for c in TABLE_DIMS[op]}
+        dims = {c: row[c] for c in TABLE_DIMS[op] + OPTIONAL_DIMS.get(op, ()) if c in row}
         spec = _checked(_table_spec, name, line, op, dims, dtype, name, line)
         kernels = tuple(k for k in (row.get("kernels") or "").split(";") if k)
         gpu = row["device"].strip()
@@ -252,14 +257,18 @@ def _table_spec(op, dims, dtype, name, line):
         return Gemm(m=whole("m"), n=whole("n"), k=whole("k"), dtype=dtype, shared_b=True)
     if op == "conv":
         size = whole("kernel")
+        pass_ = (row.get("pass") or "forward").strip()
+        if pass_ not in CONV_PASSES:
+            raise unknown_name("convolution pass", pass_, CONV_PASSES, file=f"{name}:{line}", field="pass")
         return Conv2d(batch=whole("batch"), in_channels=whole("in_channels"),
                       out_channels=whole("out_channels"), height=whole("height"), width=whole("width"),
                       kernel=(size, size), stride=whole("stride"), padding=whole("padding", positive=False),
-                      dtype=dtype)
+                      dtype=dtype, pass_=pass_)
     if op == "attention":
         return Attention(batch=whole("batch"), heads=whole("heads"), q_len=whole("q_len"),
                          kv_len=whole("kv_len"), head_dim=whole("head_dim"), causal=flag("causal"),
-                         fused=flag("fused"), dtype=dtype)
+                         fused=flag("fused"), dtype=dtype,
+                         backward=flag("backward") if row.get("backward") not in (None, "") else False)
     rows = row.get("row")
     return Streaming(op, elements=whole("elements"), reads=whole("reads", positive=False),
                      writes=whole("writes", positive=False), dtype=dtype,
