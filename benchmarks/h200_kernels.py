@@ -11,13 +11,20 @@ graph, with the kernels it launched. Prints:
 
 1. **held out**: the shipped figures (fitted without these rows) against every row, per kernel class,
    precision and pass: median |predicted / measured - 1| and the signed 10th/50th/90th percentiles;
-2. **Hopper tensor-core GEMMs refitted**: per precision, the figures `fit_gemm_table.py` fits (share of
-   peak, a tile's K prologue, the small-tile penalty, a call's fixed GPU time, under the measured ceiling)
-   on sweeps 1 and 2's GEMMs of that precision, the tile set chosen the same way, judged on sweep 3's
-   drawn shapes (never fitted on) and on XLA's H100 rows (another Hopper, another library), against the
-   shipped figures on the same rows.
+2. **the H200's own tensor-core GEMM figures**: per precision, the figures `fit_gemm_table.py` fits (share
+   of peak, a tile's K prologue, the small-tile penalty, a call's fixed GPU time, under the measured
+   ceiling) on sweeps 1 and 2's GEMMs of that precision, the tile set chosen the same way, judged on sweep
+   3's drawn shapes (never fitted on) before and after; and XLA's H100 rows under them, to show how far
+   the two Hoppers' sources agree (the H100 keeps Hopper's figures, fitted on XLA's table).
 
-``--write`` stores the refit (fitted on all three sweeps) as Hopper's figures in the shipped params.json.
+3. **tensor-core convolutions**: the implicit GEMM's share of the TF32 and bf16 peaks and the fixed GPU time
+   of a pass's layout transforms (`matmul.conv_time`), fitted on sweeps 1 and 2 (batch 64 and 32) and
+   judged on sweep 3 (batch 128), before and after;
+4. the same convolutions timed again with cuDNN's heuristics (``heuristic-b*``) over benchmark mode.
+
+``--write`` stores the GEMM figures fitted on all three sweeps as the H200's own (its device entry in the
+shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; and the
+convolution figures fitted on all three as the H200's, Hopper's and the default's.
 Takes about a minute.
 """
 
@@ -92,24 +99,153 @@ def gemm_series(rows) -> dict:
     return dict(out)
 
 
-def refit(fit_rows, judged_rows) -> tuple:
-    """Hopper's figures fitted on ``fit_rows``'s GEMMs; the errors before and after on ``judged_rows``' and
-    on XLA's H100 rows."""
+def without_own_fit(params):
+    """``params`` without the H200's own tensor-core GEMM figures and tiles (what ``--write`` stores), so
+    that a refit starts from Hopper's."""
+    data = copy.deepcopy(params.data)
+    entry = data["devices"].get("h200", {})
+    entry.get("tiles", {}).pop("tensor", None)
+    for name in list(entry.get("matmul", {})):
+        if name.rsplit("_", 1)[-1] in TENSOR:
+            entry["matmul"].pop(name)
+    return type(params)(data, file=params.file)
+
+
+def refit(fit_rows, judged_rows, title: str) -> tuple:
+    """The H200's tensor-core GEMM figures and tiles fitted on ``fit_rows``'s GEMMs (`fit_gemm_table`'s
+    fitter, starting from Hopper's other figures); the errors before and after on ``judged_rows``' GEMMs
+    and on XLA's H100 rows (which keep Hopper's figures)."""
     shipped = load_params()
-    base = table.without_fit(shipped, ["hopper"])
+    base = table.without_fit(without_own_fit(shipped), ["hopper"])
     name, tiles, figures, fitted = table.fit_architecture(gemm_series(fit_rows), "hopper", base)
-    h200 = get_device("h200")
     judged = gemm_series(judged_rows)
-    xla = {key: rows for key, rows in table.series().items() if key[0] == "h100-sxm"}
-    print(f"2. Hopper tensor-core GEMMs refitted on sweeps 1-2: tiles {name} {tiles}")
+    print(f"2. H200 tensor-core GEMMs fitted on {title}: tiles {name} {tiles}")
     for dtype, figs in sorted(figures.items()):
         print(f"  {dtype}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(figs.items())))
-    for (device, dtype), rows in sorted({**judged, **xla}.items()):
+    for (device, dtype), rows in sorted(judged.items()):
         spec = get_device(device)
-        where = "sweep 3 (drawn shapes)" if device == "h200" else "XLA's H100 table"
-        print(f"  {dtype:5s} {where:24s} shipped {_stats(gemm_fit.errors(rows, spec, shipped))}")
-        print(f"  {dtype:5s} {where:24s} refit   {_stats(gemm_fit.errors(rows, spec, fitted))}")
-    return name, tiles, figures, h200
+        print(f"  {dtype:5s} sweep 3 (drawn shapes)  before {_stats(gemm_fit.errors(rows, spec, shipped))}")
+        print(f"  {dtype:5s} sweep 3 (drawn shapes)  refit  {_stats(gemm_fit.errors(rows, spec, fitted))}")
+    xla = {key: rows for key, rows in table.series().items() if key[0] == "h100-sxm"}
+    for (device, dtype), rows in sorted(xla.items()):
+        spec = get_device(device)
+        print(f"  {dtype:5s} XLA's H100 under the H200's refit "
+              f"{_stats(gemm_fit.errors(rows, spec, fitted))}")
+    counts = {dtype: len(r) for (_, dtype), r in gemm_series(fit_rows).items()}
+    return tiles, figures, counts
+
+
+def write(tiles, figures, rows: dict) -> None:
+    """The H200's own tensor-core GEMM figures and tiles in the shipped params.json, with their evidence."""
+    stored = json.loads(PARAMS_FILE.read_text())
+    entry = stored["devices"].setdefault("h200", {})
+    entry.setdefault("tiles", {})["tensor"] = tiles
+    matmul = entry.setdefault("matmul", {})
+    notes = entry.setdefault("tensor_evidence", {})
+    for dtype, figs in figures.items():
+        matmul.update(figs)
+        for name in figs:
+            notes[f"matmul.{name}"] = (f"benchmarks/data/h200-kernels, sweeps 1-3 ({rows[dtype]} {dtype} "
+                                       f"GEMM kernels; python benchmarks/h200_kernels.py --write)")
+    PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    print(f"wrote the H200's tensor-core GEMM figures ({', '.join(sorted(figures))}) to {PARAMS_FILE.name}")
+
+
+CONV_FIGURES = ("tensor_efficiency_tf32", "tensor_efficiency_bf16", "tensor_call_s")
+CONV_START = {"tensor_efficiency_tf32": 0.5, "tensor_efficiency_bf16": 0.5, "tensor_call_s": 1e-5}
+CONV_BOUNDS = {"tensor_efficiency_tf32": (0.02, 1.05), "tensor_efficiency_bf16": (0.02, 1.05),
+               "tensor_call_s": (0.0, 2e-4)}
+
+
+def with_conv(params, figures: dict):
+    """``params`` with ``figures`` as the H200's own convolution figures."""
+    data = copy.deepcopy(params.data)
+    data["devices"].setdefault("h200", {}).setdefault("conv", {}).update(figures)
+    return type(params)(data, file=params.file)
+
+
+def conv_rows(rows):
+    return [r for r in rows if r.kernel_class == "conv" and r.dtype != "fp32"]
+
+
+def fit_conv(rows, params) -> dict:
+    """The tensor-core convolution figures (`CONV_FIGURES`: the implicit GEMM's share of the TF32 and bf16
+    peaks, the fixed GPU time of a pass's layout transforms) that best reproduce ``rows`` (least squares on
+    log(predicted / measured), soft-L1 at 0.1, as the other fits), the rest of ``params`` as it is; fp16
+    takes bf16's figure."""
+    from scipy.optimize import least_squares  # only when fitting
+
+    scale = np.array([CONV_START[n] for n in CONV_FIGURES])
+
+    def residuals(x):
+        fitted = with_conv(params, dict(zip(CONV_FIGURES, x * scale, strict=True)))
+        return [np.log(kernel_time(r.spec, r.device, fitted).seconds / r.latency_s) for r in rows]
+
+    lower = [CONV_BOUNDS[n][0] / s for n, s in zip(CONV_FIGURES, scale, strict=True)]
+    upper = [CONV_BOUNDS[n][1] / s for n, s in zip(CONV_FIGURES, scale, strict=True)]
+    fit = least_squares(residuals, np.ones(len(CONV_FIGURES)), bounds=(lower, upper), loss="soft_l1",
+                        f_scale=0.1)
+    return {n: float(f"{v * s:.4g}") for n, v, s in zip(CONV_FIGURES, fit.x, scale, strict=True)}
+
+
+def refit_conv(fit_rows, judged_rows, params, title: str) -> tuple[dict, dict]:
+    """The convolution figures fitted on ``fit_rows``; before and after on ``judged_rows``, per precision;
+    and the band of the errors after, per precision (``held_out`` bands of params.json)."""
+    figures, bands = fit_conv(conv_rows(fit_rows), params), {}
+    fitted = with_conv(params, figures)
+    print(f"3. H200 tensor-core convolutions fitted on {title}: "
+          + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()))
+    for dtype in ("tf32", "bf16"):
+        rows = [r for r in conv_rows(judged_rows) if r.dtype == dtype]
+        for label, p in (("before", params), ("refit ", fitted)):
+            errs = np.array([kernel_time(r.spec, r.device, p).seconds / r.latency_s - 1 for r in rows])
+            print(f"  {dtype:5s} sweep 3 (batch 128)  {label} {_stats(errs)}")
+        bands[dtype] = {"how": "fitted on sweeps 1-2 (batch 32, 64), judged on sweep 3 (batch 128)",
+                        "median_abs": round(float(np.median(abs(errs))), 4),
+                        "p10": round(float(np.quantile(errs, .1)), 4),
+                        "p50": round(float(np.median(errs)), 4),
+                        "p90": round(float(np.quantile(errs, .9)), 4), "rows": len(errs)}
+    return figures, bands
+
+
+def write_conv(figures: dict, rows: int, bands: dict) -> None:
+    """The convolution figures as the H200's, Hopper's and (a stated guess for other generations) the
+    default's, as `fit_layer_figures.py` stored its layer fit before; ``bands``: the held-out error range
+    per precision every tensor-core convolution estimate carries."""
+    stored = json.loads(PARAMS_FILE.read_text())
+    for dtype, band in bands.items():
+        stored["held_out"][f"tensor.conv2d.{dtype}"] = band
+    note = (f"benchmarks/data/h200-kernels, sweeps 1-3 ({rows} tensor-core convolution kernels; "
+            f"python benchmarks/h200_kernels.py --write)")
+    for entry in (stored["devices"]["h200"], stored["architectures"]["hopper"], stored["default"]):
+        entry.setdefault("conv", {}).update(figures)
+    notes = stored["devices"]["h200"].setdefault("tensor_evidence", {})
+    notes.update({f"conv.{name}": note for name in figures})
+    stored.get("unfitted", {}).pop("conv.tensor_efficiency_bf16", None)  # fitted here now
+    PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    print(f"wrote the tensor-core convolution figures ({', '.join(figures)}) to {PARAMS_FILE.name}")
+
+
+def heuristic_against_benchmark() -> None:
+    """The same convolutions under cuDNN's heuristics (PyTorch's default) over benchmark mode, per
+    precision and pass: how much the algorithm choice moves a pass, and the measurement's repeatability."""
+    def key(r):
+        s = r.spec
+        return r.dtype, s.batch, s.in_channels, s.out_channels, s.kernel, s.stride, s.height, s.pass_
+
+    timed = {key(r): r for n in (1, 2, 3) for r in conv_rows(sweep_rows(n)) + [
+        r for r in sweep_rows(n) if r.kernel_class == "conv" and r.dtype == "fp32"]}
+    ratios = defaultdict(list)
+    for batch in (32, 64, 128):
+        path = SWEEPS / f"heuristic-b{batch}" / "kernels.csv"
+        for r in read_rows(path, shown=path.parent.name):
+            if key(r) in timed:
+                ratios[(r.dtype, r.spec.pass_)].append(r.latency_s / timed[key(r)].latency_s)
+    print("4. convolutions under cuDNN's heuristics over benchmark mode (the same shapes, timed again)")
+    for (dtype, how), values in sorted(ratios.items()):
+        v = np.asarray(values)
+        print(f"  {dtype:5s} {how:16s} rows {len(v):3d}  median {np.median(v):.2f}  "
+              f"p10 {np.quantile(v, .1):.2f}  p90 {np.quantile(v, .9):.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,17 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sweeps = {n: sweep_rows(n) for n in (1, 2, 3)}
     held_out([r for rows in sweeps.values() for r in rows])
-    refit(sweeps[1] + sweeps[2], sweeps[3])
+    refit(sweeps[1] + sweeps[2], sweeps[3], "sweeps 1-2")
+    _, bands = refit_conv(sweeps[1] + sweeps[2], sweeps[3], load_params(), "sweeps 1-2")
+    heuristic_against_benchmark()
     if args.write:
-        name, tiles, figures, _ = refit([r for rows in sweeps.values() for r in rows], sweeps[3])
-        stored = json.loads(PARAMS_FILE.read_text())
-        stored = copy.deepcopy(stored)
-        stored["tiles"].setdefault("hopper", {})["tensor"] = tiles
-        matmul = stored["architectures"].setdefault("hopper", {}).setdefault("matmul", {})
-        for figs in figures.values():
-            matmul.update(figs)
-        PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
-        print(f"wrote Hopper's tensor-core GEMM figures ({', '.join(sorted(figures))}) to {PARAMS_FILE.name}")
+        everything = [r for rows in sweeps.values() for r in rows]
+        write(*refit(everything, sweeps[3], "all three sweeps"))
+        figures, _ = refit_conv(everything, sweeps[3], load_params(), "all three sweeps")
+        write_conv(figures, len(conv_rows(everything)), bands)
     return 0
 
 

@@ -158,10 +158,31 @@ def test_a_tensor_core_convolution_turns_its_tensors_to_nhwc_and_back():
     assert layout_bytes(conv) == 2 * 2 * (2 * 8 * 64 + 2 * 16 * 64)
     assert layout_bytes(dataclasses.replace(conv, dtype="fp32")) == 0  # SIMT kernels read NCHW
     one = dataclasses.replace(conv, kernel=(1, 1), padding=0)
-    assert layout_bytes(one) == 0  # a 1x1 convolution is a GEMM over the NCHW tensors
+    assert layout_bytes(one) > 0  # on small maps cuDNN runs 1x1 as an implicit GEMM between transforms
+    large = dataclasses.replace(one, height=28, width=28)
+    assert layout_bytes(large) == 0  # on large ones a GEMM per image over the NCHW tensors
     with_call = params(conv={"tensor_call_s": 1e-3})
     assert conv_time(conv, GPU4, with_call).seconds == pytest.approx(conv_time(conv, GPU4, params()).seconds
                                                                       + 1e-3)
+
+
+def test_a_large_1x1_tensor_core_convolution_is_timed_as_the_gemm_cublas_runs():
+    from trainsim.sim.compute.kernels.matmul import plain_gemm, runs_as_gemm
+
+    shipped, h200 = load_params(), get_device("h200")
+    conv = Conv2d(batch=64, in_channels=256, out_channels=64, height=56, width=56, kernel=(1, 1),
+                  dtype="bf16")
+    assert runs_as_gemm(conv) and not runs_as_gemm(dataclasses.replace(conv, height=14, width=14))
+    assert not runs_as_gemm(dataclasses.replace(conv, stride=2))
+    gemm = plain_gemm(conv)  # per image: the 64 x 256 filter times the image's 256 x 3136 positions
+    assert (gemm.m, gemm.n, gemm.k, gemm.batch) == (64, 56 * 56, 256, 64) and gemm.flops == conv.flops
+    assert plain_gemm(dataclasses.replace(conv, pass_="backward_weight")).flops == conv.flops
+    estimate = conv_time(conv, h200, shipped)
+    assert estimate.detail["algorithm"] == "gemm"
+    # the same GEMM, but its memory floor reads the filter once (the convolution's bytes), not per image
+    assert estimate.seconds == pytest.approx(gemm_time(gemm, h200, shipped).seconds, rel=0.05)
+    assert estimate.seconds < conv_time(dataclasses.replace(conv, height=14, width=14, batch=1024), h200,
+                                        shipped).seconds  # the same FLOPs on small maps: transforms too
 
 
 # ---- per-precision figures and their fit on trace rows (gemm_fit) --------------------------------------
@@ -173,9 +194,9 @@ from trainsim.sim.core.devices import get_device  # noqa: E402
 
 
 def test_a_precision_s_own_misaligned_and_k0_figures_come_before_the_shared_ones():
-    shipped, a100, h200 = load_params(), get_device("a100-80gb"), get_device("h200")
+    shipped, a100, h100 = load_params(), get_device("a100-80gb"), get_device("h100-sxm")
     assert misaligned_factor(a100, shipped, "tf32") == shipped.figure(a100, "matmul", "misaligned_tf32")[0]
-    assert misaligned_factor(h200, shipped, "tf32") == shipped.figure(h200, "matmul", "misaligned")[0]
+    assert misaligned_factor(h100, shipped, "tf32") == shipped.figure(h100, "matmul", "misaligned")[0]
     assert gemm_k0(a100, shipped, "tf32") == shipped.figure(a100, "matmul", "k0_tf32")[0]
     assert gemm_k0(a100, shipped, "fp32") == shipped.figure(a100, "matmul", "k0")[0]
 
@@ -305,7 +326,7 @@ def test_a_layer_fit_ties_a_figure_it_has_too_few_rows_for_to_the_one_fitted_els
 
     shipped = load_params()
     hopper = shipped.figure(get_device("h200"), "matmul", "tensor_efficiency_bf16")
-    assert hopper[1] == "architecture:hopper"  # XLA's GEMM table, not the H200 layers
+    assert hopper[1] == "device:h200"  # the H200's kernel sweeps, not its layers
     h200_rows = [SimpleNamespace(device="h200")]
     assert _elsewhere(shipped, h200_rows, "matmul", "tensor_efficiency_bf16", 0.7) == hopper[0]
     # the default's median is a guess for other generations, not evidence about this GPU's rows

@@ -62,9 +62,10 @@ def test_shipped_figures_name_their_evidence():
     a100 = shipped.devices["a100-pcie-40gb"]
     assert "NVIDIA_A100-PCIE-40GB" in a100["matmul"]["evidence"] and a100["matmul"]["rows"] > 1000
     assert {"matmul", "conv", "elementwise", "layernorm", "softmax"} <= set(shipped.data["held_out"])
-    # the tensor-core figures fitted on the H200's measured layers name the rows they rest on
+    # the tensor-core figures fitted on the H200's measured kernels name the rows they rest on
     h200 = shipped.devices["h200"]
-    assert "workload-resnet50.json" in h200["tensor_evidence"]["conv.tensor_efficiency_tf32"]
+    assert "h200-kernels" in h200["tensor_evidence"]["conv.tensor_efficiency_tf32"]
+    assert "h200-kernels" in h200["tensor_evidence"]["matmul.tensor_efficiency_bf16"]
     assert shipped.data["held_out"]["tensor.conv2d.tf32"]["rows"] >= 10
     assert "matmul.tensor_efficiency_bf16" in shipped.data["unfitted"]
 

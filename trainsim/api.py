@@ -412,7 +412,7 @@ def measure_profiler(model: str, *, device: str = "auto", batch: int = 8, repeat
 
 def sweep_kernels(out: str, *, device: str = "auto", dtypes: str = "fp32,tf32,bf16,fp8",
                   classes: str = "matmul,conv,attention,memory", quick: bool = False, budget_s: float = 540.0,
-                  gemm_samples: int = 0, seed: int = 0, conv_batch: int = 64,
+                  gemm_samples: int = 0, seed: int = 0, conv_batch: int = 64, cudnn_benchmark: bool = False,
                   progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Time single kernels of every class on this box (`kernel_sweep`) into ``out``/kernels.csv (a
     trainsim.kernels/1 table) and ``out``/provenance.json; the summary. On the CPU only fp32 is timed."""
@@ -429,7 +429,8 @@ def sweep_kernels(out: str, *, device: str = "auto", dtypes: str = "fp32,tf32,bf
         if value < 0:
             raise TrainsimError(f"must be {'>= 0' if option == '--gemm-samples' else '>= 1'}", field=option)
     return run_sweep(out, device=resolved, dtypes=names, classes=kinds, quick=quick, budget_s=budget_s,
-                     gemm_samples=gemm_samples, seed=seed, conv_batch=conv_batch, progress=progress)
+                     gemm_samples=gemm_samples, seed=seed, conv_batch=conv_batch,
+                     cudnn_benchmark=cudnn_benchmark, progress=progress)
 
 
 # ---- execute, validate, quickstart (torch) -----------------------------------------------------------------

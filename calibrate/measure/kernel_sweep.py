@@ -11,8 +11,9 @@ fp8: the matrix products only, through ``torch._scaled_mm`` on GPUs that have it
 between CUDA events (the median of five replays over ``reps``), so the figure is the GPU's time per call,
 not the host's dispatch; where capture fails it times the same calls launched eagerly. It then records one
 call under torch.profiler for the kernels it launched (names, and the sum of their durations). On the CPU
-it takes the median of ``perf_counter`` over the calls. cuDNN runs in benchmark mode (it picks the fastest
-algorithm per shape, as a training script that sets it does). Inputs stay resident between calls, so a
+it takes the median of ``perf_counter`` over the calls. cuDNN takes its heuristics' algorithm, PyTorch's
+default and what trainsim's own runs use, or with ``cudnn_benchmark`` the fastest it times per shape (as a
+training script that sets ``torch.backends.cudnn.benchmark`` does). Inputs stay resident between calls, so a
 problem that fits in L2 is timed from L2, as back-to-back layers of a step are not always.
 
 `run_sweep` times every case within a time budget and writes the rows as a ``trainsim.kernels/1`` table
@@ -203,15 +204,16 @@ def sweep_cases(dtypes: list[str], classes: list[str], quick: bool = False, *, g
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _build(case: Case, device: str) -> Callable[[], object]:
-    """A no-argument function that launches ``case`` once, its inputs made and kept."""
+def _build(case: Case, device: str, cudnn_benchmark: bool = False) -> Callable[[], object]:
+    """A no-argument function that launches ``case`` once, its inputs made and kept; cuDNN in benchmark
+    mode (the fastest algorithm it times) or, as PyTorch defaults to, its heuristics' pick."""
     import torch
     import torch.nn.functional as F
 
     tf32 = case.dtype == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = cudnn_benchmark
     dt = getattr(torch, _TORCH_DTYPES.get(case.dtype, "bfloat16"))
     d = case.dims
 
@@ -289,11 +291,12 @@ def _reps_for(once_s: float, target_s: float) -> int:
     return int(min(200, max(1, math.ceil(target_s / max(once_s, 1e-7)))))
 
 
-def time_case(case: Case, device: str, *, target_s: float = 0.01, kernel_names: bool = True) -> Timing:
+def time_case(case: Case, device: str, *, target_s: float = 0.01, kernel_names: bool = True,
+              cudnn_benchmark: bool = False) -> Timing:
     """Time ``case`` on ``device`` (module doc): seconds per call over about ``target_s`` a measurement."""
     import torch
 
-    fn = _build(case, device)
+    fn = _build(case, device, cudnn_benchmark)
     if device == "cpu":
         fn()
         t0 = time.perf_counter()
@@ -388,7 +391,7 @@ def _table_text(rows: list[dict]) -> str:
     return text.getvalue()
 
 
-def _gpu_provenance(device: str) -> dict:
+def _gpu_provenance(device: str, cudnn_benchmark: bool) -> dict:
     import torch
 
     if device == "cpu":
@@ -399,7 +402,7 @@ def _gpu_provenance(device: str) -> dict:
             "memory_bytes": props.total_memory, "capability": f"{props.major}.{props.minor}",
             "driver": _driver_version(),
             "timing": "CUDA graph of back-to-back calls replayed between CUDA events, median of 5 per call",
-            "cudnn_benchmark": True}
+            "cudnn_benchmark": cudnn_benchmark}
 
 
 def _driver_version() -> str | None:
@@ -415,7 +418,7 @@ def _driver_version() -> str | None:
 
 def run_sweep(out: str | Path, *, device: str = "cuda", dtypes: list[str], classes: list[str],
               quick: bool = False, budget_s: float = 540.0, target_s: float = 0.01, gemm_samples: int = 0,
-              seed: int = 0, conv_batch: int = 64,
+              seed: int = 0, conv_batch: int = 64, cudnn_benchmark: bool = False,
               progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Time every case of the sweep on ``device`` within ``budget_s`` and write ``out``/kernels.csv and
     ``out``/provenance.json. Returns the summary (rows, failures, cases not reached, seconds)."""
@@ -434,8 +437,8 @@ def run_sweep(out: str | Path, *, device: str = "cuda", dtypes: list[str], class
     cases = sweep_cases(dtypes, classes, quick, gemm_samples=gemm_samples, seed=seed, conv_batch=conv_batch)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    record = provenance(**_gpu_provenance(device), device_spec=device_name, dtypes=dtypes, classes=classes,
-                        quick=quick, target_s=target_s, gemm_samples=gemm_samples, seed=seed,
+    record = provenance(**_gpu_provenance(device, cudnn_benchmark), device_spec=device_name, dtypes=dtypes,
+                        classes=classes, quick=quick, target_s=target_s, gemm_samples=gemm_samples, seed=seed,
                         conv_batch=conv_batch)
     rows, failed, began = [], [], time.monotonic()
     last_write = began
@@ -448,7 +451,8 @@ def run_sweep(out: str | Path, *, device: str = "cuda", dtypes: list[str], class
             if progress:
                 progress(case.key, i, len(cases))
             try:
-                timing = time_case(case, device, target_s=target_s, kernel_names=device != "cpu")
+                timing = time_case(case, device, target_s=target_s, kernel_names=device != "cpu",
+                                   cudnn_benchmark=cudnn_benchmark)
             except Exception as exc:  # noqa: BLE001 - a case the library refuses (shape, dtype) is noted
                 failed.append({"case": case.key, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
                 if device != "cpu":

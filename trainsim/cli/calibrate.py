@@ -176,6 +176,10 @@ def calibrate_kernels(
                                      "16384 a side, timed beside the named ones (a grid to fit on)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the drawn GEMM shapes."),
     conv_batch: int = typer.Option(64, "--conv-batch", help="Batch of the ResNet-50 convolutions."),
+    cudnn_benchmark: bool = typer.Option(False, "--cudnn-benchmark/--no-cudnn-benchmark",
+                                         help="cuDNN times its algorithms and takes the fastest (as "
+                                              "torch.backends.cudnn.benchmark = True); default: its "
+                                              "heuristics' pick, PyTorch's default."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ):
     """Time single kernels of every class the kernel model knows on this GPU (or CPU).
@@ -203,7 +207,8 @@ def calibrate_kernels(
     try:
         summary = api.sweep_kernels(out, device=device, dtypes=dtypes, classes=classes, quick=quick,
                                     budget_s=budget, gemm_samples=gemm_samples, seed=seed,
-                                    conv_batch=conv_batch, progress=progress)
+                                    conv_batch=conv_batch, cudnn_benchmark=cudnn_benchmark,
+                                    progress=progress)
     finally:
         bar.stop()
     if as_json:

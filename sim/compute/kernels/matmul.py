@@ -243,19 +243,37 @@ def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams, *,
 
 def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
     """The kernel model's time for a convolution pass: the fastest of its implicit GEMM and, for a 3x3
-    stride-1 fp32 forward, the two Winograd algorithms (`winograd_core`, `fused_winograd_core`)."""
-    peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype, "conv")
-    gemm = spec.as_gemm()
-    common = {"rate_per_sm": peak / sms, "sms": sms, "tile_a": params.figure(device, "matmul", "tile_a")[0],
-              "k0": params.figure(device, "matmul", "k0")[0], "tiles": params.tiles(device, "conv"),
-              "bandwidth": bandwidth}
-    kernel_s, _ = params.figure(device, "conv", "kernel_s")
+    stride-1 fp32 forward, the two Winograd algorithms (`winograd_core`, `fused_winograd_core`).
+
+    An fp32 pass runs cuDNN's SIMT kernels: the ``conv`` tiles and the SIMT GEMM's figures, and the fixed
+    GPU time of the kernels it launches (``conv.kernel_s`` each). A tensor-core pass runs the tensor-core
+    GEMM kernels' tiles and costs (`gemm_time`'s ``tensor`` tiles, ``tile_a_<p>``, ``k0_<p>``, ``call_s_<p>``
+    and ceiling) at the convolution's own share of the peak (``conv.tensor_efficiency_<p>``), plus cuDNN's
+    layout transforms around it (`layout_bytes`) and their fixed time (``conv.tensor_call_s``): the H200's
+    kernels show a 1x1 convolution run by the very GEMM kernels of a matrix product (nvjet, sm90_xmma):
+    such a pass (`runs_as_gemm`) takes the GEMM's share of the peak and no transform."""
+    tensor = spec.dtype != "fp32"
+    plain = tensor and runs_as_gemm(spec)
+    peak, sms, efficiency, where, bandwidth = _setup(device, params, spec.dtype,
+                                                     "matmul" if plain else "conv")
+    gemm = plain_gemm(spec) if plain else spec.as_gemm()
+    simt_a, simt_k0 = params.figure(device, "matmul", "tile_a")[0], params.figure(device, "matmul", "k0")[0]
+    if tensor:
+        common = {"tile_a": tensor_figure(device, params, spec.dtype, "tile_a", simt_a),
+                  "k0": gemm_k0(device, params, spec.dtype),
+                  "tiles": params.tiles(device, "tensor", fallback="conv")}
+        fixed = tensor_figure(device, params, spec.dtype, "call_s", 0.0)
+    else:
+        kernel_s, _ = params.figure(device, "conv", "kernel_s")
+        common = {"tile_a": simt_a, "k0": simt_k0, "tiles": params.tiles(device, "conv")}
+        fixed = IMPLICIT_KERNELS * kernel_s
+    common.update(rate_per_sm=peak / sms, sms=sms, bandwidth=bandwidth)
     seconds, compute, memory, tile, split = gemm_core(gemm.m, gemm.n, gemm.k, gemm.batch, spec.bytes,
                                                       efficiency=efficiency, **common)
-    seconds = float(seconds) + IMPLICIT_KERNELS * kernel_s
+    seconds = float(seconds) + fixed
     compute, memory = float(compute), float(memory)
     algorithm = "implicit_gemm"
-    if spec.winograd_eligible and spec.pass_ == "forward" and spec.dtype == "fp32":
+    if spec.winograd_eligible and spec.pass_ == "forward" and not tensor:
         shape = (spec.batch, spec.in_channels, spec.out_channels, spec.height, spec.width, spec.out_h,
                  spec.out_w)
         for name, core, kernels in (("winograd", winograd_core, WINOGRAD_KERNELS),
@@ -264,14 +282,18 @@ def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelE
             wino = float(core(*shape, efficiency=eff, **common)) + kernels * kernel_s
             if wino < seconds:
                 seconds, compute, algorithm = wino, wino, name
+    if tensor:
+        ceiling = tensor_figure(device, params, spec.dtype, "ceiling", 0.0)
+        floor = spec.flops / (peak * ceiling) if ceiling > 0 else 0.0
+        seconds, compute = max(seconds, floor), max(compute, floor)
     transforms = layout_bytes(spec)
     if transforms:
         stream, _ = params.figure(device, "elementwise", "efficiency")
         seconds += transforms / (device.memory_bandwidth * stream)
-    if spec.dtype != "fp32":
+    if tensor and not plain:
         seconds += tensor_call_seconds(device, params)
-    detail = {"algorithm": algorithm, "efficiency": efficiency, "efficiency_from": where, "peak": peak,
-              "layout_bytes": transforms}
+    detail = {"algorithm": "gemm" if plain else algorithm, "efficiency": efficiency, "efficiency_from": where,
+              "peak": peak, "layout_bytes": transforms}
     return _estimate(seconds, compute, memory, spec, params, "conv", detail)
 
 
@@ -285,6 +307,34 @@ def tensor_call_seconds(device: DeviceSpec, params: KernelParams) -> float:
         return 0.0
 
 
+#: the fewest positions per image at which cuDNN runs a 1x1 stride-1 tensor-core convolution as a plain GEMM:
+#: on the H200 every such pass at 56x56 and 28x28 ran cuBLAS's GEMM kernels, at 14x14 and 7x7 the implicit
+#: GEMM between layout transforms (the geometric mean of 784 and 196)
+GEMM_POSITIONS = 392
+
+
+def runs_as_gemm(spec: Conv2d) -> bool:
+    """Whether cuDNN runs a tensor-core convolution pass as a plain GEMM over its NCHW tensors: a 1x1
+    stride-1 unpadded filter, whose every pass is a matrix product per image, over images of at least
+    `GEMM_POSITIONS` positions (the H200's kernels show cuBLAS's own GEMM kernels, nvjet and sm90_xmma_gemm,
+    with no layout transform around them). It then takes the GEMM's share of the peak, not the
+    implicit-GEMM convolution's."""
+    return (spec.kernel == (1, 1) and spec.stride == 1 and spec.padding == 0 and spec.groups == 1
+            and spec.height * spec.width >= GEMM_POSITIONS)
+
+
+def plain_gemm(spec: Conv2d) -> Gemm:
+    """The GEMM a `runs_as_gemm` pass is over NCHW tensors: per image, the filter (OC x IC) times the
+    image's IC x HW positions (forward), its transpose times the output's gradient (data gradient); the
+    weight gradient sums the images' OC x HW by HW x IC products, one GEMM over all positions."""
+    positions = spec.height * spec.width
+    if spec.pass_ == "forward":
+        return Gemm(m=spec.out_channels, n=positions, k=spec.in_channels, batch=spec.batch, dtype=spec.dtype)
+    if spec.pass_ == "backward_data":
+        return Gemm(m=spec.in_channels, n=positions, k=spec.out_channels, batch=spec.batch, dtype=spec.dtype)
+    return Gemm(m=spec.out_channels, n=spec.in_channels, k=spec.batch * positions, dtype=spec.dtype)
+
+
 def layout_bytes(spec: Conv2d) -> float:
     """Bytes cuDNN's layout transforms move around a tensor-core convolution of NCHW tensors: its NHWC
     kernels need the tensors they read turned to NHWC and what they write turned back (the H200 traces
@@ -293,7 +343,7 @@ def layout_bytes(spec: Conv2d) -> float:
     output's gradient and the input's, the weight gradient the output's gradient and the input. 0 for fp32
     (SIMT kernels read NCHW) and for a 1x1 stride-1 convolution, which cuDNN runs as a GEMM over the NCHW
     tensors as they are (the traces' ``xmma_gemm`` kernels with no transform around them)."""
-    if spec.dtype == "fp32" or (spec.kernel == (1, 1) and spec.stride == 1 and spec.padding == 0):
+    if spec.dtype == "fp32" or runs_as_gemm(spec):
         return 0.0
     size = DTYPE_BYTES[spec.dtype]
     inputs = spec.batch * spec.in_channels * spec.height * spec.width
