@@ -5,7 +5,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trainsim.calibrate.measure.kernel_sweep import CLASSES, RESNET50_CONVS, sampled_gemm_shapes, sweep_cases
+from trainsim.calibrate.measure.kernel_sweep import (
+    CLASSES,
+    RESNET50_CONVS,
+    check_precisions,
+    sampled_gemm_shapes,
+    sweep_cases,
+)
 from trainsim.cli import app
 from trainsim.errors import TrainsimError
 from trainsim.sim.compute.kernels.dataset import read_rows
@@ -82,3 +88,14 @@ def test_a_bad_pass_names_its_line(tmp_path):
         read_rows(tmp_path / "t.csv", shown="t.csv")
     assert (info.value.file, info.value.field) == ("t.csv:2", "pass")
     assert "valid choices: backward_data, backward_weight, forward" in str(info.value)
+
+
+def test_a_precision_the_gpu_has_no_matrix_units_for_is_refused_up_front():
+    check_precisions(["fp32", "tf32", "bf16", "fp8"], "NVIDIA H200", (9, 0))
+    with pytest.raises(TrainsimError) as info:
+        check_precisions(["fp32", "tf32"], "Tesla V100-SXM2-32GB", (7, 0))
+    assert info.value.field == "--dtypes"
+    assert "Tesla V100-SXM2-32GB (compute capability 7.0) has no tf32" in str(info.value)
+    assert "valid choices: fp32, fp16" in str(info.value)
+    with pytest.raises(TrainsimError, match="no fp8 matrix units; valid choices: fp32, tf32, bf16, fp16$"):
+        check_precisions(["fp8"], "NVIDIA A100-SXM4-80GB", (8, 0))

@@ -179,6 +179,21 @@ CLASSES = {"matmul": _gemm_cases, "conv": _conv_cases, "attention": _attention_c
            "memory": _streaming_cases}
 
 
+#: the compute capability a precision's matrix units need (TF32 and bf16 arrived with Ampere, fp8 with Ada
+#: and Hopper); fp32 and fp16 run on every CUDA GPU
+CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0), "fp8": (8, 9)}
+
+
+def check_precisions(dtypes: list[str], gpu: str, capability: tuple[int, int]) -> None:
+    """Refuse (one error naming ``--dtypes`` and the valid choices) a precision ``gpu`` of compute
+    ``capability`` has no matrix units for, before anything is timed or written."""
+    valid = [d for d in SWEEP_DTYPES if capability >= CAPABILITY.get(d, (0, 0))]
+    for dtype in dtypes:
+        if dtype not in valid:
+            raise TrainsimError(f"{gpu} (compute capability {capability[0]}.{capability[1]}) has no {dtype} "
+                                f"matrix units; valid choices: {', '.join(valid)}", field="--dtypes")
+
+
 def parse_list(text: str, valid: tuple[str, ...], option: str) -> list[str]:
     """A comma list of names, each one of ``valid``; else one error naming the option and the choices."""
     names = [t.strip() for t in text.split(",") if t.strip()]
@@ -430,6 +445,7 @@ def run_sweep(out: str | Path, *, device: str = "cuda", dtypes: list[str], class
         raise TrainsimError(f"this torch ({torch.__version__}) has no _scaled_mm for fp8", field="--dtypes")
     if device != "cpu":
         gpu = torch.cuda.get_device_name(0)
+        check_precisions(dtypes, gpu, torch.cuda.get_device_capability(0))
         spec = match_cuda_name(gpu, torch.cuda.get_device_properties(0).total_memory)
         device_name = spec.name if spec else gpu
     else:
