@@ -2,8 +2,9 @@
 
 `sweep_cases` lists the cases: GEMMs from 256 to 16384 on a side, a transformer's linear layers (forward and
 weight-gradient shapes), skinny and unaligned ones, attention-shaped batched GEMMs; every distinct
-convolution of ResNet-50 (224x224 input) in its three passes; scaled dot-product attention fused and
-unfused, forward and backward, at sequence lengths 512 to 8192; elementwise, layer-norm and softmax kernels
+convolution of ResNet-50 (224x224 input) in its three passes; attention fused (SDPA's flash or
+memory-efficient kernels) and unfused (written out as matmul, scale, mask, softmax, matmul), forward and
+backward, at sequence lengths 512 to 8192; elementwise, layer-norm and softmax kernels
 from 256 Ki to 256 Mi elements. Each in the precisions asked for (fp32 with TF32 off, tf32, bf16, fp16,
 fp8: the matrix products only, through ``torch._scaled_mm`` on GPUs that have it).
 
@@ -63,6 +64,10 @@ RESNET50_CONVS = (
     (2048, 512, 1, 1, 0, 7, "layer4.1.conv1"), (512, 512, 3, 1, 1, 7, "layer4.1.conv2"),
 )
 CONV_PASSES = ("forward", "backward_data", "backward_weight")
+#: the label of the unfused attention cases: Q·Kᵀ, scale, mask, softmax and ·V as separate ops in the
+#: inputs' precision. (PyTorch's SDPA math backend, which sweeps of 2026-11-28 timed as unfused, casts 16-bit
+#: inputs to fp32 and runs SIMT GEMMs: another path.)
+UNFUSED = "matmul softmax matmul"
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ def _attention_cases(dtypes: list[str], quick: bool) -> list[Case]:
                             cases.append(Case("attention", d, {
                                 "batch": batch, "heads": heads, "q_len": q_len, "kv_len": q_len,
                                 "head_dim": head_dim, "causal": causal, "fused": fused,
-                                "backward": backward}))
+                                "backward": backward}, "" if fused else UNFUSED))
     return cases
 
 
@@ -262,12 +267,15 @@ def _build(case: Case, device: str, cudnn_benchmark: bool = False) -> Callable[[
         q, k, v = rand(*shape, grad=True), rand(*shape, grad=True), rand(*shape, grad=True)
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        if d["fused"]:
-            backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-        else:
-            backends = [SDPBackend.MATH]
+        backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+        hidden = torch.ones(d["q_len"], d["kv_len"], device=device, dtype=torch.bool).triu(1)
 
         def forward():
+            if not d["fused"]:  # written out, as a model without SDPA does (nanoGPT's slow path)
+                scores = torch.matmul(q, k.transpose(-2, -1)) * d["head_dim"] ** -0.5
+                if d["causal"]:
+                    scores = scores.masked_fill(hidden, float("-inf"))
+                return torch.matmul(torch.softmax(scores, dim=-1), v)
             with sdpa_kernel(backends):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=d["causal"])
 
