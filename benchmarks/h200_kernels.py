@@ -254,17 +254,24 @@ def heuristic_against_benchmark() -> None:
               f"p10 {np.quantile(v, .1):.2f}  p90 {np.quantile(v, .9):.2f}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true",
-                        help="store Hopper's GEMM figures fitted on all three sweeps in params.json")
-    args = parser.parse_args(argv)
+def report() -> dict:
+    """Sections 1-4 (module doc), printed; the sweeps' rows by number."""
     sweeps = {n: sweep_rows(n) for n in (1, 2, 3)}
     attention = SWEEPS / "attention" / "kernels.csv"
     held_out([r for rows in sweeps.values() for r in rows] + read_rows(attention, shown="attention"))
     refit(sweeps[1] + sweeps[2], sweeps[3], "sweeps 1-2")
     _, bands = refit_conv(sweeps[1] + sweeps[2], sweeps[3], load_params(), "sweeps 1-2")
     heuristic_against_benchmark()
+    return {"sweeps": sweeps, "bands": bands}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true",
+                        help="store Hopper's GEMM figures fitted on all three sweeps in params.json")
+    args = parser.parse_args(argv)
+    reported = report()
+    sweeps, bands = reported["sweeps"], reported["bands"]
     if args.write:
         everything = [r for rows in sweeps.values() for r in rows]
         write(*refit(everything, sweeps[3], "all three sweeps"))

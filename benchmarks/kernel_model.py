@@ -24,7 +24,8 @@ Then the tensor-core figures (`trainsim.sim.compute.kernels.layer_fit`) on the H
 (``benchmarks/data/h200-run3``): fitted on the GPU-bound layer passes of ResNet-50's stem, first and third
 stages, judged on its second and fourth (shapes the fit did not see), with the fp32 GEMMs of GPT-2 small
 (NeuSight's H100 figures, not fitted here) as a check on a GPU NeuSight did not measure. Takes about two
-minutes in all.
+minutes in all; then the H200's kernel sweeps as `benchmarks/h200_kernels.py` prints them (about a minute
+more; ``--no-h200-sweeps`` leaves them out).
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(DATA), help="the NeuSight dataset folder (train/, test/)")
     parser.add_argument("--json", action="store_true", help="print the records as JSON")
+    parser.add_argument("--no-h200-sweeps", action="store_true",
+                        help="leave out the H200 kernel sweeps' section (benchmarks/h200_kernels.py)")
     parser.add_argument("--tensor-only", action="store_true",
                         help="only the tensor-core figures on the H200 layers (seconds, not minutes)")
     args = parser.parse_args(argv)
@@ -175,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({len({r.device for r in rows})} GPUs)\n")
     print_table(records, list(columns))
     print_tensor(tensor)
+    if not args.no_h200_sweeps:
+        print("\nthe H200's kernel sweeps (benchmarks/h200_kernels.py): GPU time per kernel")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import h200_kernels  # noqa: PLC0415 - a sibling script, only for this section
+
+        h200_kernels.report()
     return 0
 
 
