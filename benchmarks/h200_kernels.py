@@ -24,11 +24,16 @@ graph, with the kernels it launched. Prints:
 3. **tensor-core convolutions**: the implicit GEMM's share of the TF32 and bf16 peaks and the fixed GPU time
    of a pass's layout transforms (`matmul.conv_time`), fitted on sweeps 1 and 2 (batch 64 and 32) and
    judged on sweep 3 (batch 128), before and after;
-4. the same convolutions timed again with cuDNN's heuristics (``heuristic-b*``) over benchmark mode.
+4. the same convolutions timed again with cuDNN's heuristics (``heuristic-b*``) over benchmark mode;
+5. **the H200's memory-bound figures**: the elementwise kernels' share of the bandwidth and softmax's passes
+   and work per value (short rows, and more for the long rows' block kernel) fitted on sweeps 1-2's rows of
+   16 Mi and 256 Mi values, judged on those of 64 Mi (and, outside what the model holds, on the smaller ones:
+   L2-resident between the sweep's calls, and the GPU's fixed time per kernel).
 
 ``--write`` stores the GEMM figures fitted on all three sweeps as the H200's own (its device entry in the
-shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; and the
-convolution figures fitted on all three as the H200's, Hopper's and the default's.
+shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; the
+convolution figures fitted on all three as the H200's, Hopper's and the default's; and the memory-bound
+figures fitted on all the sizes of 16 Mi values or more as the H200's.
 Takes about a minute.
 """
 
@@ -114,6 +119,14 @@ def without_own_fit(params):
     for name in list(entry.get("matmul", {})):
         if name.rsplit("_", 1)[-1] in TENSOR:
             entry["matmul"].pop(name)
+    return type(params)(data, file=params.file)
+
+
+def without_own_streaming(params):
+    """``params`` without the H200's own memory-bound figures (what ``--write`` stores)."""
+    data = copy.deepcopy(params.data)
+    for cls in STREAMING:
+        data["devices"].get("h200", {}).pop(cls, None)
     return type(params)(data, file=params.file)
 
 
@@ -232,6 +245,89 @@ def write_conv(figures: dict, rows: int, bands: dict) -> None:
     print(f"wrote the tensor-core convolution figures ({', '.join(figures)}) to {PARAMS_FILE.name}")
 
 
+#: memory-bound figures the H200's own rows fit (class -> names), in this order: the elementwise kernels'
+#: share of the bandwidth first, which the norms and softmax stream at
+#: (layer norms are left out: fitted on the H200's rows they came out no better on those held out, 11.7 %
+#: against 11.5 %)
+STREAMING = {"elementwise": ("efficiency",),
+             "softmax": ("long_row_passes", "flops_per_element", "long_row_flops_per_element")}
+STREAMING_START = {"efficiency": 0.8, "long_row_passes": 1.2, "flops_per_element": 10.0,
+                   "long_row_flops_per_element": 50.0}
+STREAMING_BOUNDS = {"efficiency": (0.05, 1.2), "long_row_passes": (1.0, 6.0),
+                    "flops_per_element": (0.0, 1000.0), "long_row_flops_per_element": (0.0, 1000.0)}
+#: the fewest values a memory-bound row is fitted and judged on: smaller tensors stay in the 60 MB L2
+#: between the sweep's back-to-back calls, and the smallest take the GPU's fixed time per kernel
+STREAMING_MIN = 1 << 24
+
+
+def with_device(params, cls: str, figures: dict):
+    """``params`` with ``figures`` as the H200's own in class ``cls``."""
+    data = copy.deepcopy(params.data)
+    data["devices"].setdefault("h200", {}).setdefault(cls, {}).update(figures)
+    return type(params)(data, file=params.file)
+
+
+def fit_streaming(rows, params) -> tuple[dict, object]:
+    """The H200's memory-bound figures (`STREAMING`) fitted on ``rows`` of at least `STREAMING_MIN` values
+    (least squares on log(predicted / measured), soft-L1 at 0.1), class by class; the figures and the
+    params holding them."""
+    from scipy.optimize import least_squares  # only when fitting
+
+    figures = {}
+    for cls, names in STREAMING.items():
+        mine = [r for r in rows if r.kernel_class == cls and r.spec.elements >= STREAMING_MIN]
+        scale = np.array([STREAMING_START[n] for n in names])
+
+        def residuals(x, cls=cls, names=names, mine=mine, scale=scale, base=params):
+            fitted = with_device(base, cls, dict(zip(names, x * scale, strict=True)))
+            return [np.log(kernel_time(r.spec, r.device, fitted).seconds / r.latency_s) for r in mine]
+
+        bounds = ([STREAMING_BOUNDS[n][0] / s for n, s in zip(names, scale, strict=True)],
+                  [STREAMING_BOUNDS[n][1] / s for n, s in zip(names, scale, strict=True)])
+        fit = least_squares(residuals, np.ones(len(names)), bounds=bounds, loss="soft_l1", f_scale=0.1)
+        figures[cls] = {n: float(f"{v * s:.4g}") for n, v, s in zip(names, fit.x, scale, strict=True)}
+        params = with_device(params, cls, figures[cls])
+    return figures, params
+
+
+def refit_streaming(rows, params, title: str) -> tuple[dict, dict]:
+    """Memory-bound figures fitted on the rows of 16 Mi and 256 Mi values, judged on those of 64 Mi (and,
+    outside what the model holds, on the smaller ones); the figures and the band of the judged errors."""
+    def size(r, which):
+        return r.spec.elements in which
+
+    fit_rows = [r for r in rows if size(r, (1 << 24, 1 << 28))]
+    figures, fitted = fit_streaming(fit_rows, params)
+    print(f"5. H200 memory-bound figures fitted on {title} (16 Mi and 256 Mi values): "
+          + "; ".join(f"{c} " + ", ".join(f"{k} {v:.4g}" for k, v in f.items()) for c, f in figures.items()))
+    bands = {}
+    for cls in STREAMING:
+        for label, which in (("64 Mi values", (1 << 26,)), ("256 Ki-4 Mi", (1 << 18, 1 << 20, 1 << 22))):
+            judged = [r for r in rows if r.kernel_class == cls and size(r, which)]
+            before = [kernel_time(r.spec, r.device, params).seconds / r.latency_s - 1 for r in judged]
+            after = np.array([kernel_time(r.spec, r.device, fitted).seconds / r.latency_s - 1
+                              for r in judged])
+            print(f"  {cls:11s} {label:13s} before {_stats(before)}")
+            print(f"  {cls:11s} {label:13s} refit  {_stats(after)}")
+            if which == (1 << 26,):
+                bands[cls] = after
+    return figures, bands
+
+
+def write_streaming(figures: dict, rows: int) -> None:
+    """The memory-bound figures as the H200's own, with their evidence."""
+    stored = json.loads(PARAMS_FILE.read_text())
+    entry = stored["devices"]["h200"]
+    notes = entry.setdefault("tensor_evidence", {})
+    for cls, figs in figures.items():
+        entry.setdefault(cls, {}).update(figs)
+        note = (f"benchmarks/data/h200-kernels, sweeps 1-2 ({rows} memory-bound kernels of 16 Mi values or "
+                f"more; python benchmarks/h200_kernels.py --write)")
+        notes.update({f"{cls}.{name}": note for name in figs})
+    PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    print(f"wrote the H200's memory-bound figures ({', '.join(figures)}) to {PARAMS_FILE.name}")
+
+
 def heuristic_against_benchmark() -> None:
     """The same convolutions under cuDNN's heuristics (PyTorch's default) over benchmark mode, per
     precision and pass: how much the algorithm choice moves a pass, and the measurement's repeatability."""
@@ -262,7 +358,9 @@ def report() -> dict:
     refit(sweeps[1] + sweeps[2], sweeps[3], "sweeps 1-2")
     _, bands = refit_conv(sweeps[1] + sweeps[2], sweeps[3], load_params(), "sweeps 1-2")
     heuristic_against_benchmark()
-    return {"sweeps": sweeps, "bands": bands}
+    streaming = [r for n in (1, 2) for r in sweeps[n] if r.kernel_class in STREAMING]
+    refit_streaming(streaming, without_own_streaming(load_params()), "sweeps 1-2")
+    return {"sweeps": sweeps, "bands": bands, "streaming": streaming}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,8 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         everything = [r for rows in sweeps.values() for r in rows]
         write(*refit(everything, sweeps[3], "all three sweeps"))
-        figures, _ = refit_conv(everything, sweeps[3], load_params(), "all three sweeps")
+        # each fit on the file as the step before left it (load_params() is the cached file as it began)
+        figures, _ = refit_conv(everything, sweeps[3], load_params(PARAMS_FILE), "all three sweeps")
         write_conv(figures, len(conv_rows(everything)), bands)
+        streaming = reported["streaming"]
+        figures, _ = fit_streaming(streaming, without_own_streaming(load_params(PARAMS_FILE)))
+        write_streaming(figures, sum(1 for r in streaming if r.spec.elements >= STREAMING_MIN))
     return 0
 
 

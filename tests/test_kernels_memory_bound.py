@@ -40,3 +40,17 @@ def test_the_core_takes_arrays():
     seconds = streaming_core([1e6, 2e6], [1, 1], [0, 2048], bandwidth=1e9, efficiency=1.0,
                              long_row_passes=3.0)
     assert list(seconds) == pytest.approx([1e-3, 6e-3])
+
+
+def test_a_long_row_block_kernel_does_more_work_per_value_whatever_its_bytes():
+    fig = params(softmax={"flops_per_element": 40.0, "long_row_flops_per_element": 100.0})
+    short = streaming_time(Streaming("softmax", 1_000_000, row=LONG_ROW), GPU4, fig)
+    long = streaming_time(Streaming("softmax", 1_000_000, row=LONG_ROW + 1), GPU4, fig)
+    assert short.seconds == pytest.approx(8e6 / 1e11 + 40 * 1e6 / 4e12)  # short rows: no extra work
+    assert long.seconds == pytest.approx(2 * 8e6 / 1e11 + 140 * 1e6 / 4e12)
+    half = streaming_time(Streaming("softmax", 1_000_000, row=LONG_ROW + 1, dtype="bf16"), GPU4, fig)
+    assert long.seconds - half.seconds == pytest.approx(2 * 4e6 / 1e11)  # the work per value stays
+    # where no GPU's rows gave the figure, a long row does only the shared work per value
+    plain = streaming_time(Streaming("softmax", 1_000_000, row=LONG_ROW + 1), GPU4,
+                           params(softmax={"flops_per_element": 40.0}))
+    assert plain.seconds == pytest.approx(2 * 8e6 / 1e11 + 40 * 1e6 / 4e12)

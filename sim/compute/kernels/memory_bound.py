@@ -7,7 +7,9 @@ on the evidence's elementwise ops). A norm or a softmax makes more than one pass
 one warp's or block's registers, ``long_row_passes`` beyond ``LONG_ROW`` values (PyTorch's softmax switches
 from its one-warp-per-row kernel to a block per row there; the evidence's kernel names show the switch at
 1024), and it does arithmetic per value (``flops_per_element``: the mean, the variance, the exponentials)
-that bounds it where the GPU's fp32 peak is low for its bandwidth: its time is the longer of the two. Those
+that bounds it where the GPU's fp32 peak is low for its bandwidth: its time is the sum of the two. Where a
+GPU's own rows show it (``long_row_flops_per_element``: the H200's softmax rows longer than 1,024 run at the
+same values per second in fp32, bf16 and fp16), a long row's block kernel does more work per value. Those
 three are properties of PyTorch's kernels, fitted per device and shared as medians; the bandwidth share is
 the device's. Kinds without evidence of their own (optimizer, embedding, copy, reduction) stream as
 elementwise kernels: an optimizer step is elementwise over its tensors.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainsim.errors import TrainsimError
 from trainsim.sim.core.devices import DeviceSpec
 
 from .params import KernelParams
@@ -32,15 +35,17 @@ ROW_KINDS = ("layernorm", "softmax")
 
 
 def streaming_core(nbytes, elements, row, *, bandwidth: float, efficiency, passes=1.0, long_row_passes=None,
-                   flops_per_element=0.0, peak=np.inf):
+                   flops_per_element=0.0, long_row_flops_per_element=0.0, peak=np.inf):
     """Seconds of memory-bound kernels given as arrays (or scalars): ``nbytes`` streamed ``passes`` times
-    (``long_row_passes`` where ``row`` > `LONG_ROW`) at ``bandwidth × efficiency``, no less than
-    ``flops_per_element × elements`` at ``peak``."""
+    (``long_row_passes`` where ``row`` > `LONG_ROW`) at ``bandwidth × efficiency``, plus
+    ``flops_per_element × elements`` at ``peak`` (and ``long_row_flops_per_element`` more per value where
+    the row is long: the block-per-row kernels' work per value, whatever its bytes)."""
     nbytes, elements, row = (np.asarray(x, dtype=float) for x in (nbytes, elements, row))
     long_row = passes if long_row_passes is None else long_row_passes
     times = np.where(row > LONG_ROW, long_row, passes)
     memory = nbytes * times / (bandwidth * np.asarray(efficiency, dtype=float))
-    return memory + flops_per_element * elements / peak
+    work = flops_per_element + np.where(row > LONG_ROW, long_row_flops_per_element, 0.0)
+    return memory + work * elements / peak
 
 
 def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, str]:
@@ -51,6 +56,10 @@ def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, 
     if kind in ROW_KINDS:
         for name in ("long_row_passes", "flops_per_element"):
             out[name], _ = params.figure(device, kind, name)
+        try:  # where a GPU's own rows show it (the H200's kernel sweeps): 0 elsewhere
+            out["long_row_flops_per_element"], _ = params.figure(device, kind, "long_row_flops_per_element")
+        except TrainsimError:
+            pass
     return out, where
 
 
@@ -63,9 +72,10 @@ def streaming_time(spec: Streaming, device: DeviceSpec, params: KernelParams) ->
                                    peak=peak, **fig))
     cls = spec.kind if spec.kind in FITTED_KINDS else "elementwise"
     low, high = params.held_out(cls)
-    compute = fig["flops_per_element"] * spec.elements / peak
+    work = fig["flops_per_element"] + (fig.get("long_row_flops_per_element", 0.0) if row > LONG_ROW else 0.0)
+    compute = work * spec.elements / peak
     bound = "compute" if compute >= seconds else "memory"
-    achieved = (fig["flops_per_element"] * spec.elements if bound == "compute" else spec.bytes) / seconds
+    achieved = (work * spec.elements if bound == "compute" else spec.bytes) / seconds
     return KernelEstimate(seconds=seconds, bound=bound, achieved=achieved, low=seconds * (1 + low),
                           high=seconds * (1 + high), kernel_class=cls,
                           detail={**fig, "efficiency_from": where,
