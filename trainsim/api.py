@@ -413,14 +413,16 @@ def measure_profiler(model: str, *, device: str = "auto", batch: int = 8, repeat
 def sweep_kernels(out: str, *, device: str = "auto", dtypes: str = "fp32,tf32,bf16,fp8",
                   classes: str = "matmul,conv,attention,memory", quick: bool = False, budget_s: float = 540.0,
                   gemm_samples: int = 0, seed: int = 0, conv_batch: int = 64, cudnn_benchmark: bool = False,
-                  progress: Callable[[str, int, int], None] | None = None) -> dict:
+                  timing: str = "graph", progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Time single kernels of every class on this box (`kernel_sweep`) into ``out``/kernels.csv (a
     trainsim.kernels/1 table) and ``out``/provenance.json; the summary. On the CPU only fp32 is timed."""
-    from trainsim.calibrate.measure.kernel_sweep import CLASSES, SWEEP_DTYPES, parse_list, run_sweep
+    from trainsim.calibrate.measure.kernel_sweep import CLASSES, SWEEP_DTYPES, TIMINGS, parse_list, run_sweep
     from trainsim.calibrate.measure.runner import resolve_device
-    from trainsim.errors import TrainsimError
+    from trainsim.errors import TrainsimError, unknown_name
 
     names = parse_list(dtypes, SWEEP_DTYPES, "--dtypes")
+    if timing not in TIMINGS:
+        raise unknown_name("timing", timing, TIMINGS, field="--timing")
     kinds = parse_list(classes, tuple(CLASSES), "--classes")
     resolved = resolve_device(device)
     if resolved == "cpu":
@@ -430,7 +432,7 @@ def sweep_kernels(out: str, *, device: str = "auto", dtypes: str = "fp32,tf32,bf
             raise TrainsimError(f"must be {'>= 0' if option == '--gemm-samples' else '>= 1'}", field=option)
     return run_sweep(out, device=resolved, dtypes=names, classes=kinds, quick=quick, budget_s=budget_s,
                      gemm_samples=gemm_samples, seed=seed, conv_batch=conv_batch,
-                     cudnn_benchmark=cudnn_benchmark, progress=progress)
+                     cudnn_benchmark=cudnn_benchmark, timing=timing, progress=progress)
 
 
 # ---- execute, validate, quickstart (torch) -----------------------------------------------------------------

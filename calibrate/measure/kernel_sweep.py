@@ -9,13 +9,15 @@ from 256 Ki to 256 Mi elements. Each in the precisions asked for (fp32 with TF32
 fp8: the matrix products only, through ``torch._scaled_mm`` on GPUs that have it).
 
 `time_case` times one case. On CUDA it captures ``reps`` back-to-back calls in a CUDA graph and replays it
-between CUDA events (the median of five replays over ``reps``), so the figure is the GPU's time per call,
-not the host's dispatch; where capture fails it times the same calls launched eagerly. It then records one
-call under torch.profiler for the kernels it launched (names, and the sum of their durations). On the CPU
-it takes the median of ``perf_counter`` over the calls. cuDNN takes its heuristics' algorithm, PyTorch's
-default and what trainsim's own runs use, or with ``cudnn_benchmark`` the fastest it times per shape (as a
-training script that sets ``torch.backends.cudnn.benchmark`` does). Inputs stay resident between calls, so a
-problem that fits in L2 is timed from L2, as back-to-back layers of a step are not always.
+between CUDA events (the median of five replays over ``reps``), so the figure is the GPU's time per call, not
+the host's dispatch; where capture fails it times the same calls launched eagerly. With ``timing "stream"`` it
+launches them eagerly instead, queued behind a sleeping kernel until the host has issued them all, so that
+they run back to back as in a GPU-bound eager step, each with its launch's own GPU cost. It then records one
+call under torch.profiler for the kernels it launched (names, and the sum of their durations). On the CPU it
+takes the median of ``perf_counter`` over the calls. cuDNN takes its heuristics' algorithm, PyTorch's default
+and what trainsim's own runs use, or with ``cudnn_benchmark`` the fastest it times per shape (as a training
+script that sets ``torch.backends.cudnn.benchmark`` does). Inputs stay resident between calls, so a problem
+that fits in L2 is timed from L2, as back-to-back layers of a step are not always.
 
 `run_sweep` times every case within a time budget and writes the rows as a ``trainsim.kernels/1`` table
 (`trainsim.sim.compute.kernels.dataset`) with its provenance beside it; the table is rewritten as rows come,
@@ -314,9 +316,40 @@ def _reps_for(once_s: float, target_s: float) -> int:
     return int(min(200, max(1, math.ceil(target_s / max(once_s, 1e-7)))))
 
 
+#: how a sweep times a call on CUDA: replayed from a CUDA graph, or launched eagerly into a stream held by a
+#: sleeping kernel until the host has queued them all (so the GPU runs them back to back, as in a GPU-bound
+#: eager step, with the per-kernel costs a graph saves)
+TIMINGS = ("graph", "stream")
+#: GPU clock cycles per second assumed to size the holding sleep (an overestimate only sleeps longer)
+SLEEP_CYCLES_PER_S = 2.1e9
+
+
+def _held_stream(fn, reps: int, start, end) -> tuple[float, bool]:
+    """Seconds per call of ``reps`` eager calls of ``fn`` queued behind a sleeping kernel, and whether the
+    host finished queueing them before the sleep ended (else the figure is partly the host's)."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    hold_s = 2 * (time.perf_counter() - t0) + 1e-3
+    t0 = time.perf_counter()
+    torch.cuda._sleep(int(hold_s * SLEEP_CYCLES_PER_S))
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    queued_in_time = time.perf_counter() - t0 < hold_s / 2  # the sleep runs at least hold_s / 2 at 1 GHz
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e-3 / reps, queued_in_time
+
+
 def time_case(case: Case, device: str, *, target_s: float = 0.01, kernel_names: bool = True,
-              cudnn_benchmark: bool = False) -> Timing:
-    """Time ``case`` on ``device`` (module doc): seconds per call over about ``target_s`` a measurement."""
+              cudnn_benchmark: bool = False, timing: str = "graph") -> Timing:
+    """Time ``case`` on ``device`` (module doc): seconds per call over about ``target_s`` a measurement;
+    on CUDA as ``timing`` says (`TIMINGS`)."""
     import torch
 
     fn = _build(case, device, cudnn_benchmark)
@@ -340,6 +373,13 @@ def time_case(case: Case, device: str, *, target_s: float = 0.01, kernel_names: 
     end.record()
     torch.cuda.synchronize()
     reps = _reps_for(start.elapsed_time(end) * 1e-3, target_s)
+    if timing == "stream":
+        runs = [_held_stream(fn, reps, start, end) for _ in range(5)]
+        method = "stream" if all(ok for _, ok in runs) else "stream (host-bound)"
+        measured = Timing(statistics.median(s for s, _ in runs), method, reps)
+        if kernel_names:
+            measured.kernels, measured.kernel_s = _kernels_of(fn)
+        return measured
     try:
         if case.op == "attention" and case.dims["backward"]:
             raise NotImplementedError("autograd is timed eagerly: long kernels, and a failed capture could "
@@ -371,10 +411,10 @@ def time_case(case: Case, device: str, *, target_s: float = 0.01, kernel_names: 
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1e-3 / reps)
-    timing = Timing(statistics.median(times), method, reps)
+    measured = Timing(statistics.median(times), method, reps)
     if kernel_names:
-        timing.kernels, timing.kernel_s = _kernels_of(fn)
-    return timing
+        measured.kernels, measured.kernel_s = _kernels_of(fn)
+    return measured
 
 
 def _kernels_of(fn) -> tuple[list[str], float | None]:
@@ -414,7 +454,7 @@ def _table_text(rows: list[dict]) -> str:
     return text.getvalue()
 
 
-def _gpu_provenance(device: str, cudnn_benchmark: bool) -> dict:
+def _gpu_provenance(device: str, cudnn_benchmark: bool, timing: str = "graph") -> dict:
     import torch
 
     if device == "cpu":
@@ -424,7 +464,9 @@ def _gpu_provenance(device: str, cudnn_benchmark: bool) -> dict:
             "cudnn": torch.backends.cudnn.version(), "sm_count": props.multi_processor_count,
             "memory_bytes": props.total_memory, "capability": f"{props.major}.{props.minor}",
             "driver": _driver_version(),
-            "timing": "CUDA graph of back-to-back calls replayed between CUDA events, median of 5 per call",
+            "timing": ("CUDA graph of back-to-back calls replayed between CUDA events, median of 5 per call"
+                       if timing == "graph" else "eager calls queued behind a sleeping kernel, between CUDA "
+                       "events, median of 5 per call"),
             "cudnn_benchmark": cudnn_benchmark}
 
 
@@ -441,7 +483,7 @@ def _driver_version() -> str | None:
 
 def run_sweep(out: str | Path, *, device: str = "cuda", dtypes: list[str], classes: list[str],
               quick: bool = False, budget_s: float = 540.0, target_s: float = 0.01, gemm_samples: int = 0,
-              seed: int = 0, conv_batch: int = 64, cudnn_benchmark: bool = False,
+              seed: int = 0, conv_batch: int = 64, cudnn_benchmark: bool = False, timing: str = "graph",
               progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Time every case of the sweep on ``device`` within ``budget_s`` and write ``out``/kernels.csv and
     ``out``/provenance.json. Returns the summary (rows, failures, cases not reached, seconds)."""
@@ -461,9 +503,9 @@ def run_sweep(out: str | Path, *, device: str = "cuda", dtypes: list[str], class
     cases = sweep_cases(dtypes, classes, quick, gemm_samples=gemm_samples, seed=seed, conv_batch=conv_batch)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    record = provenance(**_gpu_provenance(device, cudnn_benchmark), device_spec=device_name, dtypes=dtypes,
-                        classes=classes, quick=quick, target_s=target_s, gemm_samples=gemm_samples, seed=seed,
-                        conv_batch=conv_batch)
+    record = provenance(**_gpu_provenance(device, cudnn_benchmark, timing), device_spec=device_name,
+                        dtypes=dtypes, classes=classes, quick=quick, target_s=target_s,
+                        gemm_samples=gemm_samples, seed=seed, conv_batch=conv_batch)
     rows, failed, began = [], [], time.monotonic()
     last_write = began
     reached = 0
@@ -475,14 +517,14 @@ def run_sweep(out: str | Path, *, device: str = "cuda", dtypes: list[str], class
             if progress:
                 progress(case.key, i, len(cases))
             try:
-                timing = time_case(case, device, target_s=target_s, kernel_names=device != "cpu",
-                                   cudnn_benchmark=cudnn_benchmark)
+                measured = time_case(case, device, target_s=target_s, kernel_names=device != "cpu",
+                                     cudnn_benchmark=cudnn_benchmark, timing=timing)
             except Exception as exc:  # noqa: BLE001 - a case the library refuses (shape, dtype) is noted
                 failed.append({"case": case.key, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
                 if device != "cpu":
                     torch.cuda.empty_cache()
                 continue
-            rows.append(_row(case, device_name, gpu, timing))
+            rows.append(_row(case, device_name, gpu, measured))
             if time.monotonic() - last_write > 15:
                 write_atomic(folder / TABLE_NAME, _table_text(rows))
                 last_write = time.monotonic()

@@ -180,6 +180,9 @@ def calibrate_kernels(
                                          help="cuDNN times its algorithms and takes the fastest (as "
                                               "torch.backends.cudnn.benchmark = True); default: its "
                                               "heuristics' pick, PyTorch's default."),
+    timing: str = typer.Option("graph", "--timing",
+                               help="graph: calls replayed from a CUDA graph; stream: eager calls queued "
+                                    "behind a sleeping kernel, back to back as in a GPU-bound eager step."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ):
     """Time single kernels of every class the kernel model knows on this GPU (or CPU).
@@ -208,7 +211,7 @@ def calibrate_kernels(
         summary = api.sweep_kernels(out, device=device, dtypes=dtypes, classes=classes, quick=quick,
                                     budget_s=budget, gemm_samples=gemm_samples, seed=seed,
                                     conv_batch=conv_batch, cudnn_benchmark=cudnn_benchmark,
-                                    progress=progress)
+                                    timing=timing, progress=progress)
     finally:
         bar.stop()
     if as_json:
