@@ -373,12 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         everything = [r for rows in sweeps.values() for r in rows]
         write(*refit(everything, sweeps[3], "all three sweeps"))
-        # each fit on the file as the step before left it (load_params() is the cached file as it began)
-        figures, _ = refit_conv(everything, sweeps[3], load_params(PARAMS_FILE), "all three sweeps")
-        write_conv(figures, len(conv_rows(everything)), bands)
+        # each fit on the file as the step before left it (load_params() is the cached file as it began);
+        # the convolutions last: their layout transforms stream at the elementwise figure
         streaming = reported["streaming"]
         figures, _ = fit_streaming(streaming, without_own_streaming(load_params(PARAMS_FILE)))
         write_streaming(figures, sum(1 for r in streaming if r.spec.elements >= STREAMING_MIN))
+        figures, _ = refit_conv(everything, sweeps[3], load_params(PARAMS_FILE), "all three sweeps")
+        write_conv(figures, len(conv_rows(everything)), bands)
     return 0
 
 
