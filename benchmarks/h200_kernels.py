@@ -18,12 +18,12 @@ graph, with the kernels it launched. Prints:
 2. **the H200's own tensor-core GEMM figures**: per precision, the figures `fit_gemm_table.py` fits (share
    of peak, a tile's K prologue, the small-tile penalty, a call's fixed GPU time, under the measured
    ceiling) on sweeps 1 and 2's GEMMs of that precision, the tile set chosen the same way, judged on sweep
-   3's drawn shapes (never fitted on) before and after; and XLA's H100 rows under them, to show how far
+   3's drawn shapes (never fitted on), against Hopper's figures; and XLA's H100 rows under them, how far
    the two Hoppers' sources agree (the H100 keeps Hopper's figures, fitted on XLA's table).
 
 3. **tensor-core convolutions**: the implicit GEMM's share of the TF32 and bf16 peaks and the fixed GPU time
    of a pass's layout transforms (`matmul.conv_time`), fitted on sweeps 1 and 2 (batch 64 and 32) and
-   judged on sweep 3 (batch 128), before and after;
+   judged on sweep 3 (batch 128), beside the shipped figures (fitted on all three);
 4. the same convolutions timed again with cuDNN's heuristics (``heuristic-b*``) over benchmark mode;
 5. **the H200's memory-bound figures**: the elementwise kernels' share of the bandwidth and softmax's passes
    and work per value (short rows, and more for the long rows' block kernel) fitted on sweeps 1-2's rows of
@@ -143,8 +143,9 @@ def refit(fit_rows, judged_rows, title: str) -> tuple:
         print(f"  {dtype}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(figs.items())))
     for (device, dtype), rows in sorted(judged.items()):
         spec = get_device(device)
-        print(f"  {dtype:5s} sweep 3 (drawn shapes)  before {_stats(gemm_fit.errors(rows, spec, shipped))}")
-        print(f"  {dtype:5s} sweep 3 (drawn shapes)  refit  {_stats(gemm_fit.errors(rows, spec, fitted))}")
+        hopper = without_own_fit(shipped)  # what the H200 takes without figures of its own: Hopper's (XLA)
+        print(f"  {dtype:5s} sweep 3  Hopper's    {_stats(gemm_fit.errors(rows, spec, hopper))}")
+        print(f"  {dtype:5s} sweep 3  fitted 1-2  {_stats(gemm_fit.errors(rows, spec, fitted))}")
     xla = {key: rows for key, rows in table.series().items() if key[0] == "h100-sxm"}
     for (device, dtype), rows in sorted(xla.items()):
         spec = get_device(device)
@@ -216,9 +217,9 @@ def refit_conv(fit_rows, judged_rows, params, title: str) -> tuple[dict, dict]:
           + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()))
     for dtype in ("tf32", "bf16"):
         rows = [r for r in conv_rows(judged_rows) if r.dtype == dtype]
-        for label, p in (("before", params), ("refit ", fitted)):
+        for label, p in (("shipped (fitted on it too)", params), ("fitted on 1-2 (held out) ", fitted)):
             errs = np.array([kernel_time(r.spec, r.device, p).seconds / r.latency_s - 1 for r in rows])
-            print(f"  {dtype:5s} sweep 3 (batch 128)  {label} {_stats(errs)}")
+            print(f"  {dtype:5s} sweep 3, batch 128, {label} {_stats(errs)}")
         bands[dtype] = {"how": "fitted on sweeps 1-2 (batch 32, 64), judged on sweep 3 (batch 128)",
                         "median_abs": round(float(np.median(abs(errs))), 4),
                         "p10": round(float(np.quantile(errs, .1)), 4),
@@ -307,8 +308,8 @@ def refit_streaming(rows, params, title: str) -> tuple[dict, dict]:
             before = [kernel_time(r.spec, r.device, params).seconds / r.latency_s - 1 for r in judged]
             after = np.array([kernel_time(r.spec, r.device, fitted).seconds / r.latency_s - 1
                               for r in judged])
-            print(f"  {cls:11s} {label:13s} before {_stats(before)}")
-            print(f"  {cls:11s} {label:13s} refit  {_stats(after)}")
+            print(f"  {cls:11s} {label:13s} shared figures {_stats(before)}")
+            print(f"  {cls:11s} {label:13s} fitted         {_stats(after)}")
             if which == (1 << 26,):
                 bands[cls] = after
     return figures, bands
