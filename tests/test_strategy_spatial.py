@@ -68,6 +68,11 @@ def spatial_scenario(topo, wl, strategy, batch, grid=None, **extra):
     return sc
 
 
+#: a link counts the bytes of its flows as rate x time over each stretch of fair sharing: the sum is exact
+#: but for float rounding, which moves with the compute times that set where the stretches end
+BYTES_REL = 1e-9
+
+
 def link_bytes(result, name):
     return next((link.bytes for link in result.links if link.name == name), 0.0)
 
@@ -80,8 +85,8 @@ def test_halo_bytes_on_the_link_match_the_formula(tmp_path):
     wl = workload([conv("c1", 8, 4, 8, 3), conv("c2", 8, 8, 8, 5)], tmp_path)
     result = simulate(spatial_scenario(tiny_topology(gpus=2), wl, "spatial", 2, grid=[1, 2, 1], iterations=3))
     per_iteration = 256 + 1024 + 1024
-    assert link_bytes(result, "gpu0->gpu1") == pytest.approx(3 * per_iteration, rel=1e-12)
-    assert link_bytes(result, "gpu1->gpu0") == pytest.approx(3 * per_iteration, rel=1e-12)
+    assert link_bytes(result, "gpu0->gpu1") == pytest.approx(3 * per_iteration, rel=BYTES_REL)
+    assert link_bytes(result, "gpu1->gpu0") == pytest.approx(3 * per_iteration, rel=BYTES_REL)
     # 2*N*C*(k//2)*edge*bytes cross each boundary: both directions together
     c2 = Workload.model_validate(json.loads(open(wl).read())).layers[1]
     assert 2 * halo_bytes(c2, (1, 2, 1), 2, F32, "h", "forward") == 2 * 2 * 8 * 2 * 8 * F32
@@ -98,7 +103,7 @@ def test_a_backward_sending_the_halo_rows_gradient_back_moves_the_forward_halos_
     sc["strategy"]["backward_halo"] = "input-gradient"
     result = simulate(sc)
     assert result.extra["spatial"]["halo_bytes_per_iteration_rank0"] == 256 + 1024 + 1024
-    assert link_bytes(result, "gpu0->gpu1") == pytest.approx(3 * (256 + 1024 + 1024), rel=1e-12)
+    assert link_bytes(result, "gpu0->gpu1") == pytest.approx(3 * (256 + 1024 + 1024), rel=BYTES_REL)
 
 
 def test_the_halo_rows_gradient_goes_back_after_the_layer_and_the_layer_below_waits_for_it(tmp_path):
