@@ -130,36 +130,48 @@ def without_own_streaming(params):
     return type(params)(data, file=params.file)
 
 
+def _band(errs, how: str) -> dict:
+    return {"how": how, "median_abs": round(float(np.median(abs(errs))), 4),
+            "p10": round(float(np.quantile(errs, .1)), 4), "p50": round(float(np.median(errs)), 4),
+            "p90": round(float(np.quantile(errs, .9)), 4), "rows": len(errs)}
+
+
 def refit(fit_rows, judged_rows, title: str) -> tuple:
     """The H200's tensor-core GEMM figures and tiles fitted on ``fit_rows``'s GEMMs (`fit_gemm_table`'s
     fitter, starting from Hopper's other figures); the errors before and after on ``judged_rows``' GEMMs
-    and on XLA's H100 rows (which keep Hopper's figures)."""
+    and on XLA's H100 rows (which keep Hopper's figures); the tiles, the figures, the rows per precision
+    and the band of the judged errors per precision."""
     shipped = load_params()
     base = table.without_fit(without_own_fit(shipped), ["hopper"])
     name, tiles, figures, fitted = table.fit_architecture(gemm_series(fit_rows), "hopper", base)
-    judged = gemm_series(judged_rows)
-    print(f"2. H200 tensor-core GEMMs fitted on {title}: tiles {name} {tiles}")
+    judged, bands = gemm_series(judged_rows), {}
+    print(f"2. H200 tensor-core GEMMs fitted on sweeps {title}: tiles {name} {tiles}")
     for dtype, figs in sorted(figures.items()):
         print(f"  {dtype}: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(figs.items())))
     for (device, dtype), rows in sorted(judged.items()):
         spec = get_device(device)
         hopper = without_own_fit(shipped)  # what the H200 takes without figures of its own: Hopper's (XLA)
         print(f"  {dtype:5s} sweep 3  Hopper's    {_stats(gemm_fit.errors(rows, spec, hopper))}")
-        print(f"  {dtype:5s} sweep 3  fitted 1-2  {_stats(gemm_fit.errors(rows, spec, fitted))}")
+        errs = np.array(gemm_fit.errors(rows, spec, fitted))
+        print(f"  {dtype:5s} sweep 3  fitted {title:4s} {_stats(errs)}")
+        bands[dtype] = _band(errs, f"fitted on {title}, judged on sweep 3's drawn shapes")
     xla = {key: rows for key, rows in table.series().items() if key[0] == "h100-sxm"}
     for (device, dtype), rows in sorted(xla.items()):
         spec = get_device(device)
         print(f"  {dtype:5s} XLA's H100 under the H200's refit "
               f"{_stats(gemm_fit.errors(rows, spec, fitted))}")
     counts = {dtype: len(r) for (_, dtype), r in gemm_series(fit_rows).items()}
-    return tiles, figures, counts
+    return tiles, figures, counts, bands
 
 
-def write(tiles, figures, rows: dict) -> None:
-    """The H200's own tensor-core GEMM figures and tiles in the shipped params.json, with their evidence."""
+def write(tiles, figures, rows: dict, held_out: dict) -> None:
+    """The H200's own tensor-core GEMM figures and tiles in the shipped params.json, with their evidence
+    and ``held_out``: the bands of the fit on sweeps 1-2 judged on sweep 3, which its GEMM estimates carry."""
     stored = json.loads(PARAMS_FILE.read_text())
     entry = stored["devices"].setdefault("h200", {})
     entry.setdefault("tiles", {})["tensor"] = tiles
+    bands = entry.setdefault("held_out", {})
+    bands.update({f"tensor.matmul.{dtype}": band for dtype, band in held_out.items()})
     matmul = entry.setdefault("matmul", {})
     notes = entry.setdefault("tensor_evidence", {})
     for dtype, figs in figures.items():
@@ -217,7 +229,7 @@ def refit_conv(fit_rows, judged_rows, params, title: str) -> tuple[dict, dict]:
           + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()))
     for dtype in ("tf32", "bf16"):
         rows = [r for r in conv_rows(judged_rows) if r.dtype == dtype]
-        for label, p in (("shipped (fitted on it too)", params), ("fitted on 1-2 (held out) ", fitted)):
+        for label, p in (("shipped (fitted on it too)", params), (f"fitted on {title}", fitted)):
             errs = np.array([kernel_time(r.spec, r.device, p).seconds / r.latency_s - 1 for r in rows])
             print(f"  {dtype:5s} sweep 3, batch 128, {label} {_stats(errs)}")
         bands[dtype] = {"how": "fitted on sweeps 1-2 (batch 32, 64), judged on sweep 3 (batch 128)",
@@ -356,12 +368,12 @@ def report() -> dict:
     sweeps = {n: sweep_rows(n) for n in (1, 2, 3)}
     attention = SWEEPS / "attention" / "kernels.csv"
     held_out([r for rows in sweeps.values() for r in rows] + read_rows(attention, shown="attention"))
-    refit(sweeps[1] + sweeps[2], sweeps[3], "sweeps 1-2")
+    *_, gemm_bands = refit(sweeps[1] + sweeps[2], sweeps[3], "1-2")
     _, bands = refit_conv(sweeps[1] + sweeps[2], sweeps[3], load_params(), "sweeps 1-2")
     heuristic_against_benchmark()
     streaming = [r for n in (1, 2) for r in sweeps[n] if r.kernel_class in STREAMING]
     refit_streaming(streaming, without_own_streaming(load_params()), "sweeps 1-2")
-    return {"sweeps": sweeps, "bands": bands, "streaming": streaming}
+    return {"sweeps": sweeps, "bands": bands, "streaming": streaming, "gemm_bands": gemm_bands}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     sweeps, bands = reported["sweeps"], reported["bands"]
     if args.write:
         everything = [r for rows in sweeps.values() for r in rows]
-        write(*refit(everything, sweeps[3], "all three sweeps"))
+        write(*refit(everything, sweeps[3], "1-3")[:3], reported["gemm_bands"])
         # each fit on the file as the step before left it (load_params() is the cached file as it began);
         # the convolutions last: their layout transforms stream at the elementwise figure
         streaming = reported["streaming"]

@@ -65,6 +65,8 @@ def test_the_power_cap_limits_a_board_never_measured():
     (lambda d: d["default"]["dispatch"]["bmm"].pop("overlap_s"), "default.dispatch.bmm"),
     (lambda d: d["tiles"]["default"]["batched"].append([128]), "tiles.default.batched[1]"),
     (lambda d: d["devices"].update(t4={"matmul": 0.5}), "devices.t4.matmul"),
+    (lambda d: d["devices"].update(t4={"held_out": {"tensor.matmul.bf16": {"p10": -0.1}}}),
+     "devices.t4.held_out.tensor.matmul.bf16"),
 ])
 def test_a_bad_file_names_its_field(tmp_path, mutate, field):
     d = data()
@@ -96,3 +98,17 @@ def test_a_missing_figure_names_the_default_field():
 def test_the_shipped_file_loads():
     shipped = load_params()
     assert shipped.file == "params.json" and shipped.data["power"]["capped"]
+
+
+def test_a_gpu_s_own_error_band_comes_before_the_shared_one():
+    d = data()
+    d["held_out"]["tensor.matmul.bf16"] = {"p10": -0.05, "p90": 0.1}
+    d["devices"]["gpu4"] = {"held_out": {"tensor.matmul.bf16": {"p10": -0.3, "p90": 0.4, "rows": 148}}}
+    p = KernelParams(d, file="t.json")
+    assert p.held_out("tensor.matmul.bf16", GPU4) == (-0.3, 0.4)
+    assert p.held_out("tensor.matmul.bf16") == (-0.05, 0.1)
+    other = DeviceSpec("other", {"fp32": 1e12}, 1e11, 2**30, sm_count=4, architecture="ampere")
+    assert p.held_out("tensor.matmul.bf16", other) == (-0.05, 0.1)
+    # the shipped H200 carries its own GEMM bands: fitted on two sweeps, judged on the third's shapes
+    shipped, h200 = load_params(), get_device("h200")
+    assert shipped.held_out("tensor.matmul.bf16", h200) != shipped.held_out("tensor.matmul.bf16")

@@ -238,7 +238,7 @@ def gemm_time(spec: Gemm, device: DeviceSpec, params: KernelParams, *,
     detail = {"tile": f"{tm}x{tn}", "split_k": int(split), "waves": math.ceil(blocks / sms),
               "efficiency": efficiency, "efficiency_from": where, "peak": peak, "call_s": call_s,
               "ceiling": ceiling}
-    return _estimate(seconds, compute, float(memory), spec, params, "matmul", detail)
+    return _estimate(seconds, compute, float(memory), spec, params, "matmul", detail, device)
 
 
 def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
@@ -294,7 +294,7 @@ def conv_time(spec: Conv2d, device: DeviceSpec, params: KernelParams) -> KernelE
         seconds += tensor_call_seconds(device, params)
     detail = {"algorithm": "gemm" if plain else algorithm, "efficiency": efficiency, "efficiency_from": where,
               "peak": peak, "layout_bytes": transforms}
-    return _estimate(seconds, compute, memory, spec, params, "conv", detail)
+    return _estimate(seconds, compute, memory, spec, params, "conv", detail, device)
 
 
 def tensor_call_seconds(device: DeviceSpec, params: KernelParams) -> float:
@@ -351,11 +351,11 @@ def layout_bytes(spec: Conv2d) -> float:
     return 2.0 * size * (inputs + outputs)
 
 
-def _estimate(seconds, compute, memory, spec, params, cls, detail) -> KernelEstimate:
+def _estimate(seconds, compute, memory, spec, params, cls, detail, device=None) -> KernelEstimate:
     low, high = params.held_out(cls)
     band = {"conv": f"tensor.conv2d.{spec.dtype}", "matmul": f"tensor.matmul.{spec.dtype}"}[cls]
-    if spec.dtype != "fp32" and band in params.data["held_out"]:
-        low, high = params.held_out(band)  # the tensor-core fit's held-out band
+    if spec.dtype != "fp32" and params.held_out(band, device) != (0.0, 0.0):
+        low, high = params.held_out(band, device)  # the tensor-core fit's held-out band (the GPU's own first)
     compute_bound = compute >= memory
     achieved = (spec.flops if compute_bound else spec.bytes) / seconds if seconds > 0 else 0.0
     return KernelEstimate(seconds=seconds, bound="compute" if compute_bound else "memory", achieved=achieved,

@@ -151,10 +151,12 @@ class KernelParams:
         raise TrainsimError(f"no {kind} tiles for {device.name!r}, its architecture or the default",
                             file=self.file, field=f"tiles.default.{kind}")
 
-    def held_out(self, cls: str) -> tuple[float, float]:
+    def held_out(self, cls: str, device=None) -> tuple[float, float]:
         """The (low, high) relative error of class ``cls`` under leave-one-GPU-out (0, 0 when not
-        measured)."""
-        record = self.data["held_out"].get(cls)
+        measured); with ``device``, its own band where its entry has one (the figures fitted on its own
+        kernels, judged on the shapes they were not fitted on)."""
+        own = self.data["devices"].get(device.name, {}).get("held_out", {}) if device is not None else {}
+        record = own.get(cls) or self.data["held_out"].get(cls)
         if not record:
             return 0.0, 0.0
         return float(record["p10"]), float(record["p90"])
@@ -196,6 +198,14 @@ def _check_entry(entry, file, where) -> None:
         raise TrainsimError("should be a mapping", file=file, field=where)
     for cls, figures in entry.items():
         if cls in ("from", "architecture", "tiles", "tensor_evidence"):
+            continue
+        if cls == "held_out":  # a GPU's own error bands: {band: {p10, p90, ...}}
+            for band, record in (figures.items() if isinstance(figures, dict) else [(None, figures)]):
+                if not isinstance(record, dict) or not all(
+                        isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool)
+                        and math.isfinite(record[k]) for k in ("p10", "p90")):
+                    raise TrainsimError("should give p10 and p90 (relative errors)", file=file,
+                                        field=f"{where}.held_out" + (f".{band}" if band else ""))
             continue
         if not isinstance(figures, dict):
             raise TrainsimError("should be a mapping of figures", file=file, field=f"{where}.{cls}")
