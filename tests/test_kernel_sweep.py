@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trainsim.calibrate.measure.kernel_sweep import (
+from trainsim.calibrate.measure.kernel_cases import (
     CLASSES,
     RESNET50_CONVS,
     check_precisions,

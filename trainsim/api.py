@@ -416,7 +416,9 @@ def sweep_kernels(out: str, *, device: str = "auto", dtypes: str = "fp32,tf32,bf
                   timing: str = "graph", progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Time single kernels of every class on this box (`kernel_sweep`) into ``out``/kernels.csv (a
     trainsim.kernels/1 table) and ``out``/provenance.json; the summary. On the CPU only fp32 is timed."""
-    from trainsim.calibrate.measure.kernel_sweep import CLASSES, SWEEP_DTYPES, TIMINGS, parse_list, run_sweep
+    from trainsim.calibrate.measure.kernel_cases import CLASSES, SWEEP_DTYPES, parse_list
+    from trainsim.calibrate.measure.kernel_sweep import run_sweep
+    from trainsim.calibrate.measure.kernel_timing import TIMINGS
     from trainsim.calibrate.measure.runner import resolve_device
     from trainsim.errors import TrainsimError, unknown_name
 
