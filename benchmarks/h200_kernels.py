@@ -327,11 +327,35 @@ def refit_streaming(rows, params, title: str) -> tuple[dict, dict]:
     return figures, bands
 
 
-def write_streaming(figures: dict, rows: int) -> None:
-    """The memory-bound figures as the H200's own, with their evidence."""
+def warp_softmax_limit(rows) -> int | None:
+    """The longest row the kernels ran one warp per row for (``softmax_warp_forward``), where every row
+    longer ran the block-per-row kernel (``cunn_SoftMaxForward``): the softmax's ``long_row``, read off the
+    kernel names of the softmax rows and of the unfused attention's (rows of ``kv_len``)."""
+    warp, block = [], []
+    for r in rows:
+        length = r.spec.kv_len if r.kernel_class == "attention" else getattr(r.spec, "row", None)
+        if r.kernel_class not in ("softmax", "attention") or not length:
+            continue
+        if any("softmax_warp_forward" in k for k in r.kernels):
+            warp.append(length)
+        elif any("SoftMaxForward" in k for k in r.kernels):
+            block.append(length)
+    if warp and (not block or max(warp) < min(block)):
+        return max(warp)
+    return None
+
+
+def write_streaming(figures: dict, rows: int, long_row: int | None = None) -> None:
+    """The memory-bound figures as the H200's own, with their evidence; ``long_row``: where its softmax
+    switches to the block-per-row kernel (`warp_softmax_limit`)."""
     stored = json.loads(PARAMS_FILE.read_text())
     entry = stored["devices"]["h200"]
     notes = entry.setdefault("tensor_evidence", {})
+    if long_row:
+        entry.setdefault("softmax", {})["long_row"] = long_row
+        notes["softmax.long_row"] = ("benchmarks/data/h200-kernels: the longest softmax row run by "
+                                     "softmax_warp_forward (the unfused attention's at 2,048), every longer "
+                                     "one by cunn_SoftMaxForward")
     for cls, figs in figures.items():
         entry.setdefault(cls, {}).update(figs)
         note = (f"benchmarks/data/h200-kernels, sweeps 1-2 ({rows} memory-bound kernels of 16 Mi values or "
@@ -390,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         # the convolutions last: their layout transforms stream at the elementwise figure
         streaming = reported["streaming"]
         figures, _ = fit_streaming(streaming, without_own_streaming(load_params(PARAMS_FILE)))
-        write_streaming(figures, sum(1 for r in streaming if r.spec.elements >= STREAMING_MIN))
+        attention = read_rows(SWEEPS / "attention" / "kernels.csv", shown="attention")
+        write_streaming(figures, sum(1 for r in streaming if r.spec.elements >= STREAMING_MIN),
+                        warp_softmax_limit([r for rows in sweeps.values() for r in rows] + attention))
         figures, _ = refit_conv(everything, sweeps[3], load_params(PARAMS_FILE), "all three sweeps")
         write_conv(figures, len(conv_rows(everything)), bands)
     return 0

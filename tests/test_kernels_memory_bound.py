@@ -54,3 +54,14 @@ def test_a_long_row_block_kernel_does_more_work_per_value_whatever_its_bytes():
     plain = streaming_time(Streaming("softmax", 1_000_000, row=LONG_ROW + 1), GPU4,
                            params(softmax={"flops_per_element": 40.0}))
     assert plain.seconds == pytest.approx(2 * 8e6 / 1e11 + 40 * 1e6 / 4e12)
+
+
+def test_a_gpu_s_own_long_row_moves_where_the_block_kernel_takes_over():
+    fig = params(softmax={"long_row": 2048})
+    warp = streaming_time(Streaming("softmax", 1_000_000, row=2048), GPU4, fig)
+    block = streaming_time(Streaming("softmax", 1_000_000, row=2049), GPU4, fig)
+    assert warp.seconds == pytest.approx(8e6 / 1e11) and warp.detail["passes_used"] == 1.0
+    assert block.seconds == pytest.approx(2 * 8e6 / 1e11)
+    # elsewhere the switch stays at LONG_ROW
+    assert streaming_time(Streaming("softmax", 1_000_000, row=2048), GPU4, params()).seconds == pytest.approx(
+        2 * 8e6 / 1e11)

@@ -27,7 +27,9 @@ from trainsim.sim.core.devices import DeviceSpec
 from .params import KernelParams
 from .specs import KernelEstimate, Streaming
 
-#: the row length beyond which norms and softmax make their long-row passes
+#: the row length beyond which norms and softmax make their long-row passes (NeuSight's PyTorch 2.1 switched
+#: softmax to a block per row there; a GPU's own ``long_row`` figure says where its PyTorch does: the H200's
+#: 2.11 ran its one-warp-per-row kernel up to 2,048 values, fp32 included)
 LONG_ROW = 1024
 #: the kinds with figures of their own; the others are elementwise
 FITTED_KINDS = ("elementwise", "layernorm", "softmax")
@@ -35,16 +37,16 @@ ROW_KINDS = ("layernorm", "softmax")
 
 
 def streaming_core(nbytes, elements, row, *, bandwidth: float, efficiency, passes=1.0, long_row_passes=None,
-                   flops_per_element=0.0, long_row_flops_per_element=0.0, peak=np.inf):
+                   flops_per_element=0.0, long_row_flops_per_element=0.0, long_row=LONG_ROW, peak=np.inf):
     """Seconds of memory-bound kernels given as arrays (or scalars): ``nbytes`` streamed ``passes`` times
-    (``long_row_passes`` where ``row`` > `LONG_ROW`) at ``bandwidth × efficiency``, plus
+    (``long_row_passes`` where ``row`` > ``long_row``) at ``bandwidth × efficiency``, plus
     ``flops_per_element × elements`` at ``peak`` (and ``long_row_flops_per_element`` more per value where
     the row is long: the block-per-row kernels' work per value, whatever its bytes)."""
     nbytes, elements, row = (np.asarray(x, dtype=float) for x in (nbytes, elements, row))
-    long_row = passes if long_row_passes is None else long_row_passes
-    times = np.where(row > LONG_ROW, long_row, passes)
+    long_passes = passes if long_row_passes is None else long_row_passes
+    times = np.where(row > long_row, long_passes, passes)
     memory = nbytes * times / (bandwidth * np.asarray(efficiency, dtype=float))
-    work = flops_per_element + np.where(row > LONG_ROW, long_row_flops_per_element, 0.0)
+    work = flops_per_element + np.where(row > long_row, long_row_flops_per_element, 0.0)
     return memory + work * elements / peak
 
 
@@ -56,10 +58,11 @@ def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, 
     if kind in ROW_KINDS:
         for name in ("long_row_passes", "flops_per_element"):
             out[name], _ = params.figure(device, kind, name)
-        try:  # where a GPU's own rows show it (the H200's kernel sweeps): 0 elsewhere
-            out["long_row_flops_per_element"], _ = params.figure(device, kind, "long_row_flops_per_element")
-        except TrainsimError:
-            pass
+        for name in ("long_row_flops_per_element", "long_row"):  # where a GPU's own rows show them
+            try:
+                out[name], _ = params.figure(device, kind, name)
+            except TrainsimError:
+                pass
     return out, where
 
 
@@ -72,11 +75,12 @@ def streaming_time(spec: Streaming, device: DeviceSpec, params: KernelParams) ->
                                    peak=peak, **fig))
     cls = spec.kind if spec.kind in FITTED_KINDS else "elementwise"
     low, high = params.held_out(cls)
-    work = fig["flops_per_element"] + (fig.get("long_row_flops_per_element", 0.0) if row > LONG_ROW else 0.0)
+    long_row = fig.get("long_row", LONG_ROW)
+    work = fig["flops_per_element"] + (fig.get("long_row_flops_per_element", 0.0) if row > long_row else 0.0)
     compute = work * spec.elements / peak
     bound = "compute" if compute >= seconds else "memory"
     achieved = (work * spec.elements if bound == "compute" else spec.bytes) / seconds
     return KernelEstimate(seconds=seconds, bound=bound, achieved=achieved, low=seconds * (1 + low),
                           high=seconds * (1 + high), kernel_class=cls,
                           detail={**fig, "efficiency_from": where,
-                                  "passes_used": fig["long_row_passes"] if row > LONG_ROW else fig["passes"]})
+                                  "passes_used": fig["long_row_passes"] if row > long_row else fig["passes"]})
