@@ -20,10 +20,9 @@ Two formats:
   (``latency_s``, ``latency_ms`` or ``latency_us``); ``kernels`` optional. Ops and their dimensions:
   ``gemm``/``bmm`` (m, n, k, batch), ``linear`` (m, n, k), ``conv`` (batch, in_channels, out_channels,
   height, width, kernel, stride, padding; ``pass`` optional: forward, backward_data or backward_weight),
-  ``elementwise``/``layernorm``/``softmax`` (elements, reads,
-  writes, row), ``attention`` (batch, heads, q_len, kv_len, head_dim, causal, fused;
-  ``backward`` optional, true for the backward kernels alone). Other columns (``gpu``, ``what``, ``timing``,
-  ...) are kept out of the rows.
+  ``elementwise``/``layernorm``/``softmax`` (elements, reads, writes, row), ``attention`` (batch, heads,
+  q_len, kv_len, head_dim, causal, fused; ``backward`` optional, true for the backward kernels alone). Other
+  columns (``gpu``, ``what``, ``timing``, ...) are kept out of the rows.
 
 A file that is not one of them, lacks a column, gives a value that is not a number or names an op or dtype
 not known raises one TrainsimError naming the file (and line) and the column.

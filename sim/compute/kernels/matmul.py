@@ -354,8 +354,9 @@ def layout_bytes(spec: Conv2d) -> float:
 def _estimate(seconds, compute, memory, spec, params, cls, detail, device=None) -> KernelEstimate:
     low, high = params.held_out(cls)
     band = {"conv": f"tensor.conv2d.{spec.dtype}", "matmul": f"tensor.matmul.{spec.dtype}"}[cls]
-    if spec.dtype != "fp32" and params.held_out(band, device) != (0.0, 0.0):
-        low, high = params.held_out(band, device)  # the tensor-core fit's held-out band (the GPU's own first)
+    tensor_band = params.held_out(band, device) if spec.dtype != "fp32" else (0.0, 0.0)
+    if tensor_band != (0.0, 0.0):
+        low, high = tensor_band  # the tensor-core fit's held-out band (the GPU's own first)
     compute_bound = compute >= memory
     achieved = (spec.flops if compute_bound else spec.bytes) / seconds if seconds > 0 else 0.0
     return KernelEstimate(seconds=seconds, bound="compute" if compute_bound else "memory", achieved=achieved,

@@ -8,8 +8,9 @@ one warp's or block's registers, ``long_row_passes`` beyond ``LONG_ROW`` values 
 from its one-warp-per-row kernel to a block per row there; the evidence's kernel names show the switch at
 1024), and it does arithmetic per value (``flops_per_element``: the mean, the variance, the exponentials)
 that bounds it where the GPU's fp32 peak is low for its bandwidth: its time is the sum of the two. Where a
-GPU's own rows show it (``long_row_flops_per_element``: the H200's softmax rows longer than 1,024 run at the
-same values per second in fp32, bf16 and fp16), a long row's block kernel does more work per value. Those
+GPU's own rows show it (``long_row_flops_per_element``: the H200's softmax rows longer than 2,048 run at the
+same values per second in fp32, bf16 and fp16), a long row's block kernel does more work per value, and
+``long_row`` moves where the long rows begin. Those
 three are properties of PyTorch's kernels, fitted per device and shared as medians; the bandwidth share is
 the device's. Kinds without evidence of their own (optimizer, embedding, copy, reduction) stream as
 elementwise kernels: an optimizer step is elementwise over its tensors.
@@ -46,8 +47,15 @@ def streaming_core(nbytes, elements, row, *, bandwidth: float, efficiency, passe
     long_passes = passes if long_row_passes is None else long_row_passes
     times = np.where(row > long_row, long_passes, passes)
     memory = nbytes * times / (bandwidth * np.asarray(efficiency, dtype=float))
-    work = flops_per_element + np.where(row > long_row, long_row_flops_per_element, 0.0)
+    work = work_per_value(row, flops_per_element, long_row_flops_per_element, long_row)
     return memory + work * elements / peak
+
+
+def work_per_value(row, flops_per_element, long_row_flops_per_element=0.0, long_row=LONG_ROW):
+    """The fp32 operations' worth of work per value of a row kernel: ``flops_per_element``, and
+    ``long_row_flops_per_element`` more where the row is longer than ``long_row``."""
+    long = np.asarray(row, dtype=float) > long_row
+    return flops_per_element + np.where(long, long_row_flops_per_element, 0.0)
 
 
 def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, str]:
@@ -76,7 +84,8 @@ def streaming_time(spec: Streaming, device: DeviceSpec, params: KernelParams) ->
     cls = spec.kind if spec.kind in FITTED_KINDS else "elementwise"
     low, high = params.held_out(cls)
     long_row = fig.get("long_row", LONG_ROW)
-    work = fig["flops_per_element"] + (fig.get("long_row_flops_per_element", 0.0) if row > long_row else 0.0)
+    work = float(work_per_value(row, fig["flops_per_element"], fig.get("long_row_flops_per_element", 0.0),
+                                long_row))
     compute = work * spec.elements / peak
     bound = "compute" if compute >= seconds else "memory"
     achieved = (work * spec.elements if bound == "compute" else spec.bytes) / seconds
