@@ -29,11 +29,15 @@ graph, with the kernels it launched. Prints:
    and work per value (short rows, and more for the long rows' block kernel) fitted on sweeps 1-2's rows of
    16 Mi and 256 Mi values, judged on those of 64 Mi (and, outside what the model holds, on the smaller ones:
    L2-resident between the sweep's calls, and the GPU's fixed time per kernel).
+6. **the causal mask**: the written-out unfused attention with and without it differs by one kernel,
+   ``masked_fill`` with the mask broadcast over every head, which PyTorch runs unvectorised; its work per
+   value (`memory_bound`'s ``broadcast``) fitted on the pairs at 512 and 2,048 tokens, judged on the others.
 
 ``--write`` stores the GEMM figures fitted on all three sweeps as the H200's own (its device entry in the
 shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; the
 convolution figures fitted on all three as the H200's, Hopper's and the default's; and the memory-bound
-figures fitted on all the sizes of 16 Mi values or more as the H200's.
+figures fitted on all the sizes of 16 Mi values or more as the H200's; the mask's figure fitted on every
+pair as the default's (no other GPU has such rows).
 Takes about a minute.
 """
 
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import sys
 from collections import defaultdict
@@ -365,6 +370,88 @@ def write_streaming(figures: dict, rows: int, long_row: int | None = None) -> No
     print(f"wrote the H200's memory-bound figures ({', '.join(figures)}) to {PARAMS_FILE.name}")
 
 
+#: the unfused attention rows the causal mask's figure is fitted on (sequence lengths); the others judge it
+MASK_FIT_LENGTHS = (512, 2048)
+
+
+def mask_pairs(rows) -> list[tuple]:
+    """(causal row, the same call without the mask) of the written-out unfused attention: the two differ by
+    one kernel, ``masked_fill`` with the mask broadcast over every head (their kernel names show it, forward
+    and backward), so the difference of their times is that kernel's."""
+    def key(r):
+        s = r.spec
+        return r.dtype, s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, s.backward
+
+    unfused = [r for r in rows if r.kernel_class == "attention" and not r.spec.fused]
+    plain = {key(r): r for r in unfused if not r.spec.causal}
+    return [(r, plain[key(r)]) for r in unfused if r.spec.causal and key(r) in plain]
+
+
+def mask_kernel(causal) -> object:
+    """The ``broadcast`` kernel of a causal row's mask."""
+    from trainsim.sim.compute.kernels.specs import Streaming
+
+    s = causal.spec
+    return Streaming("broadcast", s.batch * s.heads * s.q_len * s.kv_len, dtype=s.dtype)
+
+
+def with_broadcast(params, work: float):
+    data = copy.deepcopy(params.data)
+    data["default"].setdefault("broadcast", {})["flops_per_element"] = work
+    return type(params)(data, file=params.file)
+
+
+def fit_mask(pairs, params) -> float:
+    """``broadcast.flops_per_element``: per pair, the work per value that, on top of streaming the scores
+    in and out as an elementwise kernel does, gives the measured difference; the median over ``pairs``."""
+    from trainsim.sim.compute.kernels.memory_bound import streaming_time
+
+    works = []
+    for causal, plain in pairs:
+        spec, device = mask_kernel(causal), get_device(causal.device)
+        stream = streaming_time(dataclasses.replace(spec, kind="elementwise"), device, params).seconds
+        works.append((causal.latency_s - plain.latency_s - stream) * device.peak("fp32") / spec.elements)
+    return float(f"{np.median(works):.4g}")
+
+
+def refit_mask(rows, params) -> tuple[float, int]:
+    """Section 6: the causal mask's work per value fitted on the pairs at `MASK_FIT_LENGTHS`, judged on the
+    others: the mask kernel (the pair's difference), and the causal rows whole with the mask as a vectorised
+    elementwise kernel (no work per value: the model before) and fitted. Returns the figure fitted on every
+    pair and the number of pairs."""
+    pairs = mask_pairs(rows)
+    fit = [p for p in pairs if p[0].spec.q_len in MASK_FIT_LENGTHS]
+    judged = [p for p in pairs if p[0].spec.q_len not in MASK_FIT_LENGTHS]
+    work = fit_mask(fit, params)
+    fitted = with_broadcast(params, work)
+    lengths = sorted({p[0].spec.q_len for p in judged})
+    print(f"6. the causal mask (masked_fill broadcast over the heads) fitted on the unfused attention pairs at "
+          f"{', '.join(map(str, MASK_FIT_LENGTHS))} tokens: broadcast.flops_per_element {work:.4g}; judged at "
+          f"{', '.join(map(str, lengths))}")
+    for backward in (False, True):
+        mine = [p for p in judged if p[0].spec.backward == backward]
+        how = "backward" if backward else "forward"
+        kernel = [kernel_time(mask_kernel(c), c.device, fitted).seconds / (c.latency_s - p.latency_s) - 1
+                  for c, p in mine]
+        print(f"  mask kernel {how:8s} fitted         {_stats(kernel)}")
+        for label, used in (("as elementwise", with_broadcast(params, 0.0)), ("fitted", fitted)):
+            errs = [kernel_time(c.spec, c.device, used).seconds / c.latency_s - 1 for c, _ in mine]
+            print(f"  causal rows {how:8s} {label:14s} {_stats(errs)}")
+    return fit_mask(pairs, params), len(pairs)
+
+
+def write_mask(work: float, pairs: int) -> None:
+    """``broadcast.flops_per_element`` fitted on every pair, as the default's (the only GPU measured)."""
+    stored = json.loads(PARAMS_FILE.read_text())
+    stored["default"]["broadcast"] = {
+        "flops_per_element": work, "rows": 2 * pairs,
+        "evidence": ("benchmarks/data/h200-kernels/attention: the H200's unfused attention with and without "
+                     f"its causal mask ({pairs} pairs, bf16 and fp16; python benchmarks/h200_kernels.py "
+                     "--write); the only GPU measured, so every GPU takes it")}
+    PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    print(f"wrote broadcast.flops_per_element {work:.4g} (the default's) to {PARAMS_FILE.name}")
+
+
 def heuristic_against_benchmark() -> None:
     """The same convolutions under cuDNN's heuristics (PyTorch's default) over benchmark mode, per
     precision and pass: how much the algorithm choice moves a pass, and the measurement's repeatability."""
@@ -397,7 +484,8 @@ def report() -> dict:
     heuristic_against_benchmark()
     streaming = [r for n in (1, 2) for r in sweeps[n] if r.kernel_class in STREAMING]
     refit_streaming(streaming, without_own_streaming(load_params()), "sweeps 1-2")
-    return {"sweeps": sweeps, "bands": bands, "streaming": streaming, "gemm_bands": gemm_bands}
+    mask = refit_mask(read_rows(attention, shown="attention"), load_params())
+    return {"sweeps": sweeps, "bands": bands, "streaming": streaming, "gemm_bands": gemm_bands, "mask": mask}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                         warp_softmax_limit([r for rows in sweeps.values() for r in rows] + attention))
         figures, _ = refit_conv(everything, sweeps[3], load_params(PARAMS_FILE), "all three sweeps")
         write_conv(figures, len(conv_rows(everything)), bands)
+        write_mask(*reported["mask"])
     return 0
 
 

@@ -65,3 +65,15 @@ def test_a_gpu_s_own_long_row_moves_where_the_block_kernel_takes_over():
     # elsewhere the switch stays at LONG_ROW
     assert streaming_time(Streaming("softmax", 1_000_000, row=2048), GPU4, params()).seconds == pytest.approx(
         2 * 8e6 / 1e11)
+
+
+def test_a_broadcast_kernel_streams_its_bytes_and_indexes_every_value():
+    # a mask broadcast over the other operand: PyTorch's generic kernel computes each operand's offset per
+    # value, ``broadcast.flops_per_element`` of fp32 work on top of the bytes an elementwise kernel streams
+    spec = Streaming("broadcast", elements=1_000_000, dtype="bf16")
+    fig = params(elementwise={"efficiency": 0.5}, broadcast={"flops_per_element": 200.0})
+    estimate = streaming_time(spec, GPU4, fig)
+    assert estimate.seconds == pytest.approx(4e6 / (1e11 * 0.5) + 200 * 1e6 / 4e12)
+    assert estimate.kernel_class == "elementwise"
+    vectorised = streaming_time(Streaming("elementwise", elements=1_000_000, dtype="bf16"), GPU4, fig)
+    assert estimate.seconds > vectorised.seconds

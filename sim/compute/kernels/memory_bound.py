@@ -12,8 +12,11 @@ GPU's own rows show it (``long_row_flops_per_element``: the H200's softmax rows 
 same values per second in fp32, bf16 and fp16), a long row's block kernel does more work per value, and
 ``long_row`` moves where the long rows begin. Those
 three are properties of PyTorch's kernels, fitted per device and shared as medians; the bandwidth share is
-the device's. Kinds without evidence of their own (optimizer, embedding, copy, reduction) stream as
-elementwise kernels: an optimizer step is elementwise over its tensors.
+the device's. A ``broadcast`` kernel (an operand broadcast across the others, as a causal mask is over a
+batch of score matrices) leaves TensorIterator's vectorised path for its generic one, which computes every
+operand's offset per value: it streams as an elementwise kernel plus ``broadcast.flops_per_element`` of that
+index arithmetic per value at the fp32 peak. Kinds without evidence of their own (optimizer, embedding, copy,
+reduction) stream as elementwise kernels: an optimizer step is elementwise over its tensors.
 
 A kernel's fixed cost (launching it, and the host dispatching it) is `launch`'s, not this module's.
 """
@@ -63,6 +66,8 @@ def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, 
     flops_per_element) and where its efficiency comes from."""
     efficiency, where = params.figure(device, "elementwise", "efficiency")
     out = {"efficiency": efficiency, "passes": 1.0, "long_row_passes": 1.0, "flops_per_element": 0.0}
+    if kind == "broadcast":
+        out["flops_per_element"], _ = params.figure(device, "broadcast", "flops_per_element")
     if kind in ROW_KINDS:
         for name in ("long_row_passes", "flops_per_element"):
             out[name], _ = params.figure(device, kind, name)

@@ -28,8 +28,11 @@ DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 DTYPES = tuple(DTYPE_BYTES)
 #: what bounds a kernel's time in a :class:`KernelEstimate`
 BOUNDS = ("compute", "memory", "launch")
-#: the memory-bound kinds :class:`Streaming` knows (each has its own fitted passes and efficiency)
-STREAMING_KINDS = ("elementwise", "layernorm", "softmax", "optimizer", "embedding", "copy", "reduction")
+#: the memory-bound kinds :class:`Streaming` knows (each has its own fitted passes and efficiency);
+#: ``broadcast``: an elementwise kernel with an operand broadcast across the others (a causal mask over a
+#: batch of score matrices), which PyTorch cannot vectorise
+STREAMING_KINDS = ("elementwise", "layernorm", "softmax", "optimizer", "embedding", "copy", "reduction",
+                   "broadcast")
 CONV_PASSES = ("forward", "backward_data", "backward_weight")
 
 
