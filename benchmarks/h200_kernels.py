@@ -32,10 +32,13 @@ graph, with the kernels it launched. Prints:
 6. **the causal mask**: the written-out unfused attention with and without it differs by one kernel,
    ``masked_fill`` with the mask broadcast over every head, which PyTorch runs unvectorised; its work per
    value (`memory_bound`'s ``broadcast``) fitted on the pairs at 512 and 2,048 tokens, judged on the others.
+7. **the tensor-core GEMMs' memory floor**: the share of the bandwidth a tensor-core GEMM (1x1 convolutions
+   run as one included) streams its operands at where memory bounds it, fitted on sweeps 1-2, judged on
+   sweep 3 and on XLA's H100 rows.
 
 ``--write`` stores the GEMM figures fitted on all three sweeps as the H200's own (its device entry in the
-shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; the
-convolution figures fitted on all three as the H200's, Hopper's and the default's; and the memory-bound
+shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; its
+memory floor fitted on all three; the convolution figures fitted on all three as the H200's, Hopper's and the default's; and the memory-bound
 figures fitted on all the sizes of 16 Mi values or more as the H200's; the mask's figure fitted on every
 pair as the default's (no other GPU has such rows).
 Takes about a minute.
@@ -141,12 +144,12 @@ def _band(errs, how: str) -> dict:
             "p90": round(float(np.quantile(errs, .9)), 4), "rows": len(errs)}
 
 
-def refit(fit_rows, judged_rows, title: str) -> tuple:
+def refit(fit_rows, judged_rows, title: str, shipped=None) -> tuple:
     """The H200's tensor-core GEMM figures and tiles fitted on ``fit_rows``'s GEMMs (`fit_gemm_table`'s
     fitter, starting from Hopper's other figures); the errors before and after on ``judged_rows``' GEMMs
     and on XLA's H100 rows (which keep Hopper's figures); the tiles, the figures, the rows per precision
     and the band of the judged errors per precision."""
-    shipped = load_params()
+    shipped = shipped or load_params()
     base = table.without_fit(without_own_fit(shipped), ["hopper"])
     name, tiles, figures, fitted = table.fit_architecture(gemm_series(fit_rows), "hopper", base)
     judged, bands = gemm_series(judged_rows), {}
@@ -452,6 +455,93 @@ def write_mask(work: float, pairs: int) -> None:
     print(f"wrote broadcast.flops_per_element {work:.4g} (the default's) to {PARAMS_FILE.name}")
 
 
+def tensor_gemm_rows(rows):
+    """The tensor-core GEMMs among ``rows``: matrix products and the convolutions cuBLAS runs as one
+    (`matmul.runs_as_gemm`)."""
+    from trainsim.sim.compute.kernels.matmul import runs_as_gemm
+
+    return [r for r in rows if r.dtype in TENSOR and (
+        r.kernel_class == "matmul" or (r.kernel_class == "conv" and runs_as_gemm(r.spec)))]
+
+
+def with_memory(params, efficiency: float | None):
+    """``params`` with ``efficiency`` as the H200's ``tensor_memory_efficiency`` (None: without one)."""
+    data = copy.deepcopy(params.data)
+    matmul = data["devices"].setdefault("h200", {}).setdefault("matmul", {})
+    matmul.pop("tensor_memory_efficiency", None)
+    if efficiency is not None:
+        matmul["tensor_memory_efficiency"] = efficiency
+    return type(params)(data, file=params.file)
+
+
+def memory_bound(rows, params) -> list:
+    """The rows memory bounds on the GPU under ``params``."""
+    return [r for r in rows if kernel_time(r.spec, r.device, params).detail.get("gpu_bound") == "memory"]
+
+
+def fit_memory(rows, params) -> float:
+    """``tensor_memory_efficiency`` fitted on ``rows`` (least squares on log(predicted / measured), soft-L1
+    at 0.1: the rows memory does not bound give a constant residual)."""
+    from scipy.optimize import least_squares  # only when fitting
+
+    def residuals(x):
+        fitted = with_memory(params, float(x[0]))
+        return [np.log(kernel_time(r.spec, r.device, fitted).seconds / r.latency_s) for r in rows]
+
+    fit = least_squares(residuals, [0.6], bounds=([0.2], [1.0]), loss="soft_l1", f_scale=0.1)
+    return float(f"{fit.x[0]:.4g}")
+
+
+def refit_memory(sweeps: dict, params, floor: float) -> None:
+    """Section 7: the tensor-core GEMMs' share of the bandwidth where memory bounds them, fitted on sweeps
+    1-2, judged on sweep 3 (GEMMs and convolutions alike: every tensor-core pass streams through it) and on
+    XLA's H100 rows (with the figure as the H100's: a cross-check only, the H100 keeps the SIMT one);
+    ``floor``: the figure `fit_memory` gave on sweeps 1-2."""
+    base = with_memory(params, None)
+    fit_rows = tensor_gemm_rows(sweeps[1] + sweeps[2])
+    fitted = with_memory(base, floor)
+    simt = base.figure(get_device("h200"), "matmul", "memory_efficiency")[0]
+    print(f"7. H200 tensor-core GEMMs where memory bounds them, fitted on sweeps 1-2 ({len(fit_rows)} rows): "
+          f"tensor_memory_efficiency {floor:.4g} (the SIMT GEMMs' figure it replaces: {simt:.4g})")
+    judged = [r for r in sweeps[3] if r.dtype in TENSOR and r.kernel_class in ("matmul", "conv")]
+    for label, chosen in (("memory-bound GEMMs", memory_bound(tensor_gemm_rows(judged), base)),
+                          ("all GEMMs", tensor_gemm_rows(judged)),
+                          ("all convolutions", [r for r in judged if r.kernel_class == "conv"])):
+        for how, used in (("SIMT figure", base), ("fitted", fitted)):
+            errs = [kernel_time(r.spec, r.device, used).seconds / r.latency_s - 1 for r in chosen]
+            print(f"  sweep 3 {label:18s} {how:11s} {_stats(errs)}")
+    h100 = get_device("h100-sxm")
+    for (device, dtype), rows in sorted(table.series().items()):
+        if device != "h100-sxm":
+            continue
+        hopper = with_memory(base, None)
+        data = copy.deepcopy(hopper.data)
+        data["devices"]["h100-sxm"].setdefault("matmul", {})["tensor_memory_efficiency"] = floor
+        as_h200 = type(hopper)(data, file=hopper.file)
+        bound = [r for r in rows if kernel_time(_gemm(r), h100, hopper).detail.get("gpu_bound") == "memory"]
+        for how, used in (("SIMT figure", hopper), ("H200's", as_h200)):
+            print(f"  XLA's H100 {dtype} memory-bound GEMMs ({len(bound)}) {how:11s} "
+                  f"{_stats(gemm_fit.errors(bound, h100, used))}")
+
+
+def _gemm(row):
+    from trainsim.sim.compute.kernels.specs import Gemm
+
+    return Gemm(m=row.m, n=row.n, k=row.k, batch=row.batch, dtype=row.dtype)
+
+
+def write_memory(efficiency: float, rows: int) -> None:
+    """``tensor_memory_efficiency`` fitted on all three sweeps, as the H200's own."""
+    stored = json.loads(PARAMS_FILE.read_text())
+    entry = stored["devices"]["h200"]
+    entry.setdefault("matmul", {})["tensor_memory_efficiency"] = efficiency
+    entry.setdefault("tensor_evidence", {})["matmul.tensor_memory_efficiency"] = (
+        f"benchmarks/data/h200-kernels, sweeps 1-3 ({rows} tensor-core GEMM kernels, 1x1 convolutions run as "
+        "GEMMs included; python benchmarks/h200_kernels.py --write)")
+    PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+    print(f"wrote the H200's tensor_memory_efficiency {efficiency:.4g} to {PARAMS_FILE.name}")
+
+
 def heuristic_against_benchmark() -> None:
     """The same convolutions under cuDNN's heuristics (PyTorch's default) over benchmark mode, per
     precision and pass: how much the algorithm choice moves a pass, and the measurement's repeatability."""
@@ -475,16 +565,21 @@ def heuristic_against_benchmark() -> None:
 
 
 def report() -> dict:
-    """Sections 1-4 (module doc), printed; the sweeps' rows by number."""
+    """Sections 1-7 (module doc), printed; the sweeps' rows by number, the bands of sections 2 and 3, the
+    memory-bound rows fitted on, and the mask's figure fitted on every pair."""
     sweeps = {n: sweep_rows(n) for n in (1, 2, 3)}
     attention = SWEEPS / "attention" / "kernels.csv"
     held_out([r for rows in sweeps.values() for r in rows] + read_rows(attention, shown="attention"))
-    *_, gemm_bands = refit(sweeps[1] + sweeps[2], sweeps[3], "1-2")
-    _, bands = refit_conv(sweeps[1] + sweeps[2], sweeps[3], load_params(), "sweeps 1-2")
+    # sections 2 and 3 judge sweep 3 under the memory floor fitted on sweeps 1-2 only (section 7)
+    floor = fit_memory(tensor_gemm_rows(sweeps[1] + sweeps[2]), with_memory(load_params(), None))
+    held = with_memory(load_params(), floor)
+    *_, gemm_bands = refit(sweeps[1] + sweeps[2], sweeps[3], "1-2", held)
+    _, bands = refit_conv(sweeps[1] + sweeps[2], sweeps[3], held, "sweeps 1-2")
     heuristic_against_benchmark()
     streaming = [r for n in (1, 2) for r in sweeps[n] if r.kernel_class in STREAMING]
     refit_streaming(streaming, without_own_streaming(load_params()), "sweeps 1-2")
     mask = refit_mask(read_rows(attention, shown="attention"), load_params())
+    refit_memory(sweeps, load_params(), floor)
     return {"sweeps": sweeps, "bands": bands, "streaming": streaming, "gemm_bands": gemm_bands, "mask": mask}
 
 
@@ -498,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         everything = [r for rows in sweeps.values() for r in rows]
         write(*refit(everything, sweeps[3], "1-3")[:3], reported["gemm_bands"])
+        gemms = tensor_gemm_rows(everything)
+        write_memory(fit_memory(gemms, with_memory(load_params(PARAMS_FILE), None)), len(gemms))
         # each fit on the file as the step before left it (load_params() is the cached file as it began);
         # the convolutions last: their layout transforms stream at the elementwise figure
         streaming = reported["streaming"]

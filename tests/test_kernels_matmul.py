@@ -332,3 +332,18 @@ def test_a_layer_fit_ties_a_figure_it_has_too_few_rows_for_to_the_one_fitted_els
     # the default's median is a guess for other generations, not evidence about this GPU's rows
     a100_rows = [SimpleNamespace(device="a100-40gb")]
     assert _elsewhere(shipped, a100_rows, "matmul", "tensor_efficiency_bf16", 0.7) == 0.7
+
+
+def test_tensor_core_gemms_stream_at_their_own_memory_figure_where_given():
+    # 4096 x 4096 x 8 in bf16: 34 MB of operands and output at 100 GB/s outlast its 0.27 GFLOP
+    wide = Gemm(4096, 4096, 8, dtype="bf16")
+    nbytes = 2 * (4096 * 8 + 8 * 4096 + 4096 * 4096)
+    simt_only = params(matmul={"memory_efficiency": 0.5})
+    assert gemm_time(wide, GPU4, simt_only).seconds == pytest.approx(nbytes / (1e11 * 0.5))
+    own = params(matmul={"memory_efficiency": 0.5, "tensor_memory_efficiency": 0.8})
+    estimate = gemm_time(wide, GPU4, own)
+    assert estimate.seconds == pytest.approx(nbytes / (1e11 * 0.8))
+    assert estimate.bound == "memory"
+    # fp32 runs on the SIMT cores: their figure, whatever the tensor cores' is
+    simt = Gemm(4096, 4096, 8, dtype="fp32")
+    assert gemm_time(simt, GPU4, own).seconds == pytest.approx(2 * nbytes / (1e11 * 0.5))

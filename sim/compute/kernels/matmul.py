@@ -7,7 +7,8 @@ on one SM at ``peak / sm_count × efficiency × f(tile)``, where ``f = (1 + a/64
 how much smaller tiles lose to loading their operands (1 at 128 x 128). When the tiles are too few to fill
 the GPU the library splits K over ``s`` tiles (split-K) and sums the ``s`` partial products afterwards in
 HBM. The kernel takes the fastest tile and split its architecture's libraries offer (`params` ``tiles``:
-those seen launched in the evidence), and no less than its least traffic at the GPU's achieved bandwidth.
+those seen launched in the evidence), and no less than its least traffic at the GPU's achieved bandwidth
+(`memory_efficiency`: a device's tensor-core kernels may stream their operands faster than SIMT ones).
 
 Efficiency: a device's own where it was measured; for a GPU never measured, its generation's (or all
 measured GPUs') over the boards whose power does not cap them, capped in turn by its own board power
@@ -160,8 +161,20 @@ def _setup(device: DeviceSpec, params: KernelParams, dtype: str, cls: str):
         efficiency, where = tensor_efficiency(device, params, cls, dtype)
     else:
         efficiency, where = params.efficiency(device, cls, "efficiency")
-    memory_eff, _ = params.figure(device, "matmul", "memory_efficiency")
-    return peak, sms, efficiency, where, device.memory_bandwidth * memory_eff
+    return peak, sms, efficiency, where, device.memory_bandwidth * memory_efficiency(device, params, dtype)
+
+
+def memory_efficiency(device: DeviceSpec, params: KernelParams, dtype: str) -> float:
+    """The share of the bandwidth a GEMM's operands stream at where memory bounds it: for a tensor-core
+    precision ``tensor_memory_efficiency`` where fitted (the tensor-core kernels' own: the H200's stream
+    their operands faster than SIMT kernels do), else ``memory_efficiency`` (fitted on fp32 SIMT GEMMs)."""
+    simt, _ = params.figure(device, "matmul", "memory_efficiency")
+    if dtype == "fp32":
+        return simt
+    try:
+        return params.figure(device, "matmul", "tensor_memory_efficiency")[0]
+    except TrainsimError:
+        return simt
 
 
 def aligned(spec: Gemm) -> bool:
