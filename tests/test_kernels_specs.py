@@ -30,6 +30,17 @@ def test_conv_output_flops_and_implicit_gemms():
     assert Conv2d(1, 3, 8, 7, 7, (3, 3), stride=2).out_h == 3
 
 
+def test_a_strided_data_gradient_does_the_forward_s_products_not_one_per_input_tap():
+    # stride 2: an input position meets 9/4 of the 3x3 taps on average; cuDNN's strided data-gradient
+    # kernels skip the others, so the implicit GEMM runs over the output positions, as the forward does
+    strided = Conv2d(2, 8, 16, 10, 10, (3, 3), stride=2, padding=1, pass_="backward_data")
+    data = strided.as_gemm()
+    assert (data.m, data.n, data.k) == (2 * 5 * 5, 8, 16 * 9)
+    assert data.flops == strided.flops
+    one = Conv2d(2, 8, 16, 10, 10, (1, 1), stride=2, pass_="backward_data").as_gemm()
+    assert (one.m, one.n, one.k) == (2 * 5 * 5, 8, 16)
+
+
 def test_causal_attention_counts_the_pairs_it_keeps():
     full = Attention(batch=1, heads=2, q_len=4, kv_len=4, head_dim=8)
     causal = Attention(batch=1, heads=2, q_len=4, kv_len=4, head_dim=8, causal=True)

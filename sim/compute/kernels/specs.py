@@ -137,14 +137,18 @@ class Conv2d:
     def as_gemm(self) -> Gemm:
         """The implicit GEMM this pass is (per group; ``batch`` carries the groups): forward ``(N·P) x K`` by
         ``K x OC`` with P output positions and K = IC·R·S; the data gradient ``(N·H·W) x (OC·R·S)`` by
-        ``(OC·R·S) x IC``; the weight gradient ``OC x (N·P)`` by ``(N·P) x (IC·R·S)``."""
+        ``(OC·R·S) x IC`` at stride 1, and at stride s, where an input position meets only R·S/s² of the
+        taps on average, ``(N·P) x (OC·R·S)``: the forward's products, as cuDNN's strided data-gradient
+        kernels compute them (one implicit GEMM per phase of the stride, skipping the taps that meet no
+        output); the weight gradient ``OC x (N·P)`` by ``(N·P) x (IC·R·S)``."""
         positions = self.batch * self.out_h * self.out_w
         taps = self.kernel[0] * self.kernel[1]
         ic, oc = self.in_channels // self.groups, self.out_channels // self.groups
         if self.pass_ == "forward":
             m, n, k = positions, oc, ic * taps
         elif self.pass_ == "backward_data":
-            m, n, k = self.batch * self.height * self.width, ic, oc * taps
+            inputs = self.batch * self.height * self.width
+            m, n, k = (inputs if self.stride == 1 else positions), ic, oc * taps
         else:
             m, n, k = oc, ic * taps, positions
         return Gemm(m=m, n=n, k=k, batch=self.groups, dtype=self.dtype, shared_b=False)
