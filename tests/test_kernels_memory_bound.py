@@ -77,3 +77,17 @@ def test_a_broadcast_kernel_streams_its_bytes_and_indexes_every_value():
     assert estimate.kernel_class == "elementwise"
     vectorised = streaming_time(Streaming("elementwise", elements=1_000_000, dtype="bf16"), GPU4, fig)
     assert estimate.seconds > vectorised.seconds
+
+
+def test_a_batch_norm_of_few_channels_is_bound_by_its_rows():
+    # GPU4: 4 SMs sharing 100 GB/s; a channel is a row; 2 rows to an SM, each at 18.75 GB/s
+    fig = params(batchnorm={"passes": 1.0, "row_bytes_per_s": 18.75e9, "rows_per_sm": 2.0})
+    few = Streaming("batchnorm", elements=4 * 1_000_000, reads=2, writes=1, row=1_000_000)  # 4 channels
+    estimate = streaming_time(few, GPU4, fig)
+    assert estimate.seconds == pytest.approx(12e6 / 18.75e9)  # one wave of rows, 12 MB per row
+    assert estimate.detail["rows_bound"] and estimate.kernel_class == "layernorm"
+    # 64 channels of the same bytes: 8 waves of rows of 1/16 of the bytes, 0.32 ms: HBM bounds it (0.48 ms)
+    many = streaming_time(Streaming("batchnorm", elements=4 * 1_000_000, reads=2, writes=1, row=62_500),
+                          GPU4, fig)
+    assert many.seconds == pytest.approx(48e6 / 1e11)
+    assert "rows_bound" not in many.detail

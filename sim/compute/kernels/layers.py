@@ -15,8 +15,8 @@
   and **flash_attention**: `specs.Attention` from the workload's config (heads, sequence, head size, causal),
   else from the FLOPs and output (64-wide heads, causal); the math path also copies q, k and v into batches
   and the output back (``contiguous``).
-- everything else streams its recorded bytes (`specs.Streaming`): norms (batchnorm over whole channels, so
-  its long-row passes; layer norm and RMSNorm over the hidden size), activations, pooling, dropout, RoPE,
+- everything else streams its recorded bytes (`specs.Streaming`): norms (batchnorm over whole channels, a
+  row per channel, as cuDNN's own forward and backward kernels; layer norm and RMSNorm over the hidden size), activations, pooling, dropout, RoPE,
   SwiGLU, embeddings (backward also writes the whole weight gradient) and the MoE permutations.
 
 A layer whose shape cannot be inferred gives None (`LayerUnknown`'s reason): its time stays the roofline's.
@@ -50,7 +50,7 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 STORAGE = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 #: layer kinds that stream their bytes, and the `Streaming` kind each is
 STREAMING = {
-    "batchnorm": "layernorm", "layernorm": "layernorm", "rmsnorm": "layernorm",
+    "batchnorm": "batchnorm", "layernorm": "layernorm", "rmsnorm": "layernorm",
     "relu": "elementwise", "gelu": "elementwise", "dropout": "elementwise", "rope": "elementwise",
     "swiglu": "elementwise", "maxpool": "elementwise", "avgpool": "elementwise", "add": "elementwise",
     "embedding": "embedding", "moe_dispatch": "copy", "moe_combine": "copy",
@@ -188,8 +188,9 @@ def layer_kernels(layer, batch: int, precision: str = "fp32", dtype: str = "floa
     if kind == "embedding":  # backward zero-fills and accumulates the whole weight gradient
         bwd_bytes += (layer.param_bytes + layer.shared_param_bytes) * scale
     elements = out_elements or fwd_bytes / 4 or 1.0
+    backward = "batchnorm_backward" if streaming == "batchnorm" else streaming  # cuDNN's own kernel
     return (_streaming(streaming, fwd_bytes, elements, storage, row),
-            _streaming(streaming, bwd_bytes, elements, storage, row))
+            _streaming(backward, bwd_bytes, elements, storage, row))
 
 
 def _attention(layer, batch, precision, storage, itemsize, config, autocast=False) -> tuple[list, list]:

@@ -15,8 +15,13 @@ three are properties of PyTorch's kernels, fitted per device and shared as media
 the device's. A ``broadcast`` kernel (an operand broadcast across the others, as a causal mask is over a
 batch of score matrices) leaves TensorIterator's vectorised path for its generic one, which computes every
 operand's offset per value: it streams as an elementwise kernel plus ``broadcast.flops_per_element`` of that
-index arithmetic per value at the fp32 peak. Kinds without evidence of their own (optimizer, embedding, copy,
-reduction) stream as elementwise kernels: an optimizer step is elementwise over its tensors.
+index arithmetic per value at the fp32 peak. cuDNN's training batch norm over NCHW tensors (``batchnorm``,
+``batchnorm_backward``) streams its bytes ``passes`` times, and no faster than its channels allow: each
+channel is a row, ``rows_per_sm`` rows run on an SM at once, and a row streams its bytes at
+``row_bytes_per_s`` (the blocks of one channel: as many bytes as they keep in flight per memory latency, not
+a share of the HBM), so a layer of few channels over large images (64 channels at 56x56) is bound by its
+rows on a GPU whose HBM is fast enough, not by the HBM. Kinds without evidence of their own (optimizer, embedding, copy, reduction)
+stream as elementwise kernels: an optimizer step is elementwise over its tensors.
 
 A kernel's fixed cost (launching it, and the host dispatching it) is `launch`'s, not this module's.
 """
@@ -38,6 +43,8 @@ LONG_ROW = 1024
 #: the kinds with figures of their own; the others are elementwise
 FITTED_KINDS = ("elementwise", "layernorm", "softmax")
 ROW_KINDS = ("layernorm", "softmax")
+#: the kinds bound by how many rows run at once, and the class whose held-out band they carry
+CHANNEL_KINDS = {"batchnorm": "layernorm", "batchnorm_backward": "layernorm"}
 
 
 def streaming_core(nbytes, elements, row, *, bandwidth: float, efficiency, passes=1.0, long_row_passes=None,
@@ -68,6 +75,9 @@ def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, 
     out = {"efficiency": efficiency, "passes": 1.0, "long_row_passes": 1.0, "flops_per_element": 0.0}
     if kind == "broadcast":
         out["flops_per_element"], _ = params.figure(device, "broadcast", "flops_per_element")
+    if kind in CHANNEL_KINDS:
+        out["passes"], _ = params.figure(device, kind, "passes")
+        out["long_row_passes"] = out["passes"]
     if kind in ROW_KINDS:
         for name in ("long_row_passes", "flops_per_element"):
             out[name], _ = params.figure(device, kind, name)
@@ -79,6 +89,20 @@ def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, 
     return out, where
 
 
+def rows_seconds(spec: Streaming, device: DeviceSpec, params: KernelParams) -> float:
+    """How long a `CHANNEL_KINDS` kernel's rows take, ``rows_per_sm`` to an SM at once, each streaming its
+    share of the bytes at ``row_bytes_per_s`` (0 for other kinds, a kernel without rows, or a device without
+    an SM count)."""
+    sms = getattr(device, "sm_count", None)
+    if spec.kind not in CHANNEL_KINDS or not spec.row or not sms:
+        return 0.0
+    rate, _ = params.figure(device, spec.kind, "row_bytes_per_s")
+    per_sm, _ = params.figure(device, spec.kind, "rows_per_sm")
+    rows = max(1.0, spec.elements / spec.row)
+    waves = np.ceil(rows / (per_sm * sms))
+    return float(waves * (spec.bytes / rows) / rate)
+
+
 def streaming_time(spec: Streaming, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
     """The kernel model's time for a memory-bound kernel on ``device``."""
     fig, where = figures(device, params, spec.kind)
@@ -86,7 +110,11 @@ def streaming_time(spec: Streaming, device: DeviceSpec, params: KernelParams) ->
     row = spec.row or 0
     seconds = float(streaming_core(spec.bytes, spec.elements, row, bandwidth=device.memory_bandwidth,
                                    peak=peak, **fig))
-    cls = spec.kind if spec.kind in FITTED_KINDS else "elementwise"
+    rows_bound = rows_seconds(spec, device, params)
+    if rows_bound > seconds:
+        seconds = rows_bound
+        fig = {**fig, "rows_bound": True}
+    cls = spec.kind if spec.kind in FITTED_KINDS else CHANNEL_KINDS.get(spec.kind, "elementwise")
     low, high = params.held_out(cls)
     long_row = fig.get("long_row", LONG_ROW)
     work = float(work_per_value(row, fig["flops_per_element"], fig.get("long_row_flops_per_element", 0.0),
