@@ -30,8 +30,9 @@ graph, with the kernels it launched. Prints:
    16 Mi and 256 Mi values, judged on those of 64 Mi (and, outside what the model holds, on the smaller ones:
    L2-resident between the sweep's calls, and the GPU's fixed time per kernel).
 6. **the causal mask**: the written-out unfused attention with and without it differs by one kernel,
-   ``masked_fill`` with the mask broadcast over every head, which PyTorch runs unvectorised; its work per
-   value (`memory_bound`'s ``broadcast``) fitted on the pairs at 512 and 2,048 tokens, judged on the others.
+   ``masked_fill`` with the mask broadcast over every head, which PyTorch runs unvectorised; its share of
+   the bandwidth (`memory_bound`'s ``broadcast``) fitted on the 16-bit pairs at 512 and 2,048 tokens, judged
+   on the others, and for fp32 on every other mask kernel of the GPT-2 step traced on the H200.
 7. **the tensor-core GEMMs' memory floor**: the share of the bandwidth a tensor-core GEMM (1x1 convolutions
    run as one included) streams its operands at where memory bounds it, fitted on sweeps 1-2, judged on
    sweep 3 and on XLA's H100 rows.
@@ -39,8 +40,8 @@ graph, with the kernels it launched. Prints:
 ``--write`` stores the GEMM figures fitted on all three sweeps as the H200's own (its device entry in the
 shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; its
 memory floor fitted on all three; the convolution figures fitted on all three as the H200's, Hopper's and the default's; and the memory-bound
-figures fitted on all the sizes of 16 Mi values or more as the H200's; the mask's figure fitted on every
-pair as the default's (no other GPU has such rows).
+figures fitted on all the sizes of 16 Mi values or more as the H200's; the mask's shares fitted on every
+pair and every traced fp32 mask as the default's (no other GPU has such rows).
 Takes about a minute.
 """
 
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import sys
 from collections import defaultdict
@@ -398,61 +398,89 @@ def mask_kernel(causal) -> object:
     return Streaming("broadcast", s.batch * s.heads * s.q_len * s.kv_len, dtype=s.dtype)
 
 
-def with_broadcast(params, work: float):
+#: the GPT-2 step traced on the H200 (fp32, batch 8, 12 heads of 512 tokens): its masks are fp32 rows
+GPT2_TRACE = ROOT / "tests" / "data" / "traces-h200" / "gpt2-small-fp32-step.json.gz"
+GPT2_SCORES = 8 * 12 * 512 * 512
+
+
+def with_broadcast(params, shares: dict):
+    """``params`` with ``shares`` ({"efficiency_fp32": ..., "efficiency_16bit": ...}) as the default's."""
     data = copy.deepcopy(params.data)
-    data["default"].setdefault("broadcast", {})["flops_per_element"] = work
+    data["default"].setdefault("broadcast", {}).update(shares)
     return type(params)(data, file=params.file)
 
 
-def fit_mask(pairs, params) -> float:
-    """``broadcast.flops_per_element``: per pair, the work per value that, on top of streaming the scores
-    in and out as an elementwise kernel does, gives the measured difference; the median over ``pairs``."""
-    from trainsim.sim.compute.kernels.memory_bound import streaming_time
-
-    works = []
-    for causal, plain in pairs:
-        spec, device = mask_kernel(causal), get_device(causal.device)
-        stream = streaming_time(dataclasses.replace(spec, kind="elementwise"), device, params).seconds
-        works.append((causal.latency_s - plain.latency_s - stream) * device.peak("fp32") / spec.elements)
-    return float(f"{np.median(works):.4g}")
+def share(seconds, spec, device) -> float:
+    """The share of ``device``'s bandwidth a broadcast kernel ``spec`` streamed its bytes at in ``seconds``."""
+    return spec.bytes / (seconds * device.memory_bandwidth)
 
 
-def refit_mask(rows, params) -> tuple[float, int]:
-    """Section 6: the causal mask's work per value fitted on the pairs at `MASK_FIT_LENGTHS`, judged on the
-    others: the mask kernel (the pair's difference), and the causal rows whole with the mask as a vectorised
-    elementwise kernel (no work per value: the model before) and fitted. Returns the figure fitted on every
-    pair and the number of pairs."""
+def pair_shares(pairs) -> list[float]:
+    return [share(c.latency_s - p.latency_s, mask_kernel(c), get_device(c.device)) for c, p in pairs]
+
+
+def fp32_masks() -> list[float]:
+    """GPU seconds of the fp32 ``masked_fill`` kernels of the traced GPT-2 step (forward and backward, in
+    the order they ran): nanoGPT's causal mask broadcast over 8 x 12 score matrices of 512 x 512."""
+    from trainsim.formats.kineto import load_traces
+
+    trace = load_traces([GPT2_TRACE])[0]
+    return [g.dur for g in sorted(trace.gpu_events, key=lambda g: g.ts) if "masked_fill" in g.name]
+
+
+def refit_mask(rows, params) -> tuple[dict, int]:
+    """Section 6: the causal mask's shares of the bandwidth. 16-bit: per pair, the difference's bytes per
+    second, median over the pairs at `MASK_FIT_LENGTHS`, judged on the others (the mask kernel alone, and
+    the causal rows whole against the mask streamed as a vectorised elementwise kernel, the model before);
+    fp32: the traced GPT-2 step's masks, fitted on every other one and judged on the rest. Returns the
+    shares fitted on everything and the rows they rest on."""
+    from trainsim.sim.compute.kernels.specs import Streaming
+
+    h200 = get_device("h200")
     pairs = mask_pairs(rows)
     fit = [p for p in pairs if p[0].spec.q_len in MASK_FIT_LENGTHS]
     judged = [p for p in pairs if p[0].spec.q_len not in MASK_FIT_LENGTHS]
-    work = fit_mask(fit, params)
-    fitted = with_broadcast(params, work)
+    spec32 = Streaming("broadcast", GPT2_SCORES, dtype="fp32")
+    masks = fp32_masks()
+    shares = {"efficiency_16bit": float(f"{np.median(pair_shares(fit)):.4g}"),
+              "efficiency_fp32": float(f"{np.median([share(t, spec32, h200) for t in masks[::2]]):.4g}")}
+    fitted = with_broadcast(params, shares)
+    vectorised, _ = params.figure(h200, "elementwise", "efficiency")
+    before = with_broadcast(params, {"efficiency_16bit": vectorised, "efficiency_fp32": vectorised})
     lengths = sorted({p[0].spec.q_len for p in judged})
-    print(f"6. the causal mask (masked_fill broadcast over the heads) fitted on the unfused attention pairs at "
-          f"{', '.join(map(str, MASK_FIT_LENGTHS))} tokens: broadcast.flops_per_element {work:.4g}; judged at "
-          f"{', '.join(map(str, lengths))}")
+    print(f"6. the causal mask (masked_fill broadcast over the heads): 16-bit share fitted on the unfused "
+          f"attention pairs at {', '.join(map(str, MASK_FIT_LENGTHS))} tokens, judged at "
+          f"{', '.join(map(str, lengths))}; fp32 share on every other mask of the traced GPT-2 step, judged on "
+          f"the rest: " + ", ".join(f"{k} {v:.4g}" for k, v in shares.items()))
     for backward in (False, True):
         mine = [p for p in judged if p[0].spec.backward == backward]
         how = "backward" if backward else "forward"
         kernel = [kernel_time(mask_kernel(c), c.device, fitted).seconds / (c.latency_s - p.latency_s) - 1
                   for c, p in mine]
-        print(f"  mask kernel {how:8s} fitted         {_stats(kernel)}")
-        for label, used in (("as elementwise", with_broadcast(params, 0.0)), ("fitted", fitted)):
+        print(f"  mask kernel 16-bit {how:8s} fitted         {_stats(kernel)}")
+        for label, used in (("as elementwise", before), ("fitted", fitted)):
             errs = [kernel_time(c.spec, c.device, used).seconds / c.latency_s - 1 for c, _ in mine]
-            print(f"  causal rows {how:8s} {label:14s} {_stats(errs)}")
-    return fit_mask(pairs, params), len(pairs)
+            print(f"  causal rows {how:8s}        {label:14s} {_stats(errs)}")
+    for label, used in (("as elementwise", before), ("fitted", fitted)):
+        errs = [kernel_time(spec32, h200, used).seconds / t - 1 for t in masks[1::2]]
+        print(f"  mask kernel fp32 (GPT-2 step) {label:14s} {_stats(errs)}")
+    everything = {"efficiency_16bit": float(f"{np.median(pair_shares(pairs)):.4g}"),
+                  "efficiency_fp32": float(f"{np.median([share(t, spec32, h200) for t in masks]):.4g}")}
+    return everything, 2 * len(pairs) + len(masks)
 
 
-def write_mask(work: float, pairs: int) -> None:
-    """``broadcast.flops_per_element`` fitted on every pair, as the default's (the only GPU measured)."""
+def write_mask(shares: dict, rows: int) -> None:
+    """The broadcast kernel's shares fitted on everything, as the default's (the only GPU measured)."""
     stored = json.loads(PARAMS_FILE.read_text())
     stored["default"]["broadcast"] = {
-        "flops_per_element": work, "rows": 2 * pairs,
-        "evidence": ("benchmarks/data/h200-kernels/attention: the H200's unfused attention with and without "
-                     f"its causal mask ({pairs} pairs, bf16 and fp16; python benchmarks/h200_kernels.py "
-                     "--write); the only GPU measured, so every GPU takes it")}
+        **shares, "rows": rows,
+        "evidence": ("16-bit: benchmarks/data/h200-kernels/attention, the H200's unfused attention with and "
+                     "without its causal mask (bf16 and fp16 pairs); fp32: the masked_fill kernels of "
+                     "tests/data/traces-h200/gpt2-small-fp32-step.json.gz (python benchmarks/h200_kernels.py "
+                     "--write); the only GPU measured, so every GPU takes them")}
     PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
-    print(f"wrote broadcast.flops_per_element {work:.4g} (the default's) to {PARAMS_FILE.name}")
+    print(f"wrote the broadcast kernel's shares ({', '.join(f'{k} {v:.4g}' for k, v in shares.items())}) "
+          f"(the default's) to {PARAMS_FILE.name}")
 
 
 def tensor_gemm_rows(rows):
@@ -566,7 +594,7 @@ def heuristic_against_benchmark() -> None:
 
 def report() -> dict:
     """Sections 1-7 (module doc), printed; the sweeps' rows by number, the bands of sections 2 and 3, the
-    memory-bound rows fitted on, and the mask's figure fitted on every pair."""
+    memory-bound rows fitted on, and the mask's shares fitted on everything with the rows they rest on."""
     sweeps = {n: sweep_rows(n) for n in (1, 2, 3)}
     attention = SWEEPS / "attention" / "kernels.csv"
     held_out([r for rows in sweeps.values() for r in rows] + read_rows(attention, shown="attention"))

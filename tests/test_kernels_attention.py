@@ -30,14 +30,14 @@ def test_a_causal_mask_halves_the_keys_and_backward_is_2_5_times():
 
 def test_unfused_attention_is_its_gemms_scale_and_softmax():
     spec = Attention(1, 4, 512, 512, 64, fused=False, causal=True, dtype="fp32")
-    fig = params(broadcast={"flops_per_element": 100.0})
+    fig = params(broadcast={"efficiency_fp32": 0.25, "efficiency_16bit": 0.1})
     scores = 4 * 512 * 512
     parts = [gemm_time(Gemm(512, 512, 64, batch=4), GPU4, fig).seconds,
              gemm_time(Gemm(512, 64, 512, batch=4), GPU4, fig).seconds,
              streaming_time(Streaming("elementwise", scores), GPU4, fig).seconds,  # the scale
              streaming_time(Streaming("softmax", scores, row=512), GPU4, fig).seconds]
-    # the causal mask: the scores in and out, and 100 operations per value of its unvectorised indexing
-    mask = 8 * scores / 1e11 + 100 * scores / 4e12
+    # the causal mask: the scores in and out, unvectorised, at a quarter of the bandwidth (fp32 values)
+    mask = 8 * scores / (1e11 * 0.25)
     estimate = attention_time(spec, GPU4, fig)
     assert estimate.seconds == pytest.approx(sum(parts) + mask)
     assert estimate.detail == {"path": "unfused", "kernels": 5}

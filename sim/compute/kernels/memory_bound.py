@@ -13,9 +13,11 @@ same values per second in fp32, bf16 and fp16), a long row's block kernel does m
 ``long_row`` moves where the long rows begin. Those
 three are properties of PyTorch's kernels, fitted per device and shared as medians; the bandwidth share is
 the device's. A ``broadcast`` kernel (an operand broadcast across the others, as a causal mask is over a
-batch of score matrices) leaves TensorIterator's vectorised path for its generic one, which computes every
-operand's offset per value: it streams as an elementwise kernel plus ``broadcast.flops_per_element`` of that
-index arithmetic per value at the fp32 peak. cuDNN's training batch norm over NCHW tensors (``batchnorm``,
+batch of score matrices) leaves TensorIterator's vectorised path for its generic one, which loads one value
+of each operand at a time: its bytes stream at a share of the bandwidth of their own,
+``broadcast.efficiency_fp32`` or ``broadcast.efficiency_16bit`` (a warp's loads of 2-byte values fetch half
+the bytes of its loads of 4-byte ones; the H200's fp32 masks run 2.5 times the bytes per second its 16-bit
+ones do). cuDNN's training batch norm over NCHW tensors (``batchnorm``,
 ``batchnorm_backward``) streams its bytes ``passes`` times, and no faster than its channels allow: each
 channel is a row, ``rows_per_sm`` rows run on an SM at once, and a row streams its bytes at
 ``row_bytes_per_s`` (the blocks of one channel: as many bytes as they keep in flight per memory latency, not
@@ -34,7 +36,7 @@ from trainsim.errors import TrainsimError
 from trainsim.sim.core.devices import DeviceSpec
 
 from .params import KernelParams
-from .specs import KernelEstimate, Streaming
+from .specs import DTYPE_BYTES, KernelEstimate, Streaming
 
 #: the row length beyond which norms and softmax make their long-row passes (NeuSight's PyTorch 2.1 switched
 #: softmax to a block per row there; a GPU's own ``long_row`` figure says where its PyTorch does: the H200's
@@ -68,13 +70,14 @@ def work_per_value(row, flops_per_element, long_row_flops_per_element=0.0, long_
     return flops_per_element + np.where(long, long_row_flops_per_element, 0.0)
 
 
-def figures(device: DeviceSpec, params: KernelParams, kind: str) -> tuple[dict, str]:
-    """The figures of a memory-bound ``kind`` on ``device`` (efficiency, passes, long_row_passes,
-    flops_per_element) and where its efficiency comes from."""
+def figures(device: DeviceSpec, params: KernelParams, kind: str, dtype: str = "fp32") -> tuple[dict, str]:
+    """The figures of a memory-bound ``kind`` of ``dtype`` values on ``device`` (efficiency, passes,
+    long_row_passes, flops_per_element) and where its efficiency comes from."""
     efficiency, where = params.figure(device, "elementwise", "efficiency")
-    out = {"efficiency": efficiency, "passes": 1.0, "long_row_passes": 1.0, "flops_per_element": 0.0}
     if kind == "broadcast":
-        out["flops_per_element"], _ = params.figure(device, "broadcast", "flops_per_element")
+        name = "efficiency_fp32" if DTYPE_BYTES[dtype] >= 4 else "efficiency_16bit"
+        efficiency, where = params.figure(device, "broadcast", name)
+    out = {"efficiency": efficiency, "passes": 1.0, "long_row_passes": 1.0, "flops_per_element": 0.0}
     if kind in CHANNEL_KINDS:
         out["passes"], _ = params.figure(device, kind, "passes")
         out["long_row_passes"] = out["passes"]
@@ -105,7 +108,7 @@ def rows_seconds(spec: Streaming, device: DeviceSpec, params: KernelParams) -> f
 
 def streaming_time(spec: Streaming, device: DeviceSpec, params: KernelParams) -> KernelEstimate:
     """The kernel model's time for a memory-bound kernel on ``device``."""
-    fig, where = figures(device, params, spec.kind)
+    fig, where = figures(device, params, spec.kind, spec.dtype)
     peak = device.peak("fp32")
     row = spec.row or 0
     seconds = float(streaming_core(spec.bytes, spec.elements, row, bandwidth=device.memory_bandwidth,
