@@ -31,7 +31,7 @@ graph, with the kernels it launched. Prints:
    L2-resident between the sweep's calls, and the GPU's fixed time per kernel).
 6. **the causal mask**: the written-out unfused attention with and without it differs by one kernel,
    ``masked_fill`` with the mask broadcast over every head, which PyTorch runs unvectorised; its share of
-   the bandwidth (`memory_bound`'s ``broadcast``) fitted on the 16-bit pairs at 512 and 2,048 tokens, judged
+   the bandwidth (`memory_bound`'s ``strided``) fitted on the 16-bit pairs at 512 and 2,048 tokens, judged
    on the others, and for fp32 on every other mask kernel of the GPT-2 step traced on the H200.
 7. **the tensor-core GEMMs' memory floor**: the share of the bandwidth a tensor-core GEMM (1x1 convolutions
    run as one included) streams its operands at where memory bounds it, fitted on sweeps 1-2, judged on
@@ -391,11 +391,11 @@ def mask_pairs(rows) -> list[tuple]:
 
 
 def mask_kernel(causal) -> object:
-    """The ``broadcast`` kernel of a causal row's mask."""
+    """The ``strided`` kernel of a causal row's mask."""
     from trainsim.sim.compute.kernels.specs import Streaming
 
     s = causal.spec
-    return Streaming("broadcast", s.batch * s.heads * s.q_len * s.kv_len, dtype=s.dtype)
+    return Streaming("strided", s.batch * s.heads * s.q_len * s.kv_len, dtype=s.dtype)
 
 
 #: the GPT-2 step traced on the H200 (fp32, batch 8, 12 heads of 512 tokens): its masks are fp32 rows
@@ -406,7 +406,7 @@ GPT2_SCORES = 8 * 12 * 512 * 512
 def with_broadcast(params, shares: dict):
     """``params`` with ``shares`` ({"efficiency_fp32": ..., "efficiency_16bit": ...}) as the default's."""
     data = copy.deepcopy(params.data)
-    data["default"].setdefault("broadcast", {}).update(shares)
+    data["default"].setdefault("strided", {}).update(shares)
     return type(params)(data, file=params.file)
 
 
@@ -440,7 +440,7 @@ def refit_mask(rows, params) -> tuple[dict, int]:
     pairs = mask_pairs(rows)
     fit = [p for p in pairs if p[0].spec.q_len in MASK_FIT_LENGTHS]
     judged = [p for p in pairs if p[0].spec.q_len not in MASK_FIT_LENGTHS]
-    spec32 = Streaming("broadcast", GPT2_SCORES, dtype="fp32")
+    spec32 = Streaming("strided", GPT2_SCORES, dtype="fp32")
     masks = fp32_masks()
     shares = {"efficiency_16bit": float(f"{np.median(pair_shares(fit)):.4g}"),
               "efficiency_fp32": float(f"{np.median([share(t, spec32, h200) for t in masks[::2]]):.4g}")}
@@ -472,7 +472,7 @@ def refit_mask(rows, params) -> tuple[dict, int]:
 def write_mask(shares: dict, rows: int) -> None:
     """The broadcast kernel's shares fitted on everything, as the default's (the only GPU measured)."""
     stored = json.loads(PARAMS_FILE.read_text())
-    stored["default"]["broadcast"] = {
+    stored["default"]["strided"] = {
         **shares, "rows": rows,
         "evidence": ("16-bit: benchmarks/data/h200-kernels/attention, the H200's unfused attention with and "
                      "without its causal mask (bf16 and fp16 pairs); fp32: the masked_fill kernels of "

@@ -16,7 +16,7 @@ FIGURES = {
     "elementwise": {"efficiency": 1.0},
     "layernorm": {"long_row_passes": 2.0, "flops_per_element": 0.0},
     "softmax": {"long_row_passes": 2.0, "flops_per_element": 0.0},
-    "broadcast": {"efficiency_fp32": 1.0, "efficiency_16bit": 1.0},
+    "strided": {"efficiency_fp32": 1.0, "efficiency_16bit": 1.0},
     "batchnorm": {"passes": 1.0, "row_bytes_per_s": 1e18, "rows_per_sm": 1.0},  # rows never bound
     "batchnorm_backward": {"passes": 1.0, "row_bytes_per_s": 1e18, "rows_per_sm": 1.0},
     "dispatch": {op: {"dispatch_s": 10e-6, "overlap_s": 4e-6} for op in OPS},

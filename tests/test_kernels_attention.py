@@ -30,7 +30,7 @@ def test_a_causal_mask_halves_the_keys_and_backward_is_2_5_times():
 
 def test_unfused_attention_is_its_gemms_scale_and_softmax():
     spec = Attention(1, 4, 512, 512, 64, fused=False, causal=True, dtype="fp32")
-    fig = params(broadcast={"efficiency_fp32": 0.25, "efficiency_16bit": 0.1})
+    fig = params(strided={"efficiency_fp32": 0.25, "efficiency_16bit": 0.1})
     scores = 4 * 512 * 512
     parts = [gemm_time(Gemm(512, 512, 64, batch=4), GPU4, fig).seconds,
              gemm_time(Gemm(512, 64, 512, batch=4), GPU4, fig).seconds,

@@ -52,6 +52,9 @@ def test_attention_from_the_config_and_streaming_layers_from_their_bytes():
                                config={"n_head": 12, "n_embd": 768, "block_size": 512})
     assert forward[0] == Attention(batch=2, heads=12, q_len=512, kv_len=512, head_dim=64, causal=True,
                                    fused=False, dtype="fp32")
+    # q, k, v and the output copied out of transposed views: unvectorised, strided kernels
+    assert [(k.kind, k.elements) for k in forward[1:]] == [("strided", 2 * 3 * 512 * 768),
+                                                           ("strided", 2 * 512 * 768)]
     # without the config: the sequence from FLOPs over output, 64-wide heads
     assert layer_kernels(_layer(gpt, "h.0.attn.core"), 2, "fp32", gpt.dtype)[0][0] == forward[0]
     norm = _layer(gpt, "h.0.ln_1")

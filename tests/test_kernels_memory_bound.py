@@ -67,15 +67,15 @@ def test_a_gpu_s_own_long_row_moves_where_the_block_kernel_takes_over():
         2 * 8e6 / 1e11)
 
 
-def test_a_broadcast_kernel_streams_at_its_own_share_by_the_size_of_its_values():
+def test_a_strided_kernel_streams_at_its_own_share_by_the_size_of_its_values():
     # a mask broadcast over the other operand: PyTorch's generic kernel loads a value at a time, so its
     # bytes stream at a share of their own, lower for 2-byte values than for 4-byte ones
     fig = params(elementwise={"efficiency": 0.8},
-                 broadcast={"efficiency_fp32": 0.5, "efficiency_16bit": 0.2})
-    half = streaming_time(Streaming("broadcast", elements=1_000_000, dtype="bf16"), GPU4, fig)
+                 strided={"efficiency_fp32": 0.5, "efficiency_16bit": 0.2})
+    half = streaming_time(Streaming("strided", elements=1_000_000, dtype="bf16"), GPU4, fig)
     assert half.seconds == pytest.approx(4e6 / (1e11 * 0.2))
     assert half.kernel_class == "elementwise" and half.detail["efficiency"] == 0.2
-    single = streaming_time(Streaming("broadcast", elements=1_000_000, dtype="fp32"), GPU4, fig)
+    single = streaming_time(Streaming("strided", elements=1_000_000, dtype="fp32"), GPU4, fig)
     assert single.seconds == pytest.approx(8e6 / (1e11 * 0.5))
     vectorised = streaming_time(Streaming("elementwise", elements=1_000_000, dtype="bf16"), GPU4, fig)
     assert half.seconds > vectorised.seconds

@@ -19,8 +19,8 @@ PyTorch's flash kernels do not take) the block runs at the matrix units' fitted 
 with no per-block cost, a composition whose range is the matmul class's held-out error.
 
 Unfused (``fused=False``, the math path): Q·Kᵀ as a batched GEMM writing the whole ``q_len x kv_len`` score
-matrix, the scale as an elementwise kernel over it (and the causal mask as a ``broadcast`` one: one mask
-over every head, which PyTorch's ``masked_fill`` runs unvectorised, forward and backward alike), the softmax
+matrix, the scale as an elementwise kernel over it (and the causal mask as a ``strided`` one: one mask
+broadcast over every head, which PyTorch's ``masked_fill`` runs unvectorised, forward and backward alike), the softmax
 over rows of ``kv_len``, then P·V: each part timed by its own class and summed; backward: twice each GEMM's
 work (data and weight gradients) and a softmax backward reading two score-sized tensors and writing one.
 """
@@ -107,7 +107,7 @@ def _unfused(spec: Attention, device: DeviceSpec, params: KernelParams) -> Kerne
         (gemm_time(Gemm(m=spec.q_len, n=spec.head_dim, k=spec.kv_len, batch=heads, dtype=spec.dtype),
                    device, params), twice),
         (streaming_time(Streaming("elementwise", scores, dtype=_storage(spec.dtype)), device, params), 1),
-        (streaming_time(Streaming("broadcast", scores, dtype=_storage(spec.dtype)), device, params),
+        (streaming_time(Streaming("strided", scores, dtype=_storage(spec.dtype)), device, params),
          1 if spec.causal else 0),
         (streaming_time(Streaming("softmax", scores, reads=2 if spec.backward else 1,
                                   dtype=_storage(spec.dtype), row=spec.kv_len), device, params), 1),

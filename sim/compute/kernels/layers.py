@@ -14,7 +14,7 @@
 - **attention** (the unfused math path: the GPT zoo's ``attn.core`` and ``attention: unfused`` transformers)
   and **flash_attention**: `specs.Attention` from the workload's config (heads, sequence, head size, causal),
   else from the FLOPs and output (64-wide heads, causal); the math path also copies q, k and v into batches
-  and the output back (``contiguous``).
+  and the output back (``contiguous`` of transposed views: ``strided`` kernels).
 - everything else streams its recorded bytes (`specs.Streaming`): norms (batchnorm over whole channels, a
   row per channel, as cuDNN's own forward and backward kernels; layer norm and RMSNorm over the hidden size), activations, pooling, dropout, RoPE,
   SwiGLU, embeddings (backward also writes the whole weight gradient) and the MoE permutations.
@@ -228,13 +228,13 @@ def _attention(layer, batch, precision, storage, itemsize, config, autocast=Fals
     common = dict(batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim, causal=causal,
                   fused=fused, dtype=precision)
     forward, backward = [Attention(**common)], [Attention(**common, backward=True)]
-    if not fused:  # q, k, v made contiguous for the batched GEMMs; the output transposed back
-        qkv = batch * 3 * q_len * heads * head_dim
+    if not fused:  # q, k, v made contiguous for the batched GEMMs; the output transposed back: copies
+        qkv = batch * 3 * q_len * heads * head_dim  # of transposed views, which PyTorch runs unvectorised
         out = batch * q_len * heads * head_dim
-        forward += [Streaming("copy", qkv, dtype=STORAGE[precision]),
-                    Streaming("copy", out, dtype=STORAGE[precision])]
-        backward += [Streaming("copy", qkv, dtype=STORAGE[precision]),
-                     Streaming("copy", out, dtype=STORAGE[precision])]
+        forward += [Streaming("strided", qkv, dtype=STORAGE[precision]),
+                    Streaming("strided", out, dtype=STORAGE[precision])]
+        backward += [Streaming("strided", qkv, dtype=STORAGE[precision]),
+                     Streaming("strided", out, dtype=STORAGE[precision])]
         if autocast and STORAGE[precision] != "fp32":  # the softmax runs in fp32: its 16-bit scores are
             scores = batch * heads * q_len * kv_len  # read as fp32-sized values and cast back for P·V
             forward += [Streaming("softmax", scores, reads=1, writes=1, dtype=STORAGE[precision], row=kv_len)]

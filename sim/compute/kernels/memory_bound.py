@@ -12,18 +12,19 @@ GPU's own rows show it (``long_row_flops_per_element``: the H200's softmax rows 
 same values per second in fp32, bf16 and fp16), a long row's block kernel does more work per value, and
 ``long_row`` moves where the long rows begin. Those
 three are properties of PyTorch's kernels, fitted per device and shared as medians; the bandwidth share is
-the device's. A ``broadcast`` kernel (an operand broadcast across the others, as a causal mask is over a
-batch of score matrices) leaves TensorIterator's vectorised path for its generic one, which loads one value
-of each operand at a time: its bytes stream at a share of the bandwidth of their own,
-``broadcast.efficiency_fp32`` or ``broadcast.efficiency_16bit`` (a warp's loads of 2-byte values fetch half
-the bytes of its loads of 4-byte ones; the H200's fp32 masks run 2.5 times the bytes per second its 16-bit
-ones do). cuDNN's training batch norm over NCHW tensors (``batchnorm``,
-``batchnorm_backward``) streams its bytes ``passes`` times, and no faster than its channels allow: each
-channel is a row, ``rows_per_sm`` rows run on an SM at once, and a row streams its bytes at
-``row_bytes_per_s`` (the blocks of one channel: as many bytes as they keep in flight per memory latency, not
-a share of the HBM), so a layer of few channels over large images (64 channels at 56x56) is bound by its
-rows on a GPU whose HBM is fast enough, not by the HBM. Kinds without evidence of their own (optimizer, embedding, copy, reduction)
-stream as elementwise kernels: an optimizer step is elementwise over its tensors.
+the device's. A ``strided`` kernel (over an operand that is not contiguous: a mask broadcast across the
+others, as a causal mask is over a batch of score matrices, or a transposed view copied into batches) leaves
+TensorIterator's vectorised path for its generic one, which loads one value of each operand at a time: its
+bytes stream at a share of the bandwidth of their own, ``strided.efficiency_fp32`` or
+``strided.efficiency_16bit`` (a warp's loads of 2-byte values fetch half the bytes of its loads of 4-byte
+ones; the H200's fp32 masks run 2.5 times the bytes per second its 16-bit ones do). cuDNN's training batch
+norm over NCHW tensors (``batchnorm``, ``batchnorm_backward``) streams its bytes ``passes`` times, and no
+faster than its channels allow: each channel is a row, ``rows_per_sm`` rows run on an SM at once, and a row
+streams its bytes at ``row_bytes_per_s`` (the blocks of one channel: as many bytes as they keep in flight per
+memory latency, not a share of the HBM), so a layer of few channels over large images (64 channels at 56x56)
+is bound by its rows on a GPU whose HBM is fast enough, not by the HBM. Kinds without evidence of their own
+(optimizer, embedding, copy, reduction) stream as elementwise kernels: an optimizer step is elementwise over
+its tensors.
 
 A kernel's fixed cost (launching it, and the host dispatching it) is `launch`'s, not this module's.
 """
@@ -74,9 +75,9 @@ def figures(device: DeviceSpec, params: KernelParams, kind: str, dtype: str = "f
     """The figures of a memory-bound ``kind`` of ``dtype`` values on ``device`` (efficiency, passes,
     long_row_passes, flops_per_element) and where its efficiency comes from."""
     efficiency, where = params.figure(device, "elementwise", "efficiency")
-    if kind == "broadcast":
+    if kind == "strided":
         name = "efficiency_fp32" if DTYPE_BYTES[dtype] >= 4 else "efficiency_16bit"
-        efficiency, where = params.figure(device, "broadcast", name)
+        efficiency, where = params.figure(device, "strided", name)
     out = {"efficiency": efficiency, "passes": 1.0, "long_row_passes": 1.0, "flops_per_element": 0.0}
     if kind in CHANNEL_KINDS:
         out["passes"], _ = params.figure(device, kind, "passes")

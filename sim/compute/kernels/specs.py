@@ -29,11 +29,11 @@ DTYPES = tuple(DTYPE_BYTES)
 #: what bounds a kernel's time in a :class:`KernelEstimate`
 BOUNDS = ("compute", "memory", "launch")
 #: the memory-bound kinds :class:`Streaming` knows (each has its own fitted passes and efficiency);
-#: ``broadcast``: an elementwise kernel with an operand broadcast across the others (a causal mask over a
-#: batch of score matrices), which PyTorch cannot vectorise; ``batchnorm`` and ``batchnorm_backward``:
-#: cuDNN's training batch norm over NCHW tensors, a row per channel
+#: ``strided``: an elementwise kernel over an operand that is not contiguous (a causal mask broadcast over a
+#: batch of score matrices, a transposed view copied into batches), which PyTorch cannot vectorise;
+#: ``batchnorm`` and ``batchnorm_backward``: cuDNN's training batch norm over NCHW tensors, a row per channel
 STREAMING_KINDS = ("elementwise", "layernorm", "softmax", "optimizer", "embedding", "copy", "reduction",
-                   "broadcast", "batchnorm", "batchnorm_backward")
+                   "strided", "batchnorm", "batchnorm_backward")
 CONV_PASSES = ("forward", "backward_data", "backward_weight")
 
 
