@@ -44,7 +44,8 @@ from trainsim.sim.core.devices import get_device
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "traces-h200" / "resnet50-fp32-step.json.gz"
-WORKLOAD = ROOT / "benchmarks" / "data" / "h200-run3" / "resnet50" / "calibration-0" / "workload-resnet50.json"
+RUN3 = ROOT / "benchmarks" / "data" / "h200-run3"
+WORKLOAD = RUN3 / "resnet50" / "calibration-0" / "workload-resnet50.json"
 BATCH = 64
 KINDS = ("batchnorm", "batchnorm_backward")
 NAMES = ("passes", "row_bytes_per_s")
@@ -91,7 +92,8 @@ def fit(kind: str, chosen, params, rows_per_sm: float) -> dict:
     scale = np.array([START[n] for n in NAMES])
 
     def figures(x):
-        return {kind: {"rows_per_sm": rows_per_sm, **{n: float(v) for n, v in zip(NAMES, x * scale, strict=True)}}}
+        values = {n: float(v) for n, v in zip(NAMES, x * scale, strict=True)}
+        return {kind: {"rows_per_sm": rows_per_sm, **values}}
 
     def residuals(x):
         return np.log1p(errors(chosen, with_figures(params, figures(x))))
@@ -110,8 +112,8 @@ def _stats(errs) -> str:
 def before(params):
     """``params`` as the model had them: batch norm streamed with the layer norm's figures, no row bound."""
     norm = params.data["default"]["layernorm"]
-    return with_figures(params, {kind: {"passes": norm["long_row_passes"], "row_bytes_per_s": 1e18, "rows_per_sm": 1}
-                                 for kind in KINDS})
+    unbound = {"passes": norm["long_row_passes"], "row_bytes_per_s": 1e18, "rows_per_sm": 1}
+    return with_figures(params, {kind: dict(unbound) for kind in KINDS})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {kind:18s} {figures[kind]}  {_stats(errors(by_kind[kind], fitted))}")
     if args.write:
         stored = json.loads(PARAMS_FILE.read_text())
-        note = (f"tests/data/traces-h200/{TRACE.name}: the {len(by_kind['batchnorm'])} batch-norm layers' cuDNN "
-                "kernels of a traced ResNet-50 step (python benchmarks/fit_batchnorm.py --write)")
+        layers = len(by_kind["batchnorm"])
+        note = (f"tests/data/traces-h200/{TRACE.name}: the {layers} batch-norm layers' cuDNN kernels of a "
+                "traced ResNet-50 step (python benchmarks/fit_batchnorm.py --write)")
         for kind, figs in figures.items():
             stored["devices"]["h200"][kind] = dict(figs)
             stored["devices"]["h200"].setdefault("tensor_evidence", {}).update(

@@ -39,10 +39,10 @@ graph, with the kernels it launched. Prints:
 
 ``--write`` stores the GEMM figures fitted on all three sweeps as the H200's own (its device entry in the
 shipped params.json, with its tensor tiles): a device's own figures come before its architecture's; its
-memory floor fitted on all three; the convolution figures fitted on all three as the H200's, Hopper's and the default's; and the memory-bound
-figures fitted on all the sizes of 16 Mi values or more as the H200's; the mask's shares fitted on every
-pair and every traced fp32 mask as the default's (no other GPU has such rows).
-Takes about a minute.
+memory floor fitted on all three; the convolution figures fitted on all three as the H200's, Hopper's and
+the default's; the memory-bound figures fitted on all the sizes of 16 Mi values or more as the H200's; and
+the mask's shares fitted on every pair and every traced fp32 mask as the default's (no other GPU has such
+rows). Takes about a minute.
 """
 
 from __future__ import annotations
@@ -411,7 +411,7 @@ def with_broadcast(params, shares: dict):
 
 
 def share(seconds, spec, device) -> float:
-    """The share of ``device``'s bandwidth a broadcast kernel ``spec`` streamed its bytes at in ``seconds``."""
+    """The share of ``device``'s bandwidth a strided kernel ``spec`` streamed its bytes at in ``seconds``."""
     return spec.bytes / (seconds * device.memory_bandwidth)
 
 
@@ -450,8 +450,8 @@ def refit_mask(rows, params) -> tuple[dict, int]:
     lengths = sorted({p[0].spec.q_len for p in judged})
     print(f"6. the causal mask (masked_fill broadcast over the heads): 16-bit share fitted on the unfused "
           f"attention pairs at {', '.join(map(str, MASK_FIT_LENGTHS))} tokens, judged at "
-          f"{', '.join(map(str, lengths))}; fp32 share on every other mask of the traced GPT-2 step, judged on "
-          f"the rest: " + ", ".join(f"{k} {v:.4g}" for k, v in shares.items()))
+          f"{', '.join(map(str, lengths))}; fp32 share on every other mask of the traced GPT-2 step, judged "
+          f"on the rest: " + ", ".join(f"{k} {v:.4g}" for k, v in shares.items()))
     for backward in (False, True):
         mine = [p for p in judged if p[0].spec.backward == backward]
         how = "backward" if backward else "forward"

@@ -14,7 +14,7 @@ from trainsim.sim.core.devices import get_device
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "traces-h200" / "resnet50-fp32-step.json.gz"
-WORKLOAD = ROOT / "benchmarks" / "data" / "h200-run3" / "resnet50" / "calibration-0" / "workload-resnet50.json"
+WORKLOAD = ROOT / "benchmarks/data/h200-run3/resnet50" / "calibration-0" / "workload-resnet50.json"
 
 
 def _errors() -> dict[str, np.ndarray]:

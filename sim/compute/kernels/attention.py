@@ -20,9 +20,10 @@ with no per-block cost, a composition whose range is the matmul class's held-out
 
 Unfused (``fused=False``, the math path): Q·Kᵀ as a batched GEMM writing the whole ``q_len x kv_len`` score
 matrix, the scale as an elementwise kernel over it (and the causal mask as a ``strided`` one: one mask
-broadcast over every head, which PyTorch's ``masked_fill`` runs unvectorised, forward and backward alike), the softmax
-over rows of ``kv_len``, then P·V: each part timed by its own class and summed; backward: twice each GEMM's
-work (data and weight gradients) and a softmax backward reading two score-sized tensors and writing one.
+broadcast over every head, which PyTorch's ``masked_fill`` runs unvectorised, forward and backward alike),
+the softmax over rows of ``kv_len``, then P·V: each part timed by its own class and summed; backward: twice
+each GEMM's work (data and weight gradients) and a softmax backward reading two score-sized tensors and
+writing one.
 """
 
 from __future__ import annotations

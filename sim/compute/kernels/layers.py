@@ -16,8 +16,9 @@
   else from the FLOPs and output (64-wide heads, causal); the math path also copies q, k and v into batches
   and the output back (``contiguous`` of transposed views: ``strided`` kernels).
 - everything else streams its recorded bytes (`specs.Streaming`): norms (batchnorm over whole channels, a
-  row per channel, as cuDNN's own forward and backward kernels; layer norm and RMSNorm over the hidden size), activations, pooling, dropout, RoPE,
-  SwiGLU, embeddings (backward also writes the whole weight gradient) and the MoE permutations.
+  row per channel, as cuDNN's own forward and backward kernels; layer norm and RMSNorm over the hidden
+  size), activations, pooling, dropout, RoPE, SwiGLU, embeddings (backward also writes the whole weight
+  gradient) and the MoE permutations.
 
 A layer whose shape cannot be inferred gives None (`LayerUnknown`'s reason): its time stays the roofline's.
 
