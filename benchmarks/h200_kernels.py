@@ -63,6 +63,7 @@ from trainsim.sim.compute.kernels import gemm_fit  # noqa: E402
 from trainsim.sim.compute.kernels.dataset import read_rows  # noqa: E402
 from trainsim.sim.compute.kernels.model import kernel_time  # noqa: E402
 from trainsim.sim.compute.kernels.params import PARAMS_FILE, load_params  # noqa: E402
+from trainsim.sim.compute.kernels.specs import Gemm, Streaming  # noqa: E402
 from trainsim.sim.core.devices import get_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -392,8 +393,6 @@ def mask_pairs(rows) -> list[tuple]:
 
 def mask_kernel(causal) -> object:
     """The ``strided`` kernel of a causal row's mask."""
-    from trainsim.sim.compute.kernels.specs import Streaming
-
     s = causal.spec
     return Streaming("strided", s.batch * s.heads * s.q_len * s.kv_len, dtype=s.dtype)
 
@@ -403,7 +402,7 @@ GPT2_TRACE = ROOT / "tests" / "data" / "traces-h200" / "gpt2-small-fp32-step.jso
 GPT2_SCORES = 8 * 12 * 512 * 512
 
 
-def with_broadcast(params, shares: dict):
+def with_strided(params, shares: dict):
     """``params`` with ``shares`` ({"efficiency_fp32": ..., "efficiency_16bit": ...}) as the default's."""
     data = copy.deepcopy(params.data)
     data["default"].setdefault("strided", {}).update(shares)
@@ -434,8 +433,6 @@ def refit_mask(rows, params) -> tuple[dict, int]:
     the causal rows whole against the mask streamed as a vectorised elementwise kernel, the model before);
     fp32: the traced GPT-2 step's masks, fitted on every other one and judged on the rest. Returns the
     shares fitted on everything and the rows they rest on."""
-    from trainsim.sim.compute.kernels.specs import Streaming
-
     h200 = get_device("h200")
     pairs = mask_pairs(rows)
     fit = [p for p in pairs if p[0].spec.q_len in MASK_FIT_LENGTHS]
@@ -444,9 +441,9 @@ def refit_mask(rows, params) -> tuple[dict, int]:
     masks = fp32_masks()
     shares = {"efficiency_16bit": float(f"{np.median(pair_shares(fit)):.4g}"),
               "efficiency_fp32": float(f"{np.median([share(t, spec32, h200) for t in masks[::2]]):.4g}")}
-    fitted = with_broadcast(params, shares)
+    fitted = with_strided(params, shares)
     vectorised, _ = params.figure(h200, "elementwise", "efficiency")
-    before = with_broadcast(params, {"efficiency_16bit": vectorised, "efficiency_fp32": vectorised})
+    before = with_strided(params, {"efficiency_16bit": vectorised, "efficiency_fp32": vectorised})
     lengths = sorted({p[0].spec.q_len for p in judged})
     print(f"6. the causal mask (masked_fill broadcast over the heads): 16-bit share fitted on the unfused "
           f"attention pairs at {', '.join(map(str, MASK_FIT_LENGTHS))} tokens, judged at "
@@ -470,7 +467,7 @@ def refit_mask(rows, params) -> tuple[dict, int]:
 
 
 def write_mask(shares: dict, rows: int) -> None:
-    """The broadcast kernel's shares fitted on everything, as the default's (the only GPU measured)."""
+    """The strided kernel's shares fitted on everything, as the default's (the only GPU measured)."""
     stored = json.loads(PARAMS_FILE.read_text())
     stored["default"]["strided"] = {
         **shares, "rows": rows,
@@ -479,7 +476,7 @@ def write_mask(shares: dict, rows: int) -> None:
                      "tests/data/traces-h200/gpt2-small-fp32-step.json.gz (python benchmarks/h200_kernels.py "
                      "--write); the only GPU measured, so every GPU takes them")}
     PARAMS_FILE.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
-    print(f"wrote the broadcast kernel's shares ({', '.join(f'{k} {v:.4g}' for k, v in shares.items())}) "
+    print(f"wrote the strided kernel's shares ({', '.join(f'{k} {v:.4g}' for k, v in shares.items())}) "
           f"(the default's) to {PARAMS_FILE.name}")
 
 
@@ -542,19 +539,16 @@ def refit_memory(sweeps: dict, params, floor: float) -> None:
     for (device, dtype), rows in sorted(table.series().items()):
         if device != "h100-sxm":
             continue
-        hopper = with_memory(base, None)
-        data = copy.deepcopy(hopper.data)
+        data = copy.deepcopy(base.data)
         data["devices"]["h100-sxm"].setdefault("matmul", {})["tensor_memory_efficiency"] = floor
-        as_h200 = type(hopper)(data, file=hopper.file)
-        bound = [r for r in rows if kernel_time(_gemm(r), h100, hopper).detail.get("gpu_bound") == "memory"]
-        for how, used in (("SIMT figure", hopper), ("H200's", as_h200)):
+        as_h200 = type(base)(data, file=base.file)
+        bound = [r for r in rows if kernel_time(_gemm(r), h100, base).detail.get("gpu_bound") == "memory"]
+        for how, used in (("SIMT figure", base), ("H200's", as_h200)):
             print(f"  XLA's H100 {dtype} memory-bound GEMMs ({len(bound)}) {how:11s} "
                   f"{_stats(gemm_fit.errors(bound, h100, used))}")
 
 
 def _gemm(row):
-    from trainsim.sim.compute.kernels.specs import Gemm
-
     return Gemm(m=row.m, n=row.n, k=row.k, batch=row.batch, dtype=row.dtype)
 
 
